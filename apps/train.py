@@ -1,0 +1,64 @@
+"""tfdp-train: train / evaluate one experiment config, on one host or as one worker of many.
+
+  tfdp-train                                   # the default job: configs/cifar10_quick.yaml
+  tfdp-train --config_file=configs/cifar10_quick.yaml --config_file=configs/runlocal.yaml \
+      --params_override=runtime.cpu_replicas=2 --model_dir=/tmp/run
+"""
+import os
+import sys
+
+if not __package__:  # run as a script: make the repo root importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app
+from absl import flags
+
+from tfdp import cli
+from tfdp import config as config_lib
+from tfdp.errors import TfdpError
+
+DEFAULT_CONFIG = "configs/cifar10_quick.yaml"
+PROG = "tfdp-train"
+
+flags.DEFINE_multi_string("config_file", None, "YAML config; repeat to layer (later wins). "
+                          f"Default: {DEFAULT_CONFIG}.")
+flags.DEFINE_multi_string("params_override", None, "Overrides: a.b=1,c.d=x or a YAML/JSON mapping.")
+flags.DEFINE_string("model_dir", None, "Checkpoints, metrics.csv, summaries, config.yaml, model. "
+                    "Default: runs/<name of the last config file>.")
+flags.DEFINE_enum("mode", "train_and_eval", config_lib.MODES, "What to run.")
+flags.DEFINE_bool("print_config", False, "Print the final config and exit.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
+  config_files = [cli.find_config(p) for p in (FLAGS.config_file or [DEFAULT_CONFIG])]
+  model_dir = FLAGS.model_dir or os.path.join(
+      "runs", os.path.splitext(os.path.basename(config_files[-1]))[0])
+  try:
+    config = config_lib.load_config(config_files, FLAGS.params_override or [])
+    if FLAGS.print_config:
+      print(config_lib.dump_yaml(config))
+      return 0
+    cli.quiet_tensorflow()
+    from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
+    from tfdp.trainer import Preempted  # pylint: disable=g-import-not-at-top
+    try:
+      result = experiment.run(config, model_dir, FLAGS.mode)
+    except Preempted as stop:
+      cli.exit_with_error(PROG, stop, code=143)
+  except TfdpError as error:
+    cli.exit_with_error(PROG, error)
+  summary = {k: v for k, v in result.items() if k != "trainer"}
+  print(f"{PROG}: done: " + ", ".join(
+      f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()), flush=True)
+  return 0
+
+
+def run():
+  app.run(main, flags_parser=cli.flags_parser(PROG))
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,81 @@
+"""Shared test helpers: run the apps in fresh processes, and make tiny datasets."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_APP = str(REPO / "apps" / "train.py")
+CIFAR_DIR = Path(os.environ.get("TFDS_DATA_DIR") or REPO.parent / "shared" / "tensorflow_datasets")
+HAVE_CIFAR = (CIFAR_DIR / "cifar10").is_dir()
+NO_CIFAR_REASON = (f"real CIFAR-10 for TFDS not found in {CIFAR_DIR}/cifar10; set TFDS_DATA_DIR to a "
+                   "folder that holds cifar10/3.0.2")
+
+
+def env(**extra) -> dict:
+  e = dict(os.environ)
+  e["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+  e.pop("TF_CONFIG", None)
+  e.update({k: str(v) for k, v in extra.items()})
+  return e
+
+
+def run_train(*args: str, timeout: float = 600, **extra_env) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, TRAIN_APP, *args], capture_output=True, text=True,
+                        timeout=timeout, env=env(**extra_env), cwd=str(REPO))
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+  return [l for l in proc.stderr.splitlines() if l.startswith("tfdp-")]
+
+
+def id_image(example_id: int, size: int = 8, rng=None) -> np.ndarray:
+  """An image whose top-left pixel spells its id (so a pipeline's output names its example)."""
+  rng = rng or np.random.default_rng(example_id)
+  image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+  image[0, 0] = [(example_id >> 16) & 255, (example_id >> 8) & 255, example_id & 255]
+  return image
+
+
+def image_ids(images: np.ndarray) -> np.ndarray:
+  """Inverse of id_image for a batch normalised with mean 0, std 1."""
+  pixel = np.rint(np.asarray(images)[:, 0, 0, :] * 255.0).astype(np.int64)
+  return (pixel[:, 0] << 16) | (pixel[:, 1] << 8) | pixel[:, 2]
+
+
+def encode_png(image: np.ndarray) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.encode_png(image).numpy()
+
+
+def write_tfrecords(folder: Path, counts: list[int], num_classes: int = 4, size: int = 8) -> str:
+  """TFRecord files of id images (image: PNG bytes, label: id % num_classes); returns the glob."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  folder.mkdir(parents=True, exist_ok=True)
+  next_id = 0
+  for f, count in enumerate(counts):
+    with tf.io.TFRecordWriter(str(folder / f"part-{f:03d}.tfrecord")) as writer:
+      for _ in range(count):
+        feature = {
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[encode_png(id_image(next_id, size))])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[next_id % num_classes])),
+        }
+        writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        next_id += 1
+  return str(folder / "part-*.tfrecord")
+
+
+def write_image_folder(root: Path, per_class: int = 3, classes=("cat", "dog"), size: int = 8) -> None:
+  next_id = 0
+  for name in classes:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    for i in range(per_class):
+      (root / name / f"{i}.png").write_bytes(encode_png(id_image(next_id, size)))
+      next_id += 1

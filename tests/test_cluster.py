@@ -1,0 +1,286 @@
+"""Tests for tfdp.cluster: TF_CONFIG validation, Slurm expansion, precedence."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The package is not installed in the test venv; import it from the checkout.
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+from tfdp.cluster import Cluster  # pylint: disable=g-import-not-at-top
+from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+
+
+def _tf_config(cluster=None, task=None, **extra) -> str:
+  config = {
+      "cluster": cluster if cluster is not None else {
+          "worker": ["localhost:1111", "localhost:2222"]},
+      "task": task if task is not None else {"type": "worker", "index": 0},
+  }
+  config.update(extra)
+  return json.dumps(config)
+
+
+# (TF_CONFIG text, words the one-line message must contain).
+MALFORMED = {
+    "invalid_json": ('{"cluster": {"worker": ["a:1"]', ["not valid JSON",
+                                                        "line 1 column"]),
+    "single_quotes": ("{'cluster': {}}", ["not valid JSON"]),
+    "top_level_list": ('["a:1"]', ["top level", "list"]),
+    "missing_cluster": ('{"task": {"type": "worker", "index": 0}}',
+                        ["cluster is missing"]),
+    "missing_task": ('{"cluster": {"worker": ["a:1"]}}', ["task is missing"]),
+    "unknown_top_key": (_tf_config(clutser={}), ["'clutser'", "allowed keys"]),
+    "cluster_not_mapping": (_tf_config(cluster=["a:1"]), ["cluster must be"]),
+    "job_not_list": (_tf_config(cluster={"worker": "a:1"}),
+                     ["cluster.worker must be a list"]),
+    "address_not_string": (_tf_config(cluster={"worker": ["a:1", 2222]}),
+                           ["cluster.worker[1]", "host:port"]),
+    "unknown_job": (_tf_config(cluster={"worker": ["a:1"], "master": ["b:1"]}),
+                    ["cluster.master", "not a known task type"]),
+    "ps_job": (_tf_config(cluster={"worker": ["a:1"], "ps": ["b:1"]}),
+               ["cluster.ps", "parameter-server", "not support"]),
+    "ps_task": (_tf_config(task={"type": "ps", "index": 0}),
+                ["task.type", "parameter-server"]),
+    "unknown_task_type": (_tf_config(task={"type": "master", "index": 0}),
+                          ["task.type", "'master'"]),
+    "two_chiefs": (_tf_config(cluster={"chief": ["a:1", "b:1"],
+                                       "worker": ["c:1"]},
+                              task={"type": "chief", "index": 0}),
+                   ["cluster.chief has 2 addresses", "at most one"]),
+    "task_type_not_in_cluster": (
+        _tf_config(cluster={"chief": ["a:1"]},
+                   task={"type": "worker", "index": 0}),
+        ["task.type is 'worker'", "cluster.worker is missing"]),
+    "chief_task_without_chief": (_tf_config(task={"type": "chief",
+                                                  "index": 0}),
+                                 ["task.type is 'chief'",
+                                  "cluster.chief is missing"]),
+    "index_out_of_range": (_tf_config(task={"type": "worker", "index": 3}),
+                           ["task.index 3 is out of range",
+                            "cluster.worker has 2 addresses",
+                            "indices 0..1"]),
+    "index_negative": (_tf_config(task={"type": "worker", "index": -1}),
+                       ["task.index -1 is negative"]),
+    "index_string": (_tf_config(task={"type": "worker", "index": "1"}),
+                     ["task.index must be an integer", "str"]),
+    "index_bool": (_tf_config(task={"type": "worker", "index": True}),
+                   ["task.index must be an integer"]),
+    "index_missing": (_tf_config(task={"type": "worker"}),
+                      ["task.index is missing"]),
+    "duplicate_address": (_tf_config(cluster={"chief": ["a:1"],
+                                              "worker": ["b:1", "a:1"]}),
+                          ["cluster.worker[1]", "'a:1'", "cluster.chief[0]"]),
+    "no_port": (_tf_config(cluster={"worker": ["localhost"]}),
+                ["cluster.worker[0]", "has no port"]),
+    "port_zero": (_tf_config(cluster={"worker": ["a:0"]}),
+                  ["cluster.worker[0]", "outside 1..65535"]),
+    "port_too_big": (_tf_config(cluster={"worker": ["a:70000"]}),
+                     ["cluster.worker[0]", "outside 1..65535"]),
+    "port_not_number": (_tf_config(cluster={"worker": ["a:http"]}),
+                        ["cluster.worker[0]", "not a number"]),
+    "empty_host": (_tf_config(cluster={"worker": [":2222"]}),
+                   ["cluster.worker[0]", "empty host"]),
+    "space_in_address": (_tf_config(cluster={"worker": ["host 1:2222"]}),
+                         ["cluster.worker[0]", "whitespace"]),
+    "empty_workers_no_chief": (_tf_config(cluster={"worker": []}),
+                               ["no chief", "cluster.worker"]),
+    "task_not_mapping": (_tf_config(task="worker"), ["task must be an object"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_tf_config_is_one_line_naming_the_field(case):
+  text, expected_words = MALFORMED[case]
+  with pytest.raises(ClusterError) as raised:
+    cluster_lib.parse_tf_config(text)
+  message = str(raised.value)
+  assert "\n" not in message
+  assert message.startswith("TF_CONFIG: ")
+  for words in expected_words:
+    assert words in message, f"{words!r} not in {message!r}"
+
+
+def test_out_of_range_message_matches_documented_form():
+  with pytest.raises(ClusterError) as raised:
+    cluster_lib.parse_tf_config(
+        _tf_config(task={"type": "worker", "index": 3}))
+  assert str(raised.value) == (
+      "TF_CONFIG: task.index 3 is out of range: cluster.worker has 2 "
+      "addresses (indices 0..1); fix the index or add an address.")
+
+
+@pytest.mark.parametrize("text", [None, "", "   "])
+def test_missing_tf_config_means_single_process(text):
+  result = cluster_lib.parse_tf_config(text)
+  assert result == Cluster()
+  assert result.source == "none"
+  assert (result.num_workers, result.rank) == (1, 0)
+  assert result.is_chief and not result.is_multi_worker
+
+
+def test_chief_and_workers():
+  spec = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]}
+  chief = cluster_lib.parse_tf_config(
+      _tf_config(cluster=spec, task={"type": "chief", "index": 0}))
+  worker1 = cluster_lib.parse_tf_config(
+      _tf_config(cluster=spec, task={"type": "worker", "index": 1}))
+  worker0 = cluster_lib.parse_tf_config(
+      _tf_config(cluster=spec, task={"type": "worker", "index": 0}))
+  assert chief.source == "TF_CONFIG"
+  assert chief.cluster == spec
+  assert (chief.num_workers, chief.is_multi_worker) == (3, True)
+  assert (chief.is_chief, chief.rank) == (True, 0)
+  assert (worker0.is_chief, worker0.rank) == (False, 1)
+  assert (worker1.is_chief, worker1.rank) == (False, 2)
+
+
+def test_workers_only_worker0_is_chief():
+  workers = [
+      cluster_lib.parse_tf_config(
+          _tf_config(task={"type": "worker", "index": index}))
+      for index in range(2)
+  ]
+  assert [w.is_chief for w in workers] == [True, False]
+  assert [w.rank for w in workers] == [0, 1]
+  assert all(w.num_workers == 2 and w.is_multi_worker for w in workers)
+
+
+def test_single_worker_cluster_is_not_multi_worker():
+  result = cluster_lib.parse_tf_config(
+      _tf_config(cluster={"worker": ["localhost:1"]}))
+  assert result.num_workers == 1
+  assert not result.is_multi_worker and result.is_chief
+
+
+def test_evaluator_may_be_absent_from_cluster_and_does_not_train():
+  result = cluster_lib.parse_tf_config(
+      _tf_config(task={"type": "evaluator", "index": 0},
+                 environment="cloud", rpc_layer="grpc"))
+  assert (result.is_chief, result.rank, result.num_workers) == (False, -1, 2)
+
+
+def test_ipv6_address_and_rpc_layer_are_accepted():
+  result = cluster_lib.parse_tf_config(
+      _tf_config(cluster={"worker": ["[::1]:2222", "[::1]:2223"]},
+                 rpc_layer="grpc+verbs"))
+  assert result.rpc_layer == "grpc+verbs"
+  assert result.as_tf_config()["cluster"] == {
+      "worker": ["[::1]:2222", "[::1]:2223"]}
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("a1,b2", ["a1", "b2"]),
+    ("n[1-2],m5,o[3-4,6]", ["n1", "n2", "m5", "o3", "o4", "o6"]),
+    ("gpu-[8-10]", ["gpu-8", "gpu-9", "gpu-10"]),
+    ("r[1-2]-n[1-2]", ["r1-n1", "r1-n2", "r2-n1", "r2-n2"]),
+    ("single", ["single"]),
+])
+def test_expand_nodelist(nodelist, hosts):
+  assert cluster_lib.expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[1-", "node[a-b]", "a,,b", "n[3-1]"])
+def test_bad_nodelist_is_one_line_error(bad):
+  with pytest.raises(ClusterError) as raised:
+    cluster_lib.expand_nodelist(bad)
+  assert "\n" not in str(raised.value) and "nodelist" in str(raised.value)
+
+
+@pytest.mark.parametrize("text, counts", [
+    ("2(x3),1", [2, 2, 2, 1]),
+    ("4", [4]),
+    ("1,2", [1, 2]),
+])
+def test_expand_tasks_per_node(text, counts):
+  assert cluster_lib.expand_tasks_per_node(text) == counts
+
+
+def _slurm_env(**overrides):
+  env = {
+      "SLURM_PROCID": "3",
+      "SLURM_NTASKS": "5",
+      "SLURM_STEP_NUM_TASKS": "5",
+      "SLURM_STEP_NODELIST": "node[09-10],gpu7",
+      "SLURM_STEP_TASKS_PER_NODE": "2(x2),1",
+  }
+  env.update(overrides)
+  return env
+
+
+def test_from_slurm_builds_block_distributed_workers():
+  result = cluster_lib.from_slurm(_slurm_env(), port_base=9000)
+  assert result.source == "slurm"
+  assert result.cluster == {"worker": [
+      "node09:9000", "node09:9001", "node10:9000", "node10:9001",
+      "gpu7:9000"]}
+  assert (result.task_type, result.task_index, result.rank) == ("worker", 3, 3)
+  assert not result.is_chief and result.num_workers == 5
+  first = cluster_lib.from_slurm(_slurm_env(SLURM_PROCID="0"))
+  assert first.is_chief and first.cluster["worker"][0] == "node09:8888"
+
+
+def test_from_slurm_job_level_variables():
+  env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+         "SLURM_JOB_NODELIST": "a1,b2", "SLURM_TASKS_PER_NODE": "1(x2)"}
+  result = cluster_lib.from_slurm(env, port_base=7000)
+  assert result.cluster == {"worker": ["a1:7000", "b2:7000"]}
+  assert result.task_index == 1
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"SLURM_STEP_TASKS_PER_NODE": "2,1"}, "nodes"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3)", "SLURM_STEP_NUM_TASKS": "5"},
+     "adds up to 6"),
+    ({"SLURM_PROCID": "9"}, "SLURM_PROCID 9 is out of range"),
+    ({"SLURM_PROCID": "x"}, "SLURM_PROCID"),
+])
+def test_from_slurm_inconsistent_env(overrides, words):
+  with pytest.raises(ClusterError) as raised:
+    cluster_lib.from_slurm(_slurm_env(**overrides))
+  assert "\n" not in str(raised.value) and words in str(raised.value)
+
+
+def test_from_slurm_missing_nodelist():
+  env = _slurm_env()
+  del env["SLURM_STEP_NODELIST"]
+  with pytest.raises(ClusterError, match="NODELIST"):
+    cluster_lib.from_slurm(env)
+
+
+def test_resolve_precedence():
+  tf_config = _tf_config(task={"type": "worker", "index": 1})
+  both = dict(_slurm_env(), TF_CONFIG=tf_config)
+  assert cluster_lib.resolve_cluster(both).source == "TF_CONFIG"
+  assert cluster_lib.resolve_cluster(both).task_index == 1
+  assert cluster_lib.resolve_cluster(_slurm_env()).source == "slurm"
+  # One Slurm task (or sbatch without srun) is a single process.
+  single_task = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+                 "SLURM_JOB_NODELIST": "a1"}
+  assert cluster_lib.resolve_cluster(single_task) == Cluster()
+  assert cluster_lib.resolve_cluster({}) == Cluster()
+  assert cluster_lib.resolve_cluster({"TF_CONFIG": ""}) == Cluster()
+  with pytest.raises(ClusterError):
+    cluster_lib.resolve_cluster({"TF_CONFIG": "{"})
+
+
+def test_summary_line():
+  worker = cluster_lib.parse_tf_config(
+      _tf_config(task={"type": "worker", "index": 1}))
+  assert cluster_lib.summary_line(worker, 2, "ring") == (
+      "cluster: worker 1 of 2 (TF_CONFIG), chief=False, replicas_in_sync=2, "
+      "all_reduce=ring")
+  single = cluster_lib.summary_line(Cluster(), 1, "auto")
+  assert single.startswith("cluster: single process") and "chief=True" in single
+
+
+def test_cluster_module_does_not_import_tensorflow():
+  code = ("import sys, tfdp.cluster; "
+          "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
+  subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

@@ -1,0 +1,92 @@
+"""Config layering, overrides and the checks that run before TensorFlow starts."""
+import dataclasses
+
+import pytest
+import yaml
+
+from tfdp import config as config_lib
+from tfdp.errors import ConfigError
+
+
+def write(tmp_path, name, data):
+  path = tmp_path / name
+  path.write_text(yaml.safe_dump(data))
+  return str(path)
+
+
+def test_files_layer_in_order_and_overrides_win(tmp_path):
+  a = write(tmp_path, "a.yaml", {"trainer": {"epochs": 5, "global_batch_size": 64}})
+  b = write(tmp_path, "b.yaml", {"trainer": {"epochs": 7}, "runtime": {"cpu_replicas": 2}})
+  config = config_lib.load_config([a, b], ["trainer.global_batch_size=32,task.model.name=small_cnn"])
+  assert config.trainer.epochs == 7
+  assert config.trainer.global_batch_size == 32
+  assert config.runtime.cpu_replicas == 2
+  assert config.task.model.name == "small_cnn"
+  assert config.trainer.learning_rate.base_lr == config_lib.LearningRateConfig().base_lr
+
+
+def test_yaml_and_json_overrides_and_lists():
+  config = config_lib.load_config([], ['{"trainer": {"epochs": 3}}',
+                                       "trainer.learning_rate.decay_epochs=[1,2],"
+                                       "trainer.learning_rate.schedule=step"])
+  assert config.trainer.epochs == 3
+  assert config.trainer.learning_rate.decay_epochs == [1.0, 2.0]
+
+
+def test_dump_round_trips():
+  config = config_lib.load_config([], ["runtime.cpu_replicas=4,task.train_data.split=train[:10]"])
+  again = config_lib.from_dict(yaml.safe_load(config_lib.dump_yaml(config)))
+  assert dataclasses.asdict(again) == dataclasses.asdict(config)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.epoch=3", ["trainer.epoch", "trainer.epochs"]),
+    ("runtime.nope=1", ["runtime.nope"]),
+    ("trainer.epochs=three", ["trainer.epochs", "whole number"]),
+    ("trainer.epochs=-1", ["trainer.epochs", ">= 0"]),
+    ("trainer.global_batch_size=0", ["trainer.global_batch_size", "> 0"]),
+    ("task.model.name=resnet2000", ["task.model.name", "resnet20"]),
+    ("task.train_data.source=hdf5", ["task.train_data.source", "tfds"]),
+    ("runtime.strategy=mirored", ["runtime.strategy", "mirrored"]),
+    ("runtime.cross_device_ops=mpi", ["runtime.cross_device_ops", "nccl"]),
+    ("trainer.learning_rate.schedule=step", ["decay_epochs"]),
+    ("trainer.optimizer=sgd", ["trainer.optimizer", "mapping"]),
+    ("trainer.export_model=maybe", ["trainer.export_model", "true or false"]),
+    ("runtime.strategy=one_device,runtime.cpu_replicas=2", ["mirrored"]),
+    ("trainer", ["="]),
+])
+def test_bad_values_are_one_line_errors_naming_the_key(override, words):
+  with pytest.raises(ConfigError) as info:
+    config_lib.load_config([], [override])
+  message = str(info.value)
+  assert "\n" not in message
+  for word in words:
+    assert word in message
+
+
+def test_bad_files(tmp_path):
+  with pytest.raises(ConfigError, match="does not exist"):
+    config_lib.load_config([str(tmp_path / "missing.yaml")])
+  broken = tmp_path / "broken.yaml"
+  broken.write_text("trainer: {epochs: [\n")
+  with pytest.raises(ConfigError, match="not valid YAML"):
+    config_lib.load_config([str(broken)])
+  unknown = write(tmp_path, "unknown.yaml", {"trainer": {"epochz": 1}})
+  with pytest.raises(ConfigError, match="trainer.epochz"):
+    config_lib.load_config([unknown])
+
+
+def test_batch_must_split_over_replicas():
+  config = config_lib.load_config([], ["trainer.global_batch_size=130"])
+  config_lib.check_batch_divides(config, 2)
+  with pytest.raises(ConfigError, match="global_batch_size.*4 replicas.*128"):
+    config_lib.check_batch_divides(config, 4)
+  assert config_lib.expected_replicas(config.runtime, 1) is None  # auto: depends on GPUs found
+  config = config_lib.load_config([], ["runtime.cpu_replicas=3"])
+  assert config_lib.expected_replicas(config.runtime, 2) == 6
+
+
+def test_shipped_configs_load():
+  from tfdp import cli
+  for name in ("cifar10_quick.yaml", "runlocal.yaml"):
+    config_lib.load_config([cli.find_config(f"configs/{name}")])

@@ -1,0 +1,265 @@
+"""Tests for tfdp.launch and apps/launch.py with real worker processes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The package is not installed in the test venv; import it from the checkout.
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+from tfdp import launch as launcher  # pylint: disable=g-import-not-at-top
+from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+
+LAUNCH_APP = REPO_ROOT / "apps" / "launch.py"
+
+
+def _python(code: str) -> list[str]:
+  return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.05)
+  return predicate()
+
+
+def _is_alive(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+def _assert_all_gone(pids) -> None:
+  # SIGKILL is delivered asynchronously; give the kernel a moment.
+  assert _wait_for(lambda: not any(_is_alive(pid) for pid in pids), 5.0), [
+      pid for pid in pids if _is_alive(pid)]
+
+
+def _read_pids(directory: Path, pattern: str) -> list[int]:
+  return [int(path.read_text()) for path in sorted(directory.glob(pattern))]
+
+
+def test_pick_free_ports_are_distinct_and_bindable():
+  ports = launcher.pick_free_ports(8)
+  assert len(set(ports)) == 8
+  for port in ports:
+    with socket.socket() as sock:
+      sock.bind(("127.0.0.1", port))
+
+
+def test_worker_tf_configs_are_valid_and_worker0_is_chief():
+  configs = launcher.worker_tf_configs(3, "127.0.0.1", [1001, 1002, 1003])
+  clusters = [cluster_lib.parse_tf_config(text) for text in configs]
+  assert [c.task_index for c in clusters] == [0, 1, 2]
+  assert [c.is_chief for c in clusters] == [True, False, False]
+  assert clusters[0].cluster == {
+      "worker": ["127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003"]}
+
+
+def test_lines_are_prefixed_and_each_worker_has_its_own_tf_config(capsys):
+  script = """
+      import json, os, sys
+      print(json.dumps({"tf_config": os.environ["TF_CONFIG"],
+                        "index": os.environ["TFDP_WORKER_INDEX"]}))
+      print("to stderr", file=sys.stderr)
+  """
+  result = launcher.run_group(_python(script), 3, stop_grace_seconds=5)
+  assert result.ok and result.returncodes == [0, 0, 0]
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 6
+  reports = {}
+  for line in lines:
+    prefix, _, text = line.partition(" ")
+    assert prefix in ("[w0]", "[w1]", "[w2]")
+    if text != "to stderr":
+      reports[int(prefix[2])] = json.loads(text)
+  assert sorted(reports) == [0, 1, 2]
+  addresses = None
+  for index, report in reports.items():
+    assert report["index"] == str(index)
+    tf_config = json.loads(report["tf_config"])
+    assert tf_config["task"] == {"type": "worker", "index": index}
+    addresses = addresses or tf_config["cluster"]["worker"]
+    assert tf_config["cluster"]["worker"] == addresses
+  ports = [int(address.rsplit(":", 1)[1]) for address in addresses]
+  assert len(set(ports)) == 3 and ports == result.ports
+  assert all(address.startswith("127.0.0.1:") for address in addresses)
+  _assert_all_gone(result.pids)
+
+
+def test_failing_worker_stops_sleeping_peer_and_its_children(tmp_path, capfd):
+  script = f"""
+      import os, pathlib, subprocess, sys, time
+      index = os.environ["TFDP_WORKER_INDEX"]
+      out = pathlib.Path({str(tmp_path)!r})
+      if index == "1":
+        while not (out / "grandchild.pid").exists():  # Peer fully started.
+          time.sleep(0.02)
+        print("loading data")
+        print("bad shard, giving up")
+        sys.exit(3)
+      # The peer also starts a grandchild that must not outlive the group.
+      child = subprocess.Popen([sys.executable, "-c", "import time; "
+                                "time.sleep(60)"])
+      (out / "grandchild.pid").write_text(str(child.pid))
+      time.sleep(60)
+  """
+  started = time.monotonic()
+  exit_code = launcher.launch(_python(script), 2, stop_grace_seconds=10)
+  elapsed = time.monotonic() - started
+  assert exit_code != 0
+  assert elapsed < 5, "the sleeping peer was not stopped promptly"
+  captured = capfd.readouterr()
+  assert "[w1] bad shard, giving up" in captured.out
+  assert "worker 1 exited with code 3" in captured.err
+  assert "[w1] loading data" in captured.err  # The last lines are repeated.
+  assert "[w1] bad shard, giving up" in captured.err
+  grandchild_pids = _read_pids(tmp_path, "grandchild.pid")
+  assert len(grandchild_pids) == 1
+  _assert_all_gone(grandchild_pids)
+
+
+def test_worker_killed_by_sigkill_stops_peer_that_ignores_sigterm():
+  script = """
+      import os, signal, time
+      if os.environ["TFDP_WORKER_INDEX"] == "0":
+        time.sleep(0.3)
+        print("about to be killed", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+      signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Forces the SIGKILL path.
+      print("ignoring SIGTERM", flush=True)
+      time.sleep(60)
+  """
+  result = launcher.run_group(_python(script), 2, stop_grace_seconds=1.0)
+  assert not result.ok
+  assert result.first_failed == 0
+  assert result.returncodes == [-signal.SIGKILL, -signal.SIGKILL]
+  assert result.failure_summary() == "worker 0 was killed by signal SIGKILL"
+  assert result.last_lines[0] == ["about to be killed"]
+  assert 0.9 <= result.stop_seconds < 4
+  _assert_all_gone(result.pids)
+
+
+def test_restart_after_failure_then_success(tmp_path, capfd):
+  marker = tmp_path / "failed_once"
+  script = f"""
+      import os, pathlib, sys, time
+      index = os.environ["TFDP_WORKER_INDEX"]
+      out = pathlib.Path({str(tmp_path)!r})
+      attempt = "2" if pathlib.Path({str(marker)!r}).exists() else "1"
+      (out / f"pid-{{attempt}}-{{index}}").write_text(str(os.getpid()))
+      if attempt == "1":
+        if index == "1":
+          # Fail only once worker 0 has decided it is on attempt 1 too.
+          while not (out / "pid-1-0").exists():
+            time.sleep(0.02)
+          pathlib.Path({str(marker)!r}).write_text("x")
+          print("simulated crash")
+          sys.exit(4)
+        time.sleep(60)
+      print("resumed from checkpoint")
+  """
+  exit_code = launcher.launch(_python(script), 2, max_restarts=1,
+                              stop_grace_seconds=5)
+  captured = capfd.readouterr()
+  assert exit_code == 0
+  restart_lines = [line for line in captured.err.splitlines()
+                   if "restarting" in line]
+  assert len(restart_lines) == 1
+  assert "worker 1 exited with code 4" in restart_lines[0]
+  assert captured.out.count("resumed from checkpoint") == 2
+  pids = _read_pids(tmp_path, "pid-*")
+  assert len(pids) == 4
+  _assert_all_gone(pids)
+
+
+def test_out_of_restarts_returns_nonzero(capfd):
+  exit_code = launcher.launch(_python("import sys; sys.exit(7)"), 1,
+                              max_restarts=1, stop_grace_seconds=1)
+  err = capfd.readouterr().err
+  assert exit_code != 0
+  assert err.count("restarting") == 1
+  assert "worker 0 exited with code 7 after 1 restart" in err
+
+
+def test_remote_host_is_refused_without_opt_in():
+  with pytest.raises(ClusterError) as raised:
+    launcher.launch(["true"], 2, host="192.0.2.10")
+  message = str(raised.value)
+  assert "\n" not in message and "allow_remote" in message
+  assert launcher.is_loopback_host("127.0.0.2")
+  assert launcher.is_loopback_host("::1") and launcher.is_loopback_host(
+      "localhost")
+
+
+def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
+  script = f"""
+      import os, pathlib, signal, sys, time
+      out = pathlib.Path({str(tmp_path)!r})
+      index = os.environ["TFDP_WORKER_INDEX"]
+      def on_term(signum, frame):
+        (out / f"term-{{index}}").write_text("saved checkpoint")
+        sys.exit(0)
+      signal.signal(signal.SIGTERM, on_term)
+      (out / f"ready-{{index}}").write_text(str(os.getpid()))
+      time.sleep(60)
+  """
+  app = subprocess.Popen(
+      [sys.executable, str(LAUNCH_APP), "--num_workers", "2",
+       "--stop_grace_seconds", "5", "--"] + _python(script),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert _wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2)
+    worker_pids = _read_pids(tmp_path, "ready-*")
+    app.send_signal(signal.SIGTERM)
+    _, err = app.communicate(timeout=15)
+  finally:
+    if app.poll() is None:
+      app.kill()
+      app.wait()
+  assert app.returncode == 128 + signal.SIGTERM
+  assert sorted(p.name for p in tmp_path.glob("term-*")) == ["term-0",
+                                                             "term-1"]
+  assert "launcher got SIGTERM" in err
+  _assert_all_gone(worker_pids)
+
+
+@pytest.mark.parametrize("args", [
+    ["--num_workers", "0", "--", "true"],
+    ["--num_workers", "two", "--", "true"],
+    ["--num_workers", "2"],
+    ["--host", "192.0.2.10", "--", "true"],
+])
+def test_launch_app_bad_usage_is_one_line_exit_2(args):
+  completed = subprocess.run([sys.executable, str(LAUNCH_APP)] + args,
+                             capture_output=True, text=True, timeout=60)
+  assert completed.returncode == 2
+  lines = completed.stderr.strip().splitlines()
+  assert len(lines) == 1, completed.stderr
+  assert lines[0].startswith("tfdp-launch: error: ")
+  assert completed.stdout == ""
+
+
+def test_launch_app_runs_workers(tmp_path):
+  completed = subprocess.run(
+      [sys.executable, str(LAUNCH_APP), "--num_workers", "2", "--"] +
+      _python("import os; print('hello', os.environ['TFDP_WORKER_INDEX'])"),
+      capture_output=True, text=True, timeout=60, cwd=tmp_path)
+  assert completed.returncode == 0, completed.stderr
+  assert sorted(completed.stdout.splitlines()) == ["[w0] hello 0",
+                                                   "[w1] hello 1"]

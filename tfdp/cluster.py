@@ -1,0 +1,500 @@
+"""Cluster description for data-parallel training: TF_CONFIG, Slurm or none.
+
+Everything here is plain Python on purpose: the cluster must be validated, with
+one readable line per mistake, before any TensorFlow gRPC server starts (a
+malformed TF_CONFIG otherwise surfaces as a C++ error or a hang). TensorFlow is
+imported lazily, only by `make_cluster_resolver`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tfdp.errors import ClusterError
+
+# Task types TensorFlow knows; "ps" is recognised only to reject it clearly.
+_TRAINING_TASK_TYPES = ("chief", "worker")
+_SUPPORTED_TASK_TYPES = ("chief", "worker", "evaluator")
+_TOP_LEVEL_KEYS = ("cluster", "task", "environment", "rpc_layer")
+_DEFAULT_SLURM_PORT_BASE = 8888  # Same default as SlurmClusterResolver.
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """Where this process sits in the training cluster.
+
+  Attributes:
+    task_type: "chief", "worker", "evaluator", or "" for a single process.
+    task_index: Index of this task within `task_type`.
+    cluster: The cluster spec, e.g. {"worker": ["host0:2222", "host1:2222"]}.
+    source: "none", "TF_CONFIG" or "slurm": where the description came from.
+    rpc_layer: Protocol the servers use ("grpc" unless TF_CONFIG says else).
+  """
+
+  task_type: str = ""
+  task_index: int = 0
+  # hash=False: a dict is unhashable, and the other fields identify the task.
+  cluster: dict[str, list[str]] = dataclasses.field(
+      default_factory=dict, hash=False)
+  source: str = "none"
+  rpc_layer: str = "grpc"
+
+  @property
+  def num_workers(self) -> int:
+    """Number of tasks that train (chief + workers); 1 for a single process."""
+    if not self.cluster:
+      return 1
+    return sum(len(self.cluster.get(kind, [])) for kind in _TRAINING_TASK_TYPES)
+
+  @property
+  def is_chief(self) -> bool:
+    """True for the task that writes checkpoints and summaries."""
+    if not self.task_type:
+      return True
+    if self.task_type == "chief":
+      return True
+    # TF's rule: without a chief, worker 0 takes that role.
+    return (self.task_type == "worker" and self.task_index == 0 and
+            "chief" not in self.cluster)
+
+  @property
+  def is_multi_worker(self) -> bool:
+    return self.num_workers > 1
+
+  @property
+  def rank(self) -> int:
+    """0..num_workers-1, chief first then workers; -1 for an evaluator."""
+    if not self.task_type or self.task_type == "chief":
+      return 0
+    if self.task_type == "worker":
+      return len(self.cluster.get("chief", [])) + self.task_index
+    return -1  # An evaluator does not take part in training.
+
+  def as_tf_config(self) -> dict[str, Any]:
+    """The TF_CONFIG dict for this task ({} for a single process)."""
+    if not self.task_type:
+      return {}
+    return {
+        "cluster": {kind: list(addrs) for kind, addrs in self.cluster.items()},
+        "task": {"type": self.task_type, "index": self.task_index},
+        "rpc_layer": self.rpc_layer,
+    }
+
+
+# --------------------------------------------------------------------------
+# TF_CONFIG
+# --------------------------------------------------------------------------
+
+
+def _fail(message: str) -> ClusterError:
+  return ClusterError(f"TF_CONFIG: {message}")
+
+
+def _describe(value: Any) -> str:
+  """Short repr plus type name, for messages like "got 'a' (str)"."""
+  text = json.dumps(value) if not isinstance(value, str) else repr(value)
+  if len(text) > 60:
+    text = text[:57] + "..."
+  return f"{text} ({type(value).__name__})"
+
+
+def address_problem(address: Any) -> str | None:
+  """Returns why `address` is not a usable "host:port" string, or None if ok."""
+  if not isinstance(address, str):
+    return f"must be a \"host:port\" string, got {_describe(address)}"
+  if not address:
+    return "is an empty string; write it as host:port, e.g. 'localhost:12345'"
+  if any(char.isspace() for char in address):
+    return f"{address!r} contains whitespace; remove the spaces"
+  if address.startswith("["):  # IPv6 literal: [::1]:2222
+    host, sep, port = address[1:].partition("]:")
+    if not sep:
+      return (f"{address!r} is not [ipv6]:port; write it like '[::1]:12345'")
+  else:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+      return (f"{address!r} has no port; write it as host:port, "
+              f"e.g. '{address}:12345'")
+    if ":" in host:
+      return (f"{address!r} has more than one ':'; put IPv6 hosts in brackets, "
+              "e.g. '[::1]:12345'")
+  if not host:
+    return f"{address!r} has an empty host; write it as host:port"
+  if not port.isdigit():
+    return (f"{address!r} has port {port!r}, which is not a number; use a "
+            "numeric port, e.g. 'host:12345'")
+  if not 1 <= int(port) <= 65535:
+    return (f"{address!r} has port {int(port)}, outside 1..65535; pick a "
+            "port in that range")
+  return None
+
+
+def _validate_cluster_spec(spec: Any) -> dict[str, list[str]]:
+  """Checks the `cluster` section and returns it as a plain dict of lists."""
+  if not isinstance(spec, dict):
+    raise _fail(
+        f"cluster must be an object mapping task type to a list of "
+        f"\"host:port\" strings, got {_describe(spec)}; e.g. "
+        "{\"worker\": [\"host0:12345\", \"host1:12345\"]}.")
+  for kind, addresses in spec.items():
+    if kind == "ps":
+      raise _fail(
+          "cluster.ps is set, but 'ps' means parameter-server training, which "
+          "tfdp does not support; remove cluster.ps and use chief/worker tasks "
+          "(tfdp trains with MultiWorkerMirroredStrategy).")
+    if kind not in _SUPPORTED_TASK_TYPES:
+      raise _fail(
+          f"cluster.{kind} is not a known task type; use one of "
+          f"{', '.join(_SUPPORTED_TASK_TYPES)}.")
+    if not isinstance(addresses, list):
+      raise _fail(
+          f"cluster.{kind} must be a list of \"host:port\" strings, got "
+          f"{_describe(addresses)}; e.g. [\"host0:12345\"].")
+    for position, address in enumerate(addresses):
+      problem = address_problem(address)
+      if problem:
+        raise _fail(f"cluster.{kind}[{position}] {problem}.")
+  seen: dict[str, str] = {}
+  for kind, addresses in spec.items():
+    for position, address in enumerate(addresses):
+      field = f"cluster.{kind}[{position}]"
+      if address in seen:
+        raise _fail(
+            f"{field} repeats address {address!r} already used by "
+            f"{seen[address]}; every task needs its own host:port.")
+      seen[address] = field
+  for kind in ("chief", "evaluator"):
+    if kind in spec and len(spec[kind]) > 1:
+      raise _fail(
+          f"cluster.{kind} has {len(spec[kind])} addresses but at most one "
+          f"{kind} is allowed; keep one and move the others to cluster.worker.")
+    if kind in spec and not spec[kind]:
+      raise _fail(f"cluster.{kind} is an empty list; add an address or remove "
+                  f"cluster.{kind}.")
+  if not spec.get("worker") and not spec.get("chief"):
+    raise _fail(
+        "cluster has no chief and an empty or missing worker list, so nobody "
+        "would train; add addresses to cluster.worker.")
+  return {kind: list(addresses) for kind, addresses in spec.items()}
+
+
+def _validate_task(task: Any, spec: dict[str, list[str]]) -> tuple[str, int]:
+  """Checks the `task` section against the cluster; returns (type, index)."""
+  if not isinstance(task, dict):
+    raise _fail(
+        f"task must be an object like {{\"type\": \"worker\", \"index\": 0}}, "
+        f"got {_describe(task)}.")
+  if "type" not in task:
+    raise _fail("task.type is missing; set it to \"chief\", \"worker\" or "
+                "\"evaluator\".")
+  task_type = task["type"]
+  if task_type == "ps":
+    raise _fail(
+        "task.type is 'ps', which means parameter-server training; tfdp does "
+        "not support it, run this task as a chief or worker instead.")
+  if task_type not in _SUPPORTED_TASK_TYPES:
+    raise _fail(
+        f"task.type {_describe(task_type)} is not a known task type; use one "
+        f"of {', '.join(_SUPPORTED_TASK_TYPES)}.")
+  if task_type == "chief" and "chief" not in spec:
+    raise _fail(
+        "task.type is 'chief' but cluster.chief is missing; add "
+        "cluster.chief with this task's address, or make this task a worker.")
+  if task_type not in spec and task_type != "evaluator":
+    raise _fail(
+        f"task.type is {task_type!r} but cluster.{task_type} is missing; add "
+        f"it to the cluster or fix task.type.")
+  if "index" not in task:
+    raise _fail("task.index is missing; set it to this task's position in "
+                f"cluster.{task_type} (0 for the first).")
+  index = task["index"]
+  # bool is an int subclass in Python, but true/false is never an index.
+  if not isinstance(index, int) or isinstance(index, bool):
+    raise _fail(f"task.index must be an integer, got {_describe(index)}; "
+                "write it without quotes, e.g. \"index\": 0.")
+  if index < 0:
+    raise _fail(f"task.index {index} is negative; indices start at 0.")
+  # TF allows an evaluator that is not listed in the cluster; it is task 0.
+  count = len(spec.get(task_type, [])) or (1 if task_type == "evaluator" else 0)
+  if index >= count:
+    raise _fail(
+        f"task.index {index} is out of range: cluster.{task_type} has {count} "
+        f"address{'es' if count != 1 else ''} (indices 0..{count - 1}); fix "
+        "the index or add an address.")
+  return task_type, index
+
+
+def parse_tf_config(text: str | None) -> Cluster:
+  """Parses and validates a TF_CONFIG JSON string.
+
+  Args:
+    text: The TF_CONFIG value; None or blank means a single process.
+
+  Returns:
+    The validated Cluster (source "TF_CONFIG"), or a single-process Cluster.
+
+  Raises:
+    ClusterError: one line naming the offending field and the fix.
+  """
+  if text is None or not text.strip():
+    return Cluster()
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as error:
+    raise _fail(
+        f"not valid JSON: {error.msg} at line {error.lineno} column "
+        f"{error.colno}; fix the JSON syntax there (keys and strings need "
+        "double quotes).") from None
+  if not isinstance(config, dict):
+    raise _fail(f"the top level must be an object with \"cluster\" and "
+                f"\"task\", got {_describe(config)}.")
+  unknown = sorted(set(config) - set(_TOP_LEVEL_KEYS))
+  if unknown:
+    raise _fail(
+        f"unknown top-level key{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(map(repr, unknown))}; allowed keys are "
+        f"{', '.join(_TOP_LEVEL_KEYS)} (check the spelling).")
+  if "cluster" not in config:
+    raise _fail("cluster is missing; add e.g. \"cluster\": {\"worker\": "
+                "[\"host0:12345\", \"host1:12345\"]}.")
+  if "task" not in config:
+    raise _fail("task is missing; add e.g. \"task\": {\"type\": \"worker\", "
+                "\"index\": 0}.")
+  rpc_layer = config.get("rpc_layer", "grpc")
+  if not isinstance(rpc_layer, str) or not rpc_layer:
+    raise _fail(f"rpc_layer must be a non-empty string such as \"grpc\", got "
+                f"{_describe(rpc_layer)}.")
+  if "environment" in config and not isinstance(config["environment"], str):
+    raise _fail(f"environment must be a string, got "
+                f"{_describe(config['environment'])}.")
+  spec = _validate_cluster_spec(config["cluster"])
+  task_type, index = _validate_task(config["task"], spec)
+  return Cluster(task_type=task_type, task_index=index, cluster=spec,
+                 source="TF_CONFIG", rpc_layer=rpc_layer)
+
+
+# --------------------------------------------------------------------------
+# Slurm
+# --------------------------------------------------------------------------
+
+
+def _expand_bracket(body: str, nodelist: str) -> list[str]:
+  """'01-03,07' -> ['01', '02', '03', '07'], keeping zero padding."""
+  values = []
+  for part in body.split(","):
+    low, dash, high = part.partition("-")
+    if not low.isdigit() or (dash and not high.isdigit()):
+      raise ClusterError(
+          f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} is not "
+          "N or N-M; check SLURM_STEP_NODELIST / SLURM_JOB_NODELIST.")
+    high = high if dash else low
+    if int(high) < int(low):
+      raise ClusterError(
+          f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} runs "
+          "backwards.")
+    values.extend(
+        str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+  return values
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+  """Expands a Slurm hostlist, keeping Slurm's order and any repeats.
+
+  'node[01-03,07]' -> node01 node02 node03 node07; 'a1,b2' -> a1 b2;
+  'r[1-2]-n[1-2]' -> r1-n1 r1-n2 r2-n1 r2-n2.
+  """
+  hosts: list[str] = []
+  depth, start = 0, 0
+  items = []
+  for position, char in enumerate(nodelist + ","):
+    if char == "[":
+      depth += 1
+    elif char == "]":
+      depth -= 1
+    elif char == "," and depth == 0:
+      items.append(nodelist[start:position])
+      start = position + 1
+    if depth not in (0, 1):
+      raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
+                         "unbalanced or nested brackets.")
+  if depth != 0:
+    raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
+                       "unbalanced brackets.")
+  for item in items:
+    item = item.strip()
+    if not item:
+      raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
+                         "empty host name between commas.")
+    # Split into literal text and [ranges], then take the cartesian product.
+    pieces = re.split(r"(\[[^\]]*\])", item)
+    choices = [_expand_bracket(piece[1:-1], nodelist) if piece.startswith("[")
+               else [piece] for piece in pieces if piece]
+    hosts.extend("".join(combo) for combo in itertools.product(*choices))
+  return hosts
+
+
+def expand_tasks_per_node(tasks_per_node: str) -> list[int]:
+  """'2(x3),1' -> [2, 2, 2, 1] (the SLURM_TASKS_PER_NODE format)."""
+  counts: list[int] = []
+  for part in tasks_per_node.split(","):
+    match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+    if not match:
+      raise ClusterError(
+          f"Slurm: cannot parse tasks per node {tasks_per_node!r}: {part!r} is "
+          "not N or N(xM).")
+    counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+  return counts
+
+
+def _slurm_int(env: Mapping[str, str], name: str) -> int:
+  value = env[name]
+  if not value.strip().isdigit():
+    raise ClusterError(
+        f"Slurm: {name}={value!r} is not a non-negative integer.")
+  return int(value)
+
+
+def _slurm_num_tasks(env: Mapping[str, str]) -> int | None:
+  """Task count of the current step (srun) or else of the job."""
+  for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+    if name in env:
+      return _slurm_int(env, name)
+  return None
+
+
+def from_slurm(env: Mapping[str, str],
+               port_base: int = _DEFAULT_SLURM_PORT_BASE) -> Cluster:
+  """Builds a worker-only Cluster from the environment srun gives each task.
+
+  Mirrors tf.distribute.cluster_resolver.SlurmClusterResolver with block task
+  distribution: node k runs the next tasks-per-node[k] ranks, on ports
+  port_base, port_base+1, ... Worker 0 is the chief. Unlike TF's resolver,
+  nodes keep Slurm's nodelist order instead of being sorted by name, so ranks
+  match SLURM_PROCID even for lists like 'node[9-10]'.
+
+  Raises:
+    ClusterError: a Slurm variable is missing or inconsistent (one line).
+  """
+  if "SLURM_PROCID" not in env:
+    raise ClusterError("Slurm: SLURM_PROCID is not set; launch the tasks with "
+                       "srun (or set TF_CONFIG instead).")
+  num_tasks = _slurm_num_tasks(env)
+  if num_tasks is None:
+    raise ClusterError("Slurm: neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS "
+                       "is set; launch with srun --ntasks=N.")
+  # Step variables describe what srun actually started; prefer them in pairs.
+  if "SLURM_STEP_NODELIST" in env:
+    nodelist_var, per_node_vars = "SLURM_STEP_NODELIST", (
+        "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+  elif "SLURM_JOB_NODELIST" in env or "SLURM_NODELIST" in env:
+    nodelist_var = ("SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env
+                    else "SLURM_NODELIST")
+    per_node_vars = ("SLURM_TASKS_PER_NODE",)
+  else:
+    raise ClusterError("Slurm: neither SLURM_STEP_NODELIST nor "
+                       "SLURM_JOB_NODELIST is set; launch with srun.")
+  hosts = expand_nodelist(env[nodelist_var])
+  per_node_var = next((name for name in per_node_vars if name in env), None)
+  if per_node_var is not None:
+    tasks_per_node = expand_tasks_per_node(env[per_node_var])
+  elif num_tasks % len(hosts) == 0:  # Even split is the only safe guess.
+    per_node_var = "(even split)"
+    tasks_per_node = [num_tasks // len(hosts)] * len(hosts)
+  else:
+    raise ClusterError(
+        f"Slurm: SLURM_STEP_TASKS_PER_NODE is not set and {num_tasks} tasks do "
+        f"not split evenly over {len(hosts)} nodes; use srun "
+        "--ntasks-per-node.")
+  if len(tasks_per_node) != len(hosts):
+    raise ClusterError(
+        f"Slurm: {nodelist_var} has {len(hosts)} nodes but {per_node_var} "
+        f"describes {len(tasks_per_node)}; they must match.")
+  if sum(tasks_per_node) != num_tasks:
+    raise ClusterError(
+        f"Slurm: {per_node_var} adds up to {sum(tasks_per_node)} tasks but "
+        f"the task count is {num_tasks}; they must match.")
+  if max(tasks_per_node, default=0) and not (
+      1 <= port_base and port_base + max(tasks_per_node) - 1 <= 65535):
+    raise ClusterError(f"Slurm: port_base {port_base} leaves ports outside "
+                       "1..65535; pick a port_base like 8888.")
+  addresses = [f"{host}:{port_base + local_id}"
+               for host, count in zip(hosts, tasks_per_node)
+               for local_id in range(count)]
+  rank = _slurm_int(env, "SLURM_PROCID")
+  if rank >= num_tasks:
+    raise ClusterError(f"Slurm: SLURM_PROCID {rank} is out of range for "
+                       f"{num_tasks} tasks.")
+  duplicates = sorted(a for a, n in collections.Counter(addresses).items()
+                      if n > 1)
+  if duplicates:
+    raise ClusterError(f"Slurm: nodelist repeats a node, giving duplicate "
+                       f"address {duplicates[0]!r}; check {nodelist_var}.")
+  return Cluster(task_type="worker", task_index=rank,
+                 cluster={"worker": addresses}, source="slurm")
+
+
+def _running_under_srun(env: Mapping[str, str]) -> bool:
+  if "SLURM_PROCID" not in env:
+    return False
+  try:
+    num_tasks = _slurm_num_tasks(env)
+  except ClusterError:
+    return False
+  return num_tasks is not None and num_tasks > 1
+
+
+def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
+  """TF_CONFIG wins if set, else Slurm under a multi-task srun, else single."""
+  if env.get("TF_CONFIG", "").strip():
+    return parse_tf_config(env["TF_CONFIG"])
+  if _running_under_srun(env):
+    return from_slurm(env)
+  return Cluster()
+
+
+# --------------------------------------------------------------------------
+# TensorFlow glue and reporting
+# --------------------------------------------------------------------------
+
+
+def make_cluster_resolver(cluster: Cluster):
+  """A tf.distribute SimpleClusterResolver for MultiWorkerMirroredStrategy.
+
+  The same resolver type serves TF_CONFIG, Slurm and single-process clusters,
+  because `cluster` is already validated and TF_CONFIG may not be in
+  os.environ (e.g. resolve_cluster was given another mapping).
+  """
+  import tensorflow as tf  # Lazy: validation must not start TensorFlow.
+
+  # SimpleClusterResolver reports no GPUs unless told; the strategy needs it.
+  num_gpus = len(tf.config.list_physical_devices("GPU"))
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster.cluster),
+      task_type=cluster.task_type or None,
+      task_id=cluster.task_index if cluster.task_type else None,
+      num_accelerators={"GPU": num_gpus} if num_gpus else None,
+      rpc_layer=cluster.rpc_layer)
+
+
+def summary_line(cluster: Cluster, replicas_in_sync: int,
+                 all_reduce: str) -> str:
+  """One log line: who this task is and how gradients are reduced."""
+  if not cluster.task_type:
+    where = "single process (no TF_CONFIG or Slurm)"
+  elif cluster.task_type == "evaluator":
+    where = (f"evaluator {cluster.task_index}, not training, beside "
+             f"{cluster.num_workers} workers ({cluster.source})")
+  else:
+    where = (f"{cluster.task_type} {cluster.task_index} of "
+             f"{cluster.num_workers} ({cluster.source})")
+    if cluster.rank not in (-1, cluster.task_index):
+      where += f", rank {cluster.rank}"
+  return (f"cluster: {where}, chief={cluster.is_chief}, "
+          f"replicas_in_sync={replicas_in_sync}, all_reduce={all_reduce}")

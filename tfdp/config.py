@@ -1,0 +1,407 @@
+"""Typed experiment config: task / trainer / runtime dataclasses, YAML layering, strict checks.
+
+Nothing here imports TensorFlow: every mistake a user can make in a config is caught before
+TensorFlow starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import typing
+from typing import Any, Sequence
+
+import yaml
+
+from tfdp.errors import ConfigError
+
+DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
+SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split")
+STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+ALL_REDUCE = ("auto", "ring", "nccl")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCHEDULES = ("constant", "cosine", "step", "linear")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+MODES = ("train", "eval", "train_and_eval")
+
+
+@dataclasses.dataclass
+class DataConfig:
+  """Where examples come from and how they are prepared."""
+  source: str = "tfds"  # one of DATA_SOURCES
+  name: str = "cifar10"  # TFDS dataset name
+  split: str = "train"  # TFDS split, slicing allowed: "train[:5000]"
+  data_dir: str = ""  # TFDS data_dir; empty: $TFDS_DATA_DIR, then ~/tensorflow_datasets
+  path: str = ""  # image_folder root, or tfrecord file glob
+  image_key: str = "image"  # tfrecord feature names
+  label_key: str = "label"
+  image_size: int = 0  # resize to this square size; 0 keeps the source size
+  num_classes: int = 0  # 0: read from the source
+  num_examples: int = 0  # synthetic only
+  augment: bool = False  # random crop (4-pixel pad) + horizontal flip
+  cache: bool = True  # keep decoded images in memory after the first epoch
+  shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000
+  mean: list[float] = dataclasses.field(default_factory=lambda: [0.5, 0.5, 0.5])
+  std: list[float] = dataclasses.field(default_factory=lambda: [0.25, 0.25, 0.25])
+  shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers
+  deterministic: bool = True  # tf.data element order; False may be faster
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  name: str = "resnet20"  # a name from tfdp.models.registered_models()
+  kwargs: dict = dataclasses.field(default_factory=dict)  # passed to the builder
+
+
+@dataclasses.dataclass
+class TaskConfig:
+  """What is learned: model, data, loss."""
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(augment=True))
+  eval_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(split="test"))
+  label_smoothing: float = 0.0
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+  name: str = "sgd"
+  momentum: float = 0.9
+  nesterov: bool = True
+  weight_decay: float = 5e-4  # decoupled, applied by the optimizer on every replica alike
+  beta_1: float = 0.9
+  beta_2: float = 0.999
+
+
+@dataclasses.dataclass
+class LearningRateConfig:
+  """lr = base_lr * global_batch_size / base_batch_size (linear scaling), warmup, then decay."""
+  base_lr: float = 0.1
+  base_batch_size: int = 128
+  schedule: str = "cosine"
+  warmup_epochs: float = 0.0
+  decay_epochs: list[float] = dataclasses.field(default_factory=list)  # "step" boundaries
+  decay_rate: float = 0.1  # "step" factor
+  final_lr_fraction: float = 0.0  # "cosine"/"linear" end value, as a fraction of the peak
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+  """How it is learned: batch, epochs, schedule, checkpoints."""
+  global_batch_size: int = 128
+  eval_batch_size: int = 0  # 0: global_batch_size
+  epochs: int = 1
+  max_steps: int = 0  # >0 stops after this many steps in all (smoke runs)
+  steps_per_loop: int = 50  # steps per compiled call (tf.function with a tf.range loop)
+  eval_every_epochs: int = 1
+  checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
+  max_checkpoints: int = 3
+  export_model: bool = True
+  seed: int = 42
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  learning_rate: LearningRateConfig = dataclasses.field(default_factory=LearningRateConfig)
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+  """Where it runs: strategy, devices, collectives, precision, threads."""
+  strategy: str = "auto"
+  devices: list[str] = dataclasses.field(default_factory=list)  # mirrored: e.g. ["/gpu:0", "/gpu:1"]
+  cpu_replicas: int = 0  # >0: split the CPU into this many logical devices (one replica each)
+  cross_device_ops: str = "auto"  # mirrored all-reduce
+  all_reduce: str = "auto"  # multi_worker_mirrored collective implementation
+  bytes_per_pack: int = 0  # 0: TF's default gradient packing
+  collective_timeout_seconds: float = 0.0  # 0: no timeout
+  mixed_precision: str = "float32"
+  jit_compile: bool = False
+  intra_op_threads: int = 0  # 0: TensorFlow's default
+  inter_op_threads: int = 0
+  checkpoint_on_preemption: bool = True  # SIGTERM: save a checkpoint and exit
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+  task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+
+# ---- building from dicts, with the key path in every error ---------------------------------
+
+
+def _type_name(tp: Any) -> str:
+  return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+  """Returns value as type tp, or raises ConfigError naming key."""
+  origin = typing.get_origin(tp)
+  if dataclasses.is_dataclass(tp):
+    if value is None:
+      value = {}
+    if not isinstance(value, dict):
+      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {value!r}.")
+    return _from_dict(tp, value, key + ".")
+  if origin is list:
+    (item_tp,) = typing.get_args(tp)
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+      value = [value]  # `a.b=x` on the command line means a one-item list
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"config key '{key}' must be a list of {_type_name(item_tp)}, got {value!r}.")
+    return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+  if tp is dict or origin is dict:
+    if not isinstance(value, dict):
+      raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}.")
+    return dict(value)
+  if tp is bool:
+    if isinstance(value, bool):
+      return value
+    raise ConfigError(f"config key '{key}' must be true or false, got {value!r}.")
+  if tp is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    raise ConfigError(f"config key '{key}' must be a whole number, got {value!r}.")
+  if tp is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    raise ConfigError(f"config key '{key}' must be a number, got {value!r}.")
+  if tp is str:
+    if isinstance(value, str):
+      return value
+    if value is None:
+      return ""
+    raise ConfigError(f"config key '{key}' must be a string, got {value!r}; quote it in YAML.")
+  raise ConfigError(f"config key '{key}' has an unsupported type {tp}.")  # a bug in tfdp
+
+
+def _from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  kwargs = {}
+  for key, value in data.items():
+    if key not in names:
+      close = difflib.get_close_matches(str(key), names, n=1)
+      hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(names)}."
+      raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
+    kwargs[key] = _coerce(value, hints[key], prefix + key)
+  return cls(**kwargs)
+
+
+def from_dict(data: dict) -> ExperimentConfig:
+  return _from_dict(ExperimentConfig, data or {})
+
+
+def to_dict(config: ExperimentConfig) -> dict:
+  return dataclasses.asdict(config)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+  merged = dict(base)
+  for key, value in override.items():
+    if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "kwargs":
+      merged[key] = _deep_merge(merged[key], value)
+    else:
+      merged[key] = value
+  return merged
+
+
+def _split_top_level(text: str, sep: str = ",") -> list[str]:
+  """Splits on sep outside brackets and quotes, so `a=[1,2],b=x` is two overrides."""
+  parts, depth, quote, current = [], 0, "", []
+  for ch in text:
+    if quote:
+      quote = "" if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "[{(":
+      depth += 1
+    elif ch in "]})":
+      depth -= 1
+    elif ch == sep and depth == 0:
+      parts.append("".join(current))
+      current = []
+      continue
+    current.append(ch)
+  parts.append("".join(current))
+  return [p.strip() for p in parts if p.strip()]
+
+
+def parse_overrides(text: str) -> dict:
+  """`a.b=1,c.d=x` or a YAML/JSON mapping → nested dict."""
+  text = text.strip()
+  if not text:
+    return {}
+  if text.startswith("{") or "\n" in text or (":" in text and "=" not in text):
+    try:
+      data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ConfigError(f"--params_override is not valid YAML/JSON ({str(e).splitlines()[0]}); "
+                        "use a.b=1,c.d=x or a quoted mapping.") from None
+    if not isinstance(data, dict):
+      raise ConfigError(f"--params_override must be a mapping or a.b=1 pairs, got {text!r}.")
+    return data
+  result: dict = {}
+  for item in _split_top_level(text):
+    if "=" not in item:
+      raise ConfigError(f"--params_override item '{item}' has no '='; write it as key.path=value.")
+    path, raw = item.split("=", 1)
+    keys = path.strip().split(".")
+    if not all(keys):
+      raise ConfigError(f"--params_override key '{path}' is malformed; write it as a.b.c=value.")
+    try:
+      value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+      value = raw
+    node = result
+    for k in keys[:-1]:
+      node = node.setdefault(k, {})
+      if not isinstance(node, dict):
+        raise ConfigError(f"--params_override sets '{path}' and a key inside it; keep one.")
+    node[keys[-1]] = value
+  return result
+
+
+def load_yaml(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise ConfigError(f"config file '{path}' does not exist; check the --config_file path.")
+  try:
+    with open(path) as f:
+      data = yaml.safe_load(f)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark else ""
+    raise ConfigError(f"config file '{path}' is not valid YAML{where}; fix its syntax.") from None
+  if data is None:
+    return {}
+  if not isinstance(data, dict):
+    raise ConfigError(f"config file '{path}' must hold a mapping with task/trainer/runtime keys.")
+  return data
+
+
+def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ()) -> ExperimentConfig:
+  """Defaults, then each YAML file in order, then each override; validated."""
+  merged: dict = {}
+  for path in config_files:
+    layer = load_yaml(path)
+    from_dict(layer)  # reject unknown keys naming the file's own mistake early
+    merged = _deep_merge(merged, layer)
+  for text in overrides:
+    merged = _deep_merge(merged, parse_overrides(text))
+  config = from_dict(merged)
+  validate(config)
+  return config
+
+
+def dump_yaml(config: ExperimentConfig) -> str:
+  return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+
+
+# ---- value checks -------------------------------------------------------------------------
+
+
+def _check_choice(key: str, value: str, choices: Sequence[str]) -> None:
+  if value not in choices:
+    close = difflib.get_close_matches(value, choices, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"config key '{key}' is '{value}'; use one of {', '.join(choices)}. {hint}")
+
+
+def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
+  if value < 0 or (value == 0 and not allow_zero):
+    bound = ">= 0" if allow_zero else "> 0"
+    raise ConfigError(f"config key '{key}' is {value}; it must be {bound}.")
+
+
+def _validate_data(prefix: str, data: DataConfig) -> None:
+  _check_choice(prefix + "source", data.source, DATA_SOURCES)
+  _check_choice(prefix + "shard_policy", data.shard_policy, SHARD_POLICIES)
+  if data.source == "tfds" and not data.name:
+    raise ConfigError(f"config key '{prefix}name' is empty; name a TFDS dataset such as cifar10.")
+  if data.source in ("image_folder", "tfrecord") and not data.path:
+    raise ConfigError(f"config key '{prefix}path' is empty; {data.source} needs a path.")
+  if data.source == "synthetic":
+    _check_positive(prefix + "num_examples", data.num_examples)
+    _check_positive(prefix + "num_classes", data.num_classes)
+    _check_positive(prefix + "image_size", data.image_size)
+  for key in ("image_size", "num_classes", "shuffle_buffer"):
+    _check_positive(prefix + key, getattr(data, key), allow_zero=True)
+  if len(data.mean) != len(data.std) or any(s <= 0 for s in data.std):
+    raise ConfigError(f"config keys '{prefix}mean'/'{prefix}std' need equal lengths and std > 0.")
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Raises ConfigError for impossible values. Replica-count checks are in expected_replicas."""
+  task, trainer, runtime = config.task, config.trainer, config.runtime
+  from tfdp import models  # pylint: disable=g-import-not-at-top  (no TensorFlow import there)
+  if task.model.name not in models.registered_models():
+    close = difflib.get_close_matches(task.model.name, models.registered_models(), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"config key 'task.model.name' is '{task.model.name}'; use one of "
+                      f"{', '.join(models.registered_models())}.{hint}")
+  _validate_data("task.train_data.", task.train_data)
+  _validate_data("task.eval_data.", task.eval_data)
+  if not 0.0 <= task.label_smoothing < 1.0:
+    raise ConfigError("config key 'task.label_smoothing' must be in [0, 1).")
+  _check_positive("trainer.global_batch_size", trainer.global_batch_size)
+  _check_positive("trainer.eval_batch_size", trainer.eval_batch_size, allow_zero=True)
+  _check_positive("trainer.epochs", trainer.epochs, allow_zero=True)
+  _check_positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
+  _check_positive("trainer.steps_per_loop", trainer.steps_per_loop)
+  _check_positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
+  _check_positive("trainer.checkpoint_every_steps", trainer.checkpoint_every_steps, allow_zero=True)
+  _check_positive("trainer.max_checkpoints", trainer.max_checkpoints)
+  _check_choice("trainer.optimizer.name", trainer.optimizer.name, OPTIMIZERS)
+  _check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
+  lr = trainer.learning_rate
+  _check_choice("trainer.learning_rate.schedule", lr.schedule, LR_SCHEDULES)
+  _check_positive("trainer.learning_rate.base_lr", lr.base_lr)
+  _check_positive("trainer.learning_rate.base_batch_size", lr.base_batch_size)
+  _check_positive("trainer.learning_rate.warmup_epochs", lr.warmup_epochs, allow_zero=True)
+  if lr.schedule == "step" and not lr.decay_epochs:
+    raise ConfigError("config key 'trainer.learning_rate.decay_epochs' is empty; the step "
+                      "schedule needs boundaries such as [30, 60].")
+  _check_choice("runtime.strategy", runtime.strategy, STRATEGIES)
+  _check_choice("runtime.cross_device_ops", runtime.cross_device_ops, CROSS_DEVICE_OPS)
+  _check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)
+  _check_choice("runtime.mixed_precision", runtime.mixed_precision, PRECISIONS)
+  for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",
+              "intra_op_threads", "inter_op_threads"):
+    _check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)
+  if runtime.cpu_replicas and runtime.devices:
+    raise ConfigError("set either 'runtime.cpu_replicas' or 'runtime.devices', not both.")
+  if runtime.strategy in ("default", "one_device") and (runtime.cpu_replicas > 1
+                                                        or len(runtime.devices) > 1):
+    raise ConfigError(f"runtime.strategy '{runtime.strategy}' runs one replica; set "
+                      "runtime.strategy=mirrored to use several devices.")
+
+
+def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
+  """The global batch is the user's number; every replica gets an equal share of it."""
+  for key in ("global_batch_size", "eval_batch_size"):
+    batch = getattr(config.trainer, key) or config.trainer.global_batch_size
+    if batch % num_replicas:
+      lower = batch - batch % num_replicas
+      raise ConfigError(
+          f"config key 'trainer.{key}' is {batch}, which does not split evenly over "
+          f"{num_replicas} replicas; use a multiple of {num_replicas} such as {lower or num_replicas}.")
+
+
+def expected_replicas(runtime: RuntimeConfig, num_workers: int = 1) -> int | None:
+  """Replica count known from the config alone (None when it depends on GPUs found)."""
+  per_worker = None
+  if runtime.cpu_replicas:
+    per_worker = runtime.cpu_replicas
+  elif runtime.devices:
+    per_worker = len(runtime.devices)
+  elif runtime.strategy in ("default", "one_device"):
+    per_worker = 1
+  if per_worker is None:
+    return None
+  return per_worker * max(1, num_workers)
+
+
+def config_to_json(config: ExperimentConfig) -> str:
+  return json.dumps(to_dict(config), sort_keys=True)

@@ -1,0 +1,110 @@
+"""The whole flow, in order: config → cluster → strategy → data → model → trainer → outputs."""
+from __future__ import annotations
+
+import json
+import os
+
+from absl import logging
+
+from tfdp import cluster as cluster_lib
+from tfdp import config as config_lib
+from tfdp import data as data_lib
+from tfdp import models
+from tfdp import outputs
+from tfdp import strategy as strategy_lib
+from tfdp.config import ExperimentConfig
+from tfdp.errors import DataError
+
+
+def preflight(config: ExperimentConfig, model_dir: str, mode: str,
+              cluster: cluster_lib.Cluster) -> str:
+  """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing."""
+  config_lib.validate(config)
+  if mode not in config_lib.MODES:
+    raise config_lib.ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
+  if mode != "eval":
+    data_lib.check_source(config.task.train_data, "task.train_data")
+  if mode != "train":
+    data_lib.check_source(config.task.eval_data, "task.eval_data")
+  replicas = config_lib.expected_replicas(config.runtime, cluster.num_workers)
+  if replicas:
+    config_lib.check_batch_divides(config, replicas)
+  if cluster.is_chief:
+    return outputs.prepare_model_dir(model_dir)
+  return os.path.abspath(os.path.expanduser(model_dir))
+
+
+def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
+        cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
+        eval_source: data_lib.Source | None = None, model_fn=None, verbose: bool = True) -> dict:
+  """Runs one experiment and returns its final metrics. Sources and model_fn may be given
+  directly (the library API); otherwise they come from the config."""
+  cluster = cluster or cluster_lib.resolve_cluster()
+  model_dir = preflight(config, model_dir, mode, cluster)
+
+  strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
+  replicas = strategy.num_replicas_in_sync
+  config_lib.check_batch_divides(config, replicas)
+  logging.info("%s", cluster_lib.summary_line(cluster, replicas,
+                                              plan.all_reduce or plan.cross_device_ops or "none"))
+  logging.info("%s", strategy_lib.describe(plan, replicas))
+  write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
+  outputs.write_config(write_plan, config_lib.dump_yaml(config))
+
+  task, trainer_cfg = config.task, config.trainer
+  num_pipelines = max(cluster.num_workers, 1)
+  train_source = train_source or data_lib.make_source(task.train_data)
+  eval_source = eval_source if eval_source is not None else (
+      data_lib.make_source(task.eval_data) if mode != "train" else None)
+  train_plan = data_lib.plan_input(train_source, task.train_data, trainer_cfg.global_batch_size,
+                                   replicas, num_pipelines)
+  data_lib.log_plan("train", train_plan)
+  eval_plan, eval_dataset = None, None
+  if eval_source is not None:
+    eval_plan = data_lib.plan_input(eval_source, task.eval_data,
+                                    trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
+                                    replicas, num_pipelines)
+    data_lib.log_plan("eval", eval_plan)
+    eval_dataset = strategy.distribute_datasets_from_function(
+        data_lib.make_dataset_fn(eval_plan, task.eval_data, training=False, seed=trainer_cfg.seed))
+
+  from tfdp import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(trainer_cfg.seed)
+  model_fn = model_fn or (lambda: models.build_model(
+      task.model.name, train_source.image_shape, train_source.num_classes, **task.model.kwargs))
+  trainer = trainer_lib.Trainer(config, strategy, write_plan, model_fn, train_plan.steps_per_epoch,
+                                verbose=verbose)
+  trainer.restore()
+
+  def train_dataset(start_step: int):
+    return strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
+        train_plan, task.train_data, training=True, seed=trainer_cfg.seed,
+        epochs=trainer_cfg.epochs, start_step=start_step))
+
+  result: dict = {"model_dir": model_dir, "replicas": replicas, "strategy": plan.kind}
+  try:
+    if mode == "eval":
+      evaluated = trainer.evaluate(eval_dataset, eval_plan.steps_per_epoch)
+      result.update(step=trainer.global_step, eval_loss=evaluated.loss,
+                    eval_accuracy=evaluated.accuracy, eval_examples=int(evaluated.count))
+      if cluster.is_chief:
+        outputs.atomic_write_text(write_plan.path("eval.json"), json.dumps(result, indent=2))
+    else:
+      result.update(trainer.train(train_dataset, eval_dataset,
+                                  eval_plan.steps_per_epoch if eval_plan else 0))
+      result["step"] = trainer.global_step
+      if trainer_cfg.export_model:
+        result["exported"] = outputs.export_model(write_plan, trainer.model)
+  except _decode_errors() as e:
+    raise DataError(f"an input example could not be decoded ({e.message.splitlines()[0]}); "
+                    "check the dataset files, then re-run to resume from the last checkpoint.") from None
+  finally:
+    write_plan.cleanup()
+  result["trainer"] = trainer
+  return result
+
+
+def _decode_errors():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return (tf.errors.InvalidArgumentError, tf.errors.DataLossError)

@@ -1,0 +1,425 @@
+"""Local multi-process launcher: N copies of a command, one TF_CONFIG each.
+
+`launch` starts the group, prefixes each worker's output with `[wI] `, stops
+the whole group as soon as one worker fails (an all-reduce peer would
+otherwise block until its gRPC timeout), and optionally reruns the group; the
+training app resumes from its own checkpoint, the launcher only reruns the
+same command.
+
+Network exposure (checked against TensorFlow 2.21): the gRPC server that
+MultiWorkerMirroredStrategy starts listens on every interface no matter which
+host TF_CONFIG names. GrpcServer::Init in
+tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc hard-codes
+`AddListeningPort("0.0.0.0:" + port)`, which gRPC opens as dual-stack `[::]`;
+ServerDef's only related field, `port`, overrides the port but not the host,
+and the TF_GRPC_* environment variables tune client channels, not the
+listener. There is no supported way to bind to 127.0.0.1 only. The launcher
+therefore writes loopback addresses (so workers talk to each other over
+loopback) and refuses other hosts without `allow_remote=True`, but the ports
+are still reachable from the network while training runs and the servers
+have no authentication. To really isolate a local run, firewall the ports or
+run the launcher inside a private network namespace, e.g.
+`unshare --net --map-root-user sh -c 'ip link set lo up; tfdp-launch ...'`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import ipaddress
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from tfdp.errors import ClusterError, TfdpError
+
+TAIL_LINES = 20
+DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
+_POLL_SECONDS = 0.05
+_DRAIN_SECONDS = 2.0  # How long to wait for output after every worker exited.
+_MAX_PARTIAL_LINE = 64 * 1024  # Emit over-long lines rather than buffer them.
+
+
+def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+  """Returns n distinct ports that the OS reports free on `host`.
+
+  All sockets stay open until every port is picked, so the OS cannot hand out
+  the same port twice. The ports are free only at this moment: a worker has
+  to bind them soon after (the launcher starts workers right away).
+  """
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sockets = []
+  try:
+    for _ in range(n):
+      sock = socket.socket(family, socket.SOCK_STREAM)
+      sockets.append(sock)
+      sock.bind((host, 0))  # Port 0: the OS picks; never a fixed port.
+    return [sock.getsockname()[1] for sock in sockets]
+  finally:
+    for sock in sockets:
+      sock.close()
+
+
+def _format_address(host: str, port: int) -> str:
+  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def worker_tf_configs(num_workers: int, host: str,
+                      ports: Sequence[int]) -> list[str]:
+  """TF_CONFIG JSON for each worker; worker 0 is the chief by TF's rule."""
+  if len(ports) != num_workers:
+    raise ValueError(f"need {num_workers} ports, got {len(ports)}")
+  addresses = [_format_address(host, port) for port in ports]
+  return [
+      json.dumps({"cluster": {"worker": addresses},
+                  "task": {"type": "worker", "index": index}})
+      for index in range(num_workers)
+  ]
+
+
+def is_loopback_host(host: str) -> bool:
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host.strip("[]")).is_loopback
+  except ValueError:
+    return False  # A host name other than localhost: assume it is remote.
+
+
+def describe_returncode(returncode: int | None) -> str:
+  """'exited with code 3' / 'was killed by signal SIGKILL' / 'is running'."""
+  if returncode is None:
+    return "is still running"
+  if returncode < 0:
+    try:
+      name = signal.Signals(-returncode).name
+    except ValueError:
+      name = str(-returncode)
+    return f"was killed by signal {name}"
+  return f"exited with code {returncode}"
+
+
+@dataclasses.dataclass
+class GroupResult:
+  """What happened to one run of the worker group.
+
+  Attributes:
+    returncodes: Per worker, as Popen reports it (negative = killed by signal).
+    pids: Per worker process id (each is also its process group id).
+    ports: The ports the workers were given.
+    first_failed: Index of the first worker seen failing, or None.
+    last_lines: Per worker, its last TAIL_LINES output lines.
+    interrupted_by: Signal number if the launcher itself was told to stop.
+    duration_seconds: From starting the workers until the last one exited.
+    stop_seconds: From the first failure (or interrupt) to all workers gone.
+  """
+
+  returncodes: list[int | None]
+  pids: list[int]
+  ports: list[int]
+  first_failed: int | None = None
+  last_lines: list[list[str]] = dataclasses.field(default_factory=list)
+  interrupted_by: int | None = None
+  duration_seconds: float = 0.0
+  stop_seconds: float | None = None
+
+  @property
+  def ok(self) -> bool:
+    return self.interrupted_by is None and all(
+        code == 0 for code in self.returncodes)
+
+  def failure_summary(self) -> str:
+    """One line naming the failed worker and how it ended ('' if ok)."""
+    if self.interrupted_by is not None:
+      return (f"launcher got {signal.Signals(self.interrupted_by).name}; "
+              "stopped all workers")
+    if self.first_failed is None:
+      return ""
+    code = self.returncodes[self.first_failed]
+    return f"worker {self.first_failed} {describe_returncode(code)}"
+
+
+class _Worker:
+  """One child process plus the bookkeeping for its output."""
+
+  def __init__(self, index: int, popen: subprocess.Popen):
+    self.index = index
+    self.popen = popen
+    self.pgid = popen.pid  # start_new_session=True: pid == its group id.
+    self.partial = b""
+    self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    self.output_closed = False
+    self.returncode: int | None = None
+
+
+def _signal_group(worker: _Worker, signum: int) -> None:
+  try:
+    os.killpg(worker.pgid, signum)
+  except (ProcessLookupError, PermissionError):
+    pass  # The whole group is already gone.
+
+
+class _StopRequest:
+  """Signals that asked the launcher to stop, recorded by the handler."""
+
+  def __init__(self):
+    self.signals: list[int] = []
+
+  def handler(self, signum, frame) -> None:
+    del frame
+    self.signals.append(signum)
+
+
+def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
+                   env: Mapping[str, str] | None) -> list[_Worker]:
+  workers: list[_Worker] = []
+  base_env = dict(os.environ if env is None else env)
+  # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
+  base_env.setdefault("PYTHONUNBUFFERED", "1")
+  try:
+    for index, tf_config in enumerate(tf_configs):
+      worker_env = dict(base_env, TF_CONFIG=tf_config,
+                        TFDP_WORKER_INDEX=str(index),
+                        TFDP_NUM_WORKERS=str(len(tf_configs)))
+      popen = subprocess.Popen(
+          list(command), env=worker_env, stdin=subprocess.DEVNULL,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          start_new_session=True)  # Own group: we can kill its children too.
+      workers.append(_Worker(index, popen))
+  except OSError as error:
+    for worker in workers:
+      _signal_group(worker, signal.SIGKILL)
+      worker.popen.wait()
+      worker.popen.stdout.close()
+    raise TfdpError(f"cannot start worker command {command[0]!r}: "
+                    f"{error.strerror or error}") from None
+  return workers
+
+
+def _emit_lines(worker: _Worker, data: bytes, output: TextIO,
+                final: bool = False) -> None:
+  worker.partial += data
+  *lines, worker.partial = worker.partial.split(b"\n")
+  if (final and worker.partial) or len(worker.partial) > _MAX_PARTIAL_LINE:
+    lines.append(worker.partial)
+    worker.partial = b""
+  for raw in lines:
+    line = raw.decode("utf-8", errors="replace").rstrip("\r")
+    worker.tail.append(line)
+    try:
+      output.write(f"[w{worker.index}] {line}\n")
+    except (OSError, ValueError):
+      pass  # Our own stdout went away; keep supervising the workers.
+
+
+def _flush(output: TextIO) -> None:
+  try:
+    output.flush()
+  except (OSError, ValueError):
+    pass  # Same as above: a closed stdout must not abandon the workers.
+
+
+def run_group(command: Sequence[str], num_workers: int,
+              host: str = "127.0.0.1", env: Mapping[str, str] | None = None,
+              stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
+              output: TextIO | None = None) -> GroupResult:
+  """Runs `num_workers` copies of `command` until all exit or one fails.
+
+  Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on
+  `host`), TFDP_WORKER_INDEX and TFDP_NUM_WORKERS, and runs in its own process
+  group. Its merged stdout/stderr is printed line by line as `[wI] line`.
+
+  When a worker exits non-zero or dies by a signal, or this process gets
+  SIGINT/SIGTERM, every other worker group gets SIGTERM, then SIGKILL after
+  `stop_grace_seconds` (a second SIGINT/SIGTERM skips the wait). Before
+  returning, every worker's process group is SIGKILLed so that nothing the
+  workers spawned outlives the launcher.
+
+  Args:
+    command: The worker command, e.g. [sys.executable, "apps/train.py", ...].
+    num_workers: How many workers to start (>= 1).
+    host: Address written into TF_CONFIG (see module docstring on exposure).
+    env: Base environment for the workers; defaults to os.environ.
+    stop_grace_seconds: Time between SIGTERM and SIGKILL when stopping.
+    output: Where prefixed lines go; defaults to sys.stdout at call time.
+
+  Returns:
+    A GroupResult; `.ok` is True only if every worker exited 0.
+  """
+  if num_workers < 1:
+    raise TfdpError(f"num_workers must be at least 1, got {num_workers}.")
+  if not command:
+    raise TfdpError("no worker command given.")
+  output = output or sys.stdout
+  ports = pick_free_ports(num_workers, host)
+  stop_request = _StopRequest()
+  # Handlers can only be installed from the main thread; elsewhere the
+  # caller owns signal handling.
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  previous_handlers = {}
+  if in_main_thread:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      previous_handlers[signum] = signal.signal(signum, stop_request.handler)
+  started = time.monotonic()
+  workers = []
+  try:
+    workers = _start_workers(command, worker_tf_configs(num_workers, host,
+                                                        ports), env)
+    return _supervise(workers, ports, stop_request, stop_grace_seconds,
+                      output, started)
+  finally:
+    for worker in workers:  # Also covers an exception inside _supervise.
+      _signal_group(worker, signal.SIGKILL)
+      if worker.popen.poll() is None:
+        worker.popen.wait()
+      worker.popen.stdout.close()
+    for signum, handler in previous_handlers.items():
+      signal.signal(signum, handler)
+
+
+def _supervise(workers: list[_Worker], ports: list[int],
+               stop_request: _StopRequest, stop_grace_seconds: float,
+               output: TextIO, started: float) -> GroupResult:
+  """The event loop behind run_group: relay output, watch exits, stop."""
+  result = GroupResult(returncodes=[None] * len(workers),
+                       pids=[worker.popen.pid for worker in workers],
+                       ports=list(ports))
+  selector = selectors.DefaultSelector()
+  for worker in workers:
+    os.set_blocking(worker.popen.stdout.fileno(), False)
+    selector.register(worker.popen.stdout, selectors.EVENT_READ, worker)
+  stop_started: float | None = None
+  kill_at: float | None = None
+  all_exited_at: float | None = None
+  killed = False  # SIGKILL was sent after the grace period (or a 2nd signal).
+
+  def begin_stop(now: float) -> None:
+    nonlocal stop_started, kill_at
+    if stop_started is None:
+      stop_started, kill_at = now, now + stop_grace_seconds
+      for worker in workers:
+        if worker.returncode is None:
+          _signal_group(worker, signal.SIGTERM)
+
+  with selector:
+    while True:
+      for key, _ in selector.select(timeout=_POLL_SECONDS):
+        worker = key.data
+        try:
+          data = os.read(key.fileobj.fileno(), 65536)
+        except BlockingIOError:
+          continue
+        if data:
+          _emit_lines(worker, data, output)
+        else:
+          _emit_lines(worker, b"", output, final=True)
+          selector.unregister(key.fileobj)
+          worker.output_closed = True
+      _flush(output)
+      now = time.monotonic()
+      if stop_request.signals:
+        if result.interrupted_by is None:
+          result.interrupted_by = stop_request.signals[0]
+        begin_stop(now)
+        if len(stop_request.signals) > 1 and not killed:
+          kill_at = now  # Asked twice: do not wait for the grace period.
+      for worker in workers:
+        if worker.returncode is not None:
+          continue
+        worker.returncode = worker.popen.poll()
+        result.returncodes[worker.index] = worker.returncode
+        if worker.returncode not in (None, 0) and stop_started is None:
+          result.first_failed = worker.index
+          begin_stop(now)
+      if kill_at is not None and now >= kill_at and not killed:
+        for worker in workers:
+          if worker.returncode is None:
+            _signal_group(worker, signal.SIGKILL)
+        killed = True
+      if all(worker.returncode is not None for worker in workers):
+        if all_exited_at is None:
+          all_exited_at = now
+          # Leftover grandchildren could hold the pipes open (and run on).
+          for worker in workers:
+            _signal_group(worker, signal.SIGKILL)
+        drained = all(worker.output_closed for worker in workers)
+        if drained or now - all_exited_at > _DRAIN_SECONDS:
+          break
+  for worker in workers:
+    if not worker.output_closed:
+      _emit_lines(worker, b"", output, final=True)
+  _flush(output)
+  result.last_lines = [list(worker.tail) for worker in workers]
+  result.duration_seconds = all_exited_at - started
+  if stop_started is not None:
+    result.stop_seconds = all_exited_at - stop_started
+  return result
+
+
+def _log(message: str) -> None:
+  print(f"tfdp-launch: {message}", file=sys.stderr, flush=True)
+
+
+def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
+           host: str = "127.0.0.1", allow_remote: bool = False,
+           env: Mapping[str, str] | None = None,
+           stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
+           output: TextIO | None = None) -> int:
+  """Runs the worker group, rerunning it up to `max_restarts` times.
+
+  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The
+  workers are expected to resume from their checkpoint by themselves.
+
+  Returns:
+    0 if a run succeeded; 128 + signal number if the launcher was
+    interrupted; 1 if the last allowed run failed.
+
+  Raises:
+    TfdpError: bad arguments, a non-loopback host without allow_remote, or a
+      command that cannot be started.
+  """
+  if num_workers < 1:
+    raise TfdpError(f"--num_workers must be at least 1, got {num_workers}.")
+  if max_restarts < 0:
+    raise TfdpError(f"--max_restarts must be 0 or more, got {max_restarts}.")
+  if not command:
+    raise TfdpError("no worker command given; put it after '--', e.g. "
+                    "tfdp-launch --num_workers 2 -- python apps/train.py.")
+  if not is_loopback_host(host) and not allow_remote:
+    raise ClusterError(
+        f"host {host!r} is not a loopback address and the TensorFlow gRPC "
+        "servers have no authentication; use 127.0.0.1, or pass "
+        "--allow_remote (allow_remote=True) if the network is trusted.")
+  restarts = 0
+  while True:
+    result = run_group(command, num_workers, host=host, env=env,
+                       stop_grace_seconds=stop_grace_seconds, output=output)
+    if result.ok:
+      if restarts:
+        _log(f"all {num_workers} workers finished after {restarts} "
+             f"restart{'s' if restarts != 1 else ''}.")
+      return 0
+    if result.interrupted_by is not None:
+      _log(f"{result.failure_summary()} in {result.stop_seconds or 0:.1f}s.")
+      return 128 + result.interrupted_by
+    if restarts < max_restarts:
+      restarts += 1
+      _log(f"{result.failure_summary()}; restarting all {num_workers} workers "
+           f"with fresh ports (restart {restarts} of {max_restarts}).")
+      continue
+    failed = result.first_failed
+    tail = result.last_lines[failed] if failed is not None else []
+    after = (f" after {restarts} restart{'s' if restarts != 1 else ''}"
+             if restarts else "")
+    _log(f"{result.failure_summary()}{after}; stopped the other workers in "
+         f"{result.stop_seconds or 0:.1f}s. Last {len(tail)} lines of worker "
+         f"{failed}:" + "".join(f"\n  [w{failed}] {line}" for line in tail))
+    return 1

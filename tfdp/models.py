@@ -1,0 +1,116 @@
+"""Model registry: name → builder(input_shape, num_classes, **kwargs) → keras.Model (logits).
+
+Importing this module does not import Keras, so configs can be checked before TensorFlow starts.
+Builders are called inside `strategy.scope()` by the trainer.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+ModelBuilder = Callable[..., "keras.Model"]  # noqa: F821
+_REGISTRY: dict[str, ModelBuilder] = {}
+
+
+def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
+  """Decorator: `@tfdp.register_model("my_net") def build(input_shape, num_classes, **kw)`."""
+  def decorate(builder: ModelBuilder) -> ModelBuilder:
+    _REGISTRY[name] = builder
+    return builder
+  return decorate
+
+
+def registered_models() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, **kwargs):
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  if name not in _REGISTRY:
+    raise ConfigError(f"model '{name}' is not registered; use one of {', '.join(registered_models())}.")
+  try:
+    return _REGISTRY[name](input_shape, num_classes, **kwargs)
+  except TypeError as e:
+    raise ConfigError(f"task.model.kwargs do not fit model '{name}': {e}") from None
+
+
+def _cifar_resnet(input_shape, num_classes, depth=20, width=16, l2=0.0):
+  """ResNet v1 for 32×32 images (He et al. 2016, §4.2): depth = 6n + 2, widths w, 2w, 4w."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras import layers  # pylint: disable=g-import-not-at-top
+  if (depth - 2) % 6:
+    raise TypeError(f"depth must be 6n+2 (8, 14, 20, 32, 56), got {depth}")
+  blocks = (depth - 2) // 6
+  reg = keras.regularizers.L2(l2) if l2 else None
+
+  def conv(x, filters, stride=1, kernel=3):
+    return layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
+                         kernel_initializer="he_normal", kernel_regularizer=reg)(x)
+
+  def bn(x):
+    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+
+  inputs = keras.Input(input_shape)
+  x = layers.ReLU()(bn(conv(inputs, width)))
+  for stage in range(3):
+    filters = width * 2**stage
+    for block in range(blocks):
+      stride = 2 if stage > 0 and block == 0 else 1
+      shortcut = x
+      y = layers.ReLU()(bn(conv(x, filters, stride)))
+      y = bn(conv(y, filters))
+      if stride != 1 or shortcut.shape[-1] != filters:
+        shortcut = bn(conv(shortcut, filters, stride, kernel=1))
+      x = layers.ReLU()(layers.Add()([shortcut, y]))
+  x = layers.GlobalAveragePooling2D()(x)
+  outputs = layers.Dense(num_classes, kernel_regularizer=reg)(x)
+  return keras.Model(inputs, outputs, name=f"resnet{depth}")
+
+
+@register_model("resnet8")
+def resnet8(input_shape, num_classes, **kwargs):
+  return _cifar_resnet(input_shape, num_classes, **{"depth": 8, **kwargs})
+
+
+@register_model("resnet20")
+def resnet20(input_shape, num_classes, **kwargs):
+  return _cifar_resnet(input_shape, num_classes, **{"depth": 20, **kwargs})
+
+
+@register_model("resnet56")
+def resnet56(input_shape, num_classes, **kwargs):
+  return _cifar_resnet(input_shape, num_classes, **{"depth": 56, **kwargs})
+
+
+@register_model("small_cnn")
+def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0):
+  """Two conv blocks and a dense head. batch_norm=False gives a model whose training does not
+  depend on how the batch is split over replicas (used by the equivalence tests)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras import layers  # pylint: disable=g-import-not-at-top
+  inputs = keras.Input(input_shape)
+  x = inputs
+  for i in range(2):
+    x = layers.Conv2D(filters * 2**i, 3, padding="same", use_bias=not batch_norm)(x)
+    if batch_norm:
+      x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    x = layers.MaxPooling2D()(x)
+  x = layers.GlobalAveragePooling2D()(x)
+  if dropout:
+    x = layers.Dropout(dropout)(x)
+  return keras.Model(inputs, layers.Dense(num_classes)(x), name="small_cnn")
+
+
+def _keras_application(constructor_name: str):
+  def build(input_shape, num_classes, **kwargs):
+    import keras  # pylint: disable=g-import-not-at-top
+    constructor = getattr(keras.applications, constructor_name)
+    return constructor(weights=None, input_shape=tuple(input_shape), classes=num_classes,
+                       classifier_activation=None, **kwargs)
+  build.__name__ = constructor_name
+  return build
+
+
+for _name, _constructor in (("resnet50", "ResNet50"), ("mobilenet_v2", "MobileNetV2"),
+                            ("efficientnet_b0", "EfficientNetB0")):
+  register_model(_name)(_keras_application(_constructor))

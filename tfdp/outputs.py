@@ -1,0 +1,108 @@
+"""What a run leaves in model_dir, and who writes it: only the chief writes model_dir; other
+workers write the checkpoints they must take part in to a private temp dir they remove."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+
+from tfdp.errors import OutputError
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.csv"
+CHECKPOINT_DIR = "checkpoints"
+EXPORT_FILE = "model.keras"
+
+
+def prepare_model_dir(model_dir: str) -> str:
+  """Creates model_dir if needed and proves it is writable, touching nothing already in it."""
+  if not model_dir:
+    raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
+  model_dir = os.path.abspath(os.path.expanduser(model_dir))
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".tfdp-write-test-"):
+      pass
+  except OSError as e:
+    raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror}); choose a folder "
+                      "you can write to.") from None
+  return model_dir
+
+
+@dataclasses.dataclass
+class WritePlan:
+  """Where this process writes. `model_dir` is shared; `write_dir` is model_dir on the chief."""
+  model_dir: str
+  write_dir: str
+  is_chief: bool
+
+  @property
+  def checkpoint_dir(self) -> str:
+    return os.path.join(self.write_dir, CHECKPOINT_DIR)
+
+  @property
+  def restore_dir(self) -> str:
+    return os.path.join(self.model_dir, CHECKPOINT_DIR)
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.model_dir, name)
+
+  def cleanup(self) -> None:
+    if not self.is_chief:
+      shutil.rmtree(self.write_dir, ignore_errors=True)
+
+
+def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
+  if is_chief:
+    return WritePlan(model_dir, model_dir, True)
+  return WritePlan(model_dir, tempfile.mkdtemp(prefix=f"tfdp-worker{rank}-"), False)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_config(plan: WritePlan, text: str) -> None:
+  """config.yaml is the config of the latest run; an earlier, different one is kept beside it."""
+  if not plan.is_chief:
+    return
+  path = plan.path(CONFIG_FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      old = f.read()
+    if old != text:
+      os.replace(path, plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
+  atomic_write_text(path, text)
+
+
+def append_metrics(plan: WritePlan, row: dict) -> None:
+  """One row per epoch; a re-run of an epoch (after a restart) replaces that epoch's row."""
+  if not plan.is_chief:
+    return
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+  path = plan.path(METRICS_FILE)
+  frame = pd.DataFrame([row])
+  if os.path.exists(path):
+    old = pd.read_csv(path)
+    old = old[old["epoch"] != row["epoch"]]
+    frame = pd.concat([old, frame], ignore_index=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  frame.to_csv(tmp, index=False)
+  os.replace(tmp, path)
+
+
+def export_model(plan: WritePlan, model) -> str | None:
+  if not plan.is_chief:
+    return None
+  path = plan.path(EXPORT_FILE)
+  tmp = plan.path(f".tmp-{os.getpid()}-{EXPORT_FILE}")
+  model.save(tmp)
+  os.replace(tmp, path)
+  return path

@@ -1,0 +1,158 @@
+"""One function turns the runtime config (and the cluster) into a tf.distribute strategy.
+
+Choices are made by pure functions (`choose_*`) so they can be tested without the hardware they
+choose for; `make_strategy` only carries them out.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from absl import logging
+
+from tfdp.cluster import Cluster
+from tfdp.config import RuntimeConfig
+from tfdp.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyPlan:
+  kind: str  # default | one_device | mirrored | multi_worker_mirrored
+  devices: tuple[str, ...] = ()
+  cross_device_ops: str = ""  # mirrored: nccl | hierarchical_copy | reduce_to_one_device
+  all_reduce: str = ""  # multi_worker_mirrored: ring | nccl | auto
+  reason: str = ""  # why a fallback was taken, logged once
+
+
+def choose_strategy_kind(runtime: RuntimeConfig, cluster: Cluster, num_gpus: int) -> str:
+  """`auto`: several workers → multi-worker; several local devices → mirrored; else default."""
+  kind = runtime.strategy
+  if kind == "auto":
+    if cluster.is_multi_worker:
+      return "multi_worker_mirrored"
+    if runtime.cpu_replicas > 1 or len(runtime.devices) > 1 or num_gpus > 1:
+      return "mirrored"
+    return "default"
+  if cluster.is_multi_worker and kind != "multi_worker_mirrored":
+    raise ConfigError(f"TF_CONFIG describes {cluster.num_workers} workers but runtime.strategy is "
+                      f"'{kind}'; use runtime.strategy=multi_worker_mirrored (or auto).")
+  return kind
+
+
+def choose_cross_device_ops(requested: str, devices: Sequence[str]) -> tuple[str, str]:
+  """Returns (ops, reason). NCCL needs GPUs on every replica; else fall back and say why."""
+  all_gpu = bool(devices) and all("gpu" in d.lower() for d in devices)
+  if requested == "auto":
+    if all_gpu and len(devices) > 1:
+      return "nccl", ""
+    return "reduce_to_one_device", "no GPUs: NCCL needs GPUs, so CPU replicas reduce on one device"
+  if requested == "nccl" and not all_gpu:
+    return "reduce_to_one_device", "runtime.cross_device_ops=nccl asked for, but the replicas are " \
+        "not all GPUs; falling back to reduce_to_one_device"
+  return requested, ""
+
+
+def choose_all_reduce(requested: str, num_gpus_per_worker: int) -> tuple[str, str]:
+  """Collective implementation for multi-worker: NCCL only with GPUs, ring over gRPC otherwise."""
+  if requested == "nccl" and num_gpus_per_worker == 0:
+    return "ring", "runtime.all_reduce=nccl asked for without GPUs; using ring"
+  if requested == "auto":
+    return ("nccl" if num_gpus_per_worker else "ring"), ""
+  return requested, ""
+
+
+def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str]) -> StrategyPlan:
+  """Pure: decides strategy, devices and reduction from the config and the devices found."""
+  gpus = [d for d in local_devices if "gpu" in d.lower()]
+  kind = choose_strategy_kind(runtime, cluster, len(gpus))
+  if kind == "multi_worker_mirrored":
+    impl, reason = choose_all_reduce(runtime.all_reduce, len(gpus))
+    return StrategyPlan(kind, tuple(gpus), all_reduce=impl, reason=reason)
+  if kind == "mirrored":
+    if runtime.devices:
+      devices = tuple(runtime.devices)
+    elif gpus:
+      devices = tuple(gpus)
+    else:
+      devices = tuple(d for d in local_devices if "cpu" in d.lower())
+    ops, reason = choose_cross_device_ops(runtime.cross_device_ops, devices)
+    return StrategyPlan(kind, devices, cross_device_ops=ops, reason=reason)
+  if kind == "one_device":
+    device = runtime.devices[0] if runtime.devices else (gpus[0] if gpus else "/cpu:0")
+    return StrategyPlan(kind, (device,))
+  return StrategyPlan(kind)
+
+
+def configure_devices(runtime: RuntimeConfig) -> None:
+  """Must run before TensorFlow initialises its devices: logical CPUs and thread pools."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if runtime.intra_op_threads:
+    tf.config.threading.set_intra_op_parallelism_threads(runtime.intra_op_threads)
+  if runtime.inter_op_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
+  if runtime.cpu_replicas > 1:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(runtime.cpu_replicas)]
+    if current is None or len(current) != len(wanted):
+      try:
+        tf.config.set_logical_device_configuration(cpu, wanted)
+      except RuntimeError:
+        raise ConfigError(
+            f"runtime.cpu_replicas={runtime.cpu_replicas} must be set before TensorFlow starts, "
+            f"but this process already has {len(current or [1])} CPU device(s); restart the "
+            "process (or Jupyter kernel) and create the strategy first.") from None
+  for gpu in tf.config.list_physical_devices("GPU"):
+    tf.config.experimental.set_memory_growth(gpu, True)
+
+
+def _cross_device_ops(name: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return {
+      "nccl": tf.distribute.NcclAllReduce,
+      "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+      "reduce_to_one_device": tf.distribute.ReductionToOneDevice,
+  }[name]()
+
+
+def communication_options(runtime: RuntimeConfig, implementation: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  impl = tf.distribute.experimental.CommunicationImplementation
+  return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=runtime.bytes_per_pack,
+      timeout_seconds=runtime.collective_timeout_seconds or None,
+      implementation={"ring": impl.RING, "nccl": impl.NCCL, "auto": impl.AUTO}[implementation])
+
+
+def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
+  """The one place a strategy is created. Returns (strategy, plan)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  cluster = cluster or cluster_lib.Cluster(task_type="", task_index=0, cluster={}, source="none")
+  configure_devices(runtime)
+  local = [f"/{d.device_type.lower()}:{d.name.rsplit(':', 1)[1]}"
+           for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU")]
+  plan = plan_strategy(runtime, cluster, local)
+  if plan.reason:
+    logging.info("strategy: %s", plan.reason)
+  if plan.kind == "multi_worker_mirrored":
+    if not cluster.is_multi_worker and cluster.source == "none":
+      logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
+        else None,
+        communication_options=communication_options(runtime, plan.all_reduce))
+  elif plan.kind == "mirrored":
+    strategy = tf.distribute.MirroredStrategy(
+        devices=list(plan.devices), cross_device_ops=_cross_device_ops(plan.cross_device_ops))
+  elif plan.kind == "one_device":
+    strategy = tf.distribute.OneDeviceStrategy(plan.devices[0])
+  else:
+    strategy = tf.distribute.get_strategy()
+  return strategy, plan
+
+
+def describe(plan: StrategyPlan, num_replicas: int) -> str:
+  reduce = plan.cross_device_ops or plan.all_reduce or "none"
+  return f"strategy={plan.kind} replicas={num_replicas} devices={list(plan.devices) or 'default'} " \
+         f"all_reduce={reduce}"
