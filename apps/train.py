@@ -15,7 +15,7 @@ from absl import flags
 
 from tfdp import cli
 from tfdp import config as config_lib
-from tfdp.errors import TfdpError
+from tfdp.errors import Preempted, TfdpError
 
 DEFAULT_CONFIG = "configs/cifar10_quick.yaml"
 PROG = "tfdp-train"
@@ -43,7 +43,6 @@ def main(argv):
       return 0
     cli.quiet_tensorflow()
     from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
-    from tfdp.trainer import Preempted  # pylint: disable=g-import-not-at-top
     try:
       result = experiment.run(config, model_dir, FLAGS.mode)
     except Preempted as stop:

@@ -22,6 +22,8 @@ def env(**extra) -> dict:
   e["TF_CPP_MIN_LOG_LEVEL"] = "2"
   e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
   e.pop("TF_CONFIG", None)
+  if HAVE_CIFAR:
+    e.setdefault("TFDS_DATA_DIR", str(CIFAR_DIR))
   e.update({k: str(v) for k, v in extra.items()})
   return e
 

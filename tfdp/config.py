@@ -392,6 +392,8 @@ def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
 def expected_replicas(runtime: RuntimeConfig, num_workers: int = 1) -> int | None:
   """Replica count known from the config alone (None when it depends on GPUs found)."""
   per_worker = None
+  if num_workers > 1:
+    return None  # one replica per worker on CPU, one per GPU otherwise: known once TF runs
   if runtime.cpu_replicas:
     per_worker = runtime.cpu_replicas
   elif runtime.devices:

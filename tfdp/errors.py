@@ -22,3 +22,11 @@ class DataError(TfdpError):
 
 class OutputError(TfdpError):
   """model_dir cannot be written or holds an incompatible run."""
+
+
+class Preempted(Exception):
+  """Training stopped on SIGTERM after saving a checkpoint; a re-run resumes."""
+
+  def __init__(self, step: int):
+    super().__init__(f"stopped at step {step} after SIGTERM; checkpoint saved, re-run to resume")
+    self.step = step

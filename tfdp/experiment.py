@@ -13,18 +13,18 @@ from tfdp import models
 from tfdp import outputs
 from tfdp import strategy as strategy_lib
 from tfdp.config import ExperimentConfig
-from tfdp.errors import DataError
+from tfdp.errors import ClusterError, DataError
 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
-              cluster: cluster_lib.Cluster) -> str:
+              cluster: cluster_lib.Cluster, check_data: bool = True) -> str:
   """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
-  if mode != "eval":
+  if check_data and mode != "eval":
     data_lib.check_source(config.task.train_data, "task.train_data")
-  if mode != "train":
+  if check_data and mode != "train":
     data_lib.check_source(config.task.eval_data, "task.eval_data")
   replicas = config_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:
@@ -36,13 +36,17 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
 
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
         cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
-        eval_source: data_lib.Source | None = None, model_fn=None, verbose: bool = True) -> dict:
-  """Runs one experiment and returns its final metrics. Sources and model_fn may be given
-  directly (the library API); otherwise they come from the config."""
+        eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
+        verbose: bool = True) -> dict:
+  """Runs one experiment and returns its final metrics. Sources, model_fn and strategy may be
+  given directly (the library API); otherwise they come from the config."""
   cluster = cluster or cluster_lib.resolve_cluster()
-  model_dir = preflight(config, model_dir, mode, cluster)
+  model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None)
 
-  strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
+  if strategy is None:
+    strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
+  else:  # the library API: the user made it first, before loading data started TensorFlow
+    plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__)
   replicas = strategy.num_replicas_in_sync
   config_lib.check_batch_divides(config, replicas)
   logging.info("%s", cluster_lib.summary_line(cluster, replicas,
@@ -96,6 +100,12 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
       result["step"] = trainer.global_step
       if trainer_cfg.export_model:
         result["exported"] = outputs.export_model(write_plan, trainer.model)
+  except _peer_errors() as e:
+    if not cluster.is_multi_worker:
+      raise
+    raise ClusterError(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
+                       "the group must restart: tfdp-launch --max_restarts does, or re-run every "
+                       "worker to resume from the last checkpoint.") from None
   except _decode_errors() as e:
     raise DataError(f"an input example could not be decoded ({e.message.splitlines()[0]}); "
                     "check the dataset files, then re-run to resume from the last checkpoint.") from None
@@ -103,6 +113,12 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
     write_plan.cleanup()
   result["trainer"] = trainer
   return result
+
+
+def _peer_errors():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+          tf.errors.AbortedError, tf.errors.InternalError)
 
 
 def _decode_errors():

@@ -83,14 +83,21 @@ def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Seque
   return StrategyPlan(kind)
 
 
-def configure_devices(runtime: RuntimeConfig) -> None:
-  """Must run before TensorFlow initialises its devices: logical CPUs and thread pools."""
+def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> None:
+  """Must run before TensorFlow initialises its devices: logical CPUs and thread pools.
+
+  Under multi-worker training each process is one CPU replica: MultiWorkerMirroredStrategy does
+  not use logical CPU devices, so `cpu_replicas` (a single-host setting) is ignored there.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if runtime.intra_op_threads:
     tf.config.threading.set_intra_op_parallelism_threads(runtime.intra_op_threads)
   if runtime.inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
-  if runtime.cpu_replicas > 1:
+  if runtime.cpu_replicas > 1 and multi_worker:
+    logging.info("strategy: runtime.cpu_replicas=%d ignored: each worker process is one CPU "
+                 "replica under multi_worker_mirrored", runtime.cpu_replicas)
+  elif runtime.cpu_replicas > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
     wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(runtime.cpu_replicas)]
@@ -129,9 +136,12 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   cluster = cluster or cluster_lib.Cluster(task_type="", task_index=0, cluster={}, source="none")
-  configure_devices(runtime)
-  local = [f"/{d.device_type.lower()}:{d.name.rsplit(':', 1)[1]}"
-           for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU")]
+  configure_devices(runtime, multi_worker=cluster.is_multi_worker)
+  # Physical devices only: listing logical ones would start the runtime, after which
+  # MultiWorkerMirroredStrategy can no longer configure its collectives.
+  num_cpus = runtime.cpu_replicas if runtime.cpu_replicas > 1 and not cluster.is_multi_worker else 1
+  local = [f"/cpu:{i}" for i in range(num_cpus)]
+  local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
   plan = plan_strategy(runtime, cluster, local)
   if plan.reason:
     logging.info("strategy: %s", plan.reason)

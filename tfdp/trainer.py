@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import outputs
+from tfdp.errors import Preempted
 from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
 
 
@@ -283,7 +284,8 @@ class Trainer:
     writer = (tf.summary.create_file_writer(self.write_plan.path("train")) if self.write_plan.is_chief
               else tf.summary.create_noop_writer())
     eval_writer = (tf.summary.create_file_writer(self.write_plan.path("eval"))
-                   if self.write_plan.is_chief else tf.summary.create_noop_writer())
+                   if self.write_plan.is_chief and eval_dataset is not None
+                   else tf.summary.create_noop_writer())
     step, last_row = start, {}
     try:
       while step < self.total_steps:
@@ -353,11 +355,3 @@ class Trainer:
       writer.flush()
       eval_writer.flush()
     return last_row
-
-
-class Preempted(Exception):
-  """Raised after the checkpoint of a requested stop is saved."""
-
-  def __init__(self, step: int):
-    super().__init__(f"stopped at step {step} after SIGTERM; checkpoint saved, re-run to resume")
-    self.step = step

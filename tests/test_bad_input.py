@@ -1,0 +1,84 @@
+"""Every user mistake: one line naming the fix, a non-zero exit, no traceback, nothing lost."""
+import time
+
+import pytest
+
+import helpers
+
+TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
+        "task.train_data.image_size=8,task.train_data.num_classes=2,trainer.global_batch_size=16,"
+        "task.model.name=small_cnn,runtime.cpu_replicas=2")
+
+
+def assert_one_line_error(proc, *words):
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1, proc.stderr[-2000:]
+  for word in words:
+    assert word in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.epochz=2", ["trainer.epochz", "trainer.epochs"]),
+    ("trainer.epochs=two", ["trainer.epochs", "whole number"]),
+    ("trainer.epochs=-3", ["trainer.epochs", ">= 0"]),
+    ("runtime.cpu_replicas=3", ["global_batch_size", "3 replicas", "multiple of 3"]),
+    ("task.model.name=resnet21", ["task.model.name", "resnet20"]),
+    ("task.train_data.source=csv", ["task.train_data.source", "tfds"]),
+    ("task.train_data.name=cifar11,task.train_data.data_dir=/nonexistent",
+     ["cifar11", "/nonexistent", "TFDS_DATA_DIR"]),
+])
+def test_config_mistakes(tmp_path, override, words):
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", f"--params_override={override}",
+                           timeout=60)
+  assert_one_line_error(proc, *words)
+
+
+def test_missing_dataset_fails_within_ten_seconds(tmp_path):
+  start = time.monotonic()
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", TFDS_DATA_DIR=str(tmp_path / "empty"),
+                           timeout=60)
+  assert time.monotonic() - start < 10
+  assert_one_line_error(proc, "cifar10", str(tmp_path / "empty"), "TFDS_DATA_DIR")
+
+
+def test_unreadable_image_in_folder(tmp_path):
+  helpers.write_image_folder(tmp_path / "images", per_class=4)
+  (tmp_path / "images" / "cat" / "truncated.png").write_bytes(b"\x00\x01 definitely not a png")
+  folder = (f"task.train_data.source=image_folder,task.train_data.path={tmp_path / 'images'},"
+            "trainer.global_batch_size=4,task.model.name=small_cnn,runtime.cpu_replicas=2,"
+            "trainer.epochs=1")
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", "--mode=train",
+                           f"--params_override={folder}", timeout=120)
+  assert_one_line_error(proc, "truncated.png")
+
+
+def test_unwritable_model_dir(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'afile' / 'run'}",
+                           f"--params_override={TINY}", timeout=60)
+  assert_one_line_error(proc, "--model_dir", "afile")
+
+
+def test_bad_flags_and_files(tmp_path):
+  assert_one_line_error(helpers.run_train("--mode=fit", timeout=60), "--mode")
+  assert_one_line_error(helpers.run_train(f"--config_file={tmp_path / 'nope.yaml'}", timeout=60),
+                        "nope.yaml", "does not exist")
+  assert_one_line_error(helpers.run_train("--params_override=trainer", timeout=60), "'='")
+
+
+def test_a_failing_run_leaves_model_dir_untouched(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  kept = {"metrics.csv": "epoch,step\n1,10\n", "config.yaml": "earlier: run\n",
+          "checkpoints/checkpoint": 'model_checkpoint_path: "ckpt-10"\n'}
+  for name, text in kept.items():
+    (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    (model_dir / name).write_text(text)
+  for override in ("runtime.cpu_replicas=3", "task.train_data.data_dir=/nonexistent"):
+    proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={override}", timeout=60)
+    assert proc.returncode == 2
+  assert {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()} == set(kept)
+  for name, text in kept.items():
+    assert (model_dir / name).read_text() == text

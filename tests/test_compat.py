@@ -1,0 +1,51 @@
+"""One test per workaround in tfdp/compat.py: it shows the upstream behaviour and the fix."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import helpers
+
+BN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from tfdp import compat
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    def build():
+      return keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+    with strategy.scope():
+      if sys.argv[1] == "fixed":
+        with compat.mean_aggregated_moving_statistics():
+          model = build()
+      else:
+        model = build()
+    # Replica 0 sees values near 0, replica 1 values near 10.
+    data = tf.data.Dataset.from_tensors(tf.concat([tf.zeros((4, 4)), 10 + tf.zeros((4, 4))], 0))
+    batch = next(iter(strategy.experimental_distribute_dataset(data)))
+    @tf.function
+    def step(x):
+      strategy.run(lambda b: model(b, training=True), args=(x,))
+    step(batch)
+    mean = model.layers[0].moving_mean
+    copies = [v.numpy().tolist() for v in mean.value.values]
+    print(json.dumps(copies))
+""")
+
+
+def moving_mean_copies(mode):
+  proc = subprocess.run([sys.executable, "-c", BN_SCRIPT, mode], capture_output=True, text=True,
+                        env=helpers.env(), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_batchnorm_moving_statistics_agree_across_replicas():
+  upstream = moving_mean_copies("upstream")
+  assert upstream[0] != upstream[1]  # Keras 3 (aggregation "none"): replica copies drift apart
+  fixed = moving_mean_copies("fixed")
+  assert fixed[0] == fixed[1]
+  # momentum 0.99: the update averages both replicas' batch means (0 and 10) → 0.01 * 5
+  assert abs(fixed[0][0] - 0.05) < 1e-6

@@ -1,0 +1,155 @@
+"""Input pipelines: fixed-size padded batches, exact counts, and what each worker's shard holds."""
+import collections
+
+import numpy as np
+import pytest
+
+import helpers
+from tfdp import config as config_lib
+from tfdp import data as data_lib
+from tfdp.errors import DataError
+
+tf = pytest.importorskip("tensorflow")
+
+
+def data_config(**kw):
+  kw.setdefault("mean", [0.0, 0.0, 0.0])
+  kw.setdefault("std", [1.0, 1.0, 1.0])
+  return config_lib.DataConfig(**kw)
+
+
+def pipeline_epoch(plan, data, pipeline, training=True, seed=1, epochs=1, start_step=0):
+  """(ids, labels, masks) one input pipeline yields, with InputContext as a worker sees it."""
+  ctx = tf.distribute.InputContext(num_input_pipelines=plan.num_pipelines,
+                                   input_pipeline_id=pipeline,
+                                   num_replicas_in_sync=plan.num_pipelines * plan.replicas_per_pipeline)
+  ds = data_lib.make_dataset_fn(plan, data, training=training, seed=seed, epochs=epochs,
+                                start_step=start_step)(ctx)
+  ids, masks, shapes = [], [], set()
+  for images, labels, mask in ds:
+    shapes.add(tuple(images.shape))
+    ids.append(helpers.image_ids(images.numpy()))
+    masks.append(mask.numpy())
+  assert len(shapes) == 1, shapes  # every batch has the same per-replica shape
+  return np.concatenate(ids), np.concatenate(masks)
+
+
+def seen(ids, masks):
+  return ids[masks > 0]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+  return helpers.write_tfrecords(tmp_path_factory.mktemp("rec"), [23, 17, 30, 11])  # 81 examples
+
+
+def test_single_pipeline_pads_last_batch_and_counts_every_example_once(records):
+  data = data_config(source="tfrecord", path=records)
+  source = data_lib.make_source(data)
+  assert source.num_examples == 81 and source.num_classes == 4
+  plan = data_lib.plan_input(source, data, global_batch=16, num_replicas=2, num_pipelines=1)
+  assert plan.steps_per_epoch == 6  # ceil(81 / 16)
+  ids, masks = pipeline_epoch(plan, data, 0, training=False)
+  assert len(ids) == 6 * 16
+  assert sorted(seen(ids, masks)) == list(range(81))
+  assert masks[81:].sum() == 0
+
+
+def test_training_order_is_reshuffled_per_epoch_and_reproducible(records):
+  data = data_config(source="tfrecord", path=records)
+  source = data_lib.make_source(data)
+  plan = data_lib.plan_input(source, data, 16, 1, 1)
+  first, masks = pipeline_epoch(plan, data, 0, epochs=2)
+  again, _ = pipeline_epoch(plan, data, 0, epochs=2)
+  assert np.array_equal(first, again)
+  epoch1, epoch2 = seen(first[:96], masks[:96]), seen(first[96:], masks[96:])
+  assert sorted(epoch1) == sorted(epoch2) == list(range(81))
+  assert not np.array_equal(epoch1, epoch2)
+
+
+def test_resume_skips_exactly_the_steps_done(records):
+  data = data_config(source="tfrecord", path=records, cache=False)
+  source = data_lib.make_source(data)
+  plan = data_lib.plan_input(source, data, 16, 1, 1)
+  full, _ = pipeline_epoch(plan, data, 0, epochs=2)
+  resumed, _ = pipeline_epoch(plan, data, 0, epochs=2, start_step=8)  # epoch 2, step 3
+  assert np.array_equal(resumed, full[8 * 16:])
+
+
+@pytest.mark.parametrize("policy, workers", [("data", 2), ("data", 3), ("file", 2), ("file", 4),
+                                             ("auto", 3), ("off", 2)])
+def test_shard_policies_cover_the_dataset(records, policy, workers):
+  data = data_config(source="tfrecord", path=records, shard_policy=policy)
+  source = data_lib.make_source(data)
+  plan = data_lib.plan_input(source, data, 4 * workers, workers, workers)
+  per_worker = [seen(*pipeline_epoch(plan, data, w)) for w in range(workers)]
+  steps = {len(pipeline_epoch(plan, data, w)[0]) for w in range(workers)}
+  assert len(steps) == 1  # every worker runs the same number of steps
+  union = np.concatenate(per_worker)
+  assert set(union) == set(range(81))
+  if plan.policy == "off":
+    assert all(sorted(w) == list(range(81)) for w in per_worker)
+  else:  # no example seen twice
+    assert len(union) == 81
+  assert plan.counts == [len(w) for w in per_worker]
+
+
+def test_data_sharding_gives_every_worker_a_slice_of_the_same_global_batch(records):
+  """Sharding after a shuffle with the same seed: global batch k of N workers holds exactly
+  the examples of global batch k of one pipeline (what makes N workers match 1 host)."""
+  data = data_config(source="tfrecord", path=records, shard_policy="data")
+  source = data_lib.make_source(data)
+  one = pipeline_epoch(data_lib.plan_input(source, data, 8, 2, 1), data, 0)[0]
+  plan2 = data_lib.plan_input(source, data, 8, 2, 2)
+  two = [pipeline_epoch(plan2, data, w)[0] for w in range(2)]
+  for step in range(plan2.steps_per_epoch):
+    batch_one = set(one[step * 8:(step + 1) * 8]) - {0}
+    batch_two = set(two[0][step * 4:(step + 1) * 4]) | set(two[1][step * 4:(step + 1) * 4])
+    assert batch_one == batch_two - {0}
+
+
+def test_file_policy_needs_a_file_per_worker(records):
+  data = data_config(source="tfrecord", path=records, shard_policy="file")
+  with pytest.raises(DataError, match="file.*5 workers.*shard_policy data"):
+    data_lib.plan_input(data_lib.make_source(data), data, 10, 5, 5)
+
+
+@pytest.mark.skipif(not helpers.HAVE_CIFAR, reason=helpers.NO_CIFAR_REASON)
+@pytest.mark.parametrize("policy", ["data", "tfds_split"])
+def test_one_file_tfds_split_is_covered_exactly_once(policy):
+  data = config_lib.DataConfig(source="tfds", name="cifar10", split="test[:1001]",
+                               data_dir=str(helpers.CIFAR_DIR), shard_policy=policy)
+  source = data_lib.make_source(data)
+  assert len(source.file_counts) == 1  # TFDS often has one file per split: FILE cannot split it
+  plan = data_lib.plan_input(source, data, 20, 2, 2)
+  whole = data_lib.plan_input(source, data, 20, 2, 1)
+
+  def fingerprints(plan_, pipeline):
+    ctx = tf.distribute.InputContext(plan_.num_pipelines, pipeline, 2)
+    out = []
+    for images, labels, mask in data_lib.make_dataset_fn(plan_, data, training=False, seed=0)(ctx):
+      for image, label, m in zip(images.numpy(), labels.numpy(), mask.numpy()):
+        if m:
+          out.append((image.tobytes(), int(label)))
+    return out
+
+  workers = fingerprints(plan, 0) + fingerprints(plan, 1)
+  assert len(workers) == 1001
+  assert collections.Counter(workers) == collections.Counter(fingerprints(whole, 0))
+
+
+def test_image_folder_reads_classes_and_rejects_a_broken_file(tmp_path):
+  helpers.write_image_folder(tmp_path, per_class=3)
+  data = data_config(source="image_folder", path=str(tmp_path))
+  source = data_lib.make_source(data)
+  assert source.num_classes == 2 and source.num_examples == 6
+  (tmp_path / "dog" / "broken.jpg").write_bytes(b"not an image at all")
+  with pytest.raises(DataError, match="broken.jpg"):
+    data_lib.make_source(data)
+
+
+def test_missing_tfds_dataset_fails_fast_naming_where_it_looked(tmp_path):
+  data = config_lib.DataConfig(source="tfds", name="cifar100", data_dir=str(tmp_path))
+  with pytest.raises(DataError) as info:
+    data_lib.check_source(data, "task.train_data")
+  assert str(tmp_path / "cifar100") in str(info.value) and "TFDS_DATA_DIR" in str(info.value)

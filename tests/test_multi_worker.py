@@ -1,0 +1,155 @@
+"""MultiWorkerMirroredStrategy with real worker processes on loopback, through tfdp-launch."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+import helpers
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+DUMP_WORKER = str(helpers.REPO / "tests" / "scripts" / "train_and_dump.py")
+
+# One config for both topologies: `auto` is mirrored over 2 logical CPUs in one process, and
+# multi_worker_mirrored (cpu_replicas ignored) under the launcher's TF_CONFIG.
+EQUIVALENCE = ",".join([
+    "task.model.name=small_cnn", "task.model.kwargs={batch_norm: false, filters: 8}",
+    "task.train_data.source=synthetic", "task.train_data.num_examples=650",
+    "task.train_data.image_size=8", "task.train_data.num_classes=4", "task.train_data.augment=true",
+    "task.train_data.shard_policy=data",
+    "trainer.global_batch_size=32", "trainer.epochs=1", "trainer.steps_per_loop=7",
+    "trainer.export_model=false", "trainer.learning_rate.base_lr=0.05",
+    "trainer.learning_rate.base_batch_size=32", "runtime.cpu_replicas=2",
+])
+
+# 3 epochs x 100 steps, a checkpoint every 20 steps: long enough to kill a worker mid-epoch.
+STEPS, INTERVAL = 300, 20
+FAULT = ",".join([
+    "task.model.name=small_cnn", "task.model.kwargs={filters: 16}",
+    "task.train_data.source=synthetic", "task.train_data.num_examples=6400",
+    "task.train_data.image_size=16", "task.train_data.num_classes=10",
+    "task.eval_data.source=synthetic", "task.eval_data.num_examples=500",
+    "task.eval_data.image_size=16", "task.eval_data.num_classes=10",
+    "trainer.global_batch_size=64", "trainer.epochs=3", "trainer.steps_per_loop=5",
+    f"trainer.checkpoint_every_steps={INTERVAL}", "runtime.intra_op_threads=1",
+    "runtime.inter_op_threads=1", "runtime.collective_timeout_seconds=30",
+])
+
+
+def launch(args, worker_cmd, **popen):
+  return subprocess.Popen([sys.executable, LAUNCH_APP, *args, "--", *worker_cmd],
+                          env=helpers.env(), cwd=str(helpers.REPO), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def train_cmd(model_dir, overrides=FAULT):
+  return [sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}",
+          f"--params_override={overrides}"]
+
+
+def latest_checkpoint_step(model_dir):
+  steps = [int(m.group(1)) for p in (model_dir / "checkpoints").glob("ckpt-*.index")
+           if (m := re.match(r"ckpt-(\d+)\.index", p.name))]
+  return max(steps, default=0)
+
+
+def wait_for(predicate, timeout, proc=None):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    if proc is not None and proc.poll() is not None:
+      return predicate()
+    time.sleep(0.05)
+  return False
+
+
+def workers_of(launcher):
+  return {int(p.environ().get("TFDP_WORKER_INDEX", -1)): p
+          for p in psutil.Process(launcher.pid).children() if p.is_running()}
+
+
+def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
+  (tmp_path / "mw").mkdir()
+  (tmp_path / "one").mkdir()
+  proc = launch(["--num_workers=2"], [sys.executable, DUMP_WORKER, str(tmp_path / "run_mw"),
+                                      EQUIVALENCE, str(tmp_path / "mw")])
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  single = subprocess.run([sys.executable, DUMP_WORKER, str(tmp_path / "run_one"), EQUIVALENCE,
+                           str(tmp_path / "one")], env=helpers.env(), capture_output=True,
+                          text=True, timeout=300)
+  assert single.returncode == 0, single.stderr[-3000:]
+  w0, w1 = np.load(tmp_path / "mw" / "weights-0.npz"), np.load(tmp_path / "mw" / "weights-1.npz")
+  one = np.load(tmp_path / "one" / "weights-0.npz")
+  assert all(np.array_equal(w0[k], w1[k]) for k in w0.files)
+  relative = max(np.max(np.abs(w0[k] - one[k])) / np.max(np.abs(one[k])) for k in one.files)
+  assert relative <= 1e-5
+  # Only the chief wrote model_dir; the other worker's checkpoint dir was its own and is gone.
+  assert (tmp_path / "run_mw" / "config.yaml").exists()
+  assert not list(tmp_path.glob("**/tfdp-worker*"))
+
+
+def test_sigkill_mid_epoch_restarts_and_finishes_the_planned_steps(tmp_path):
+  model_dir = tmp_path / "run"
+  proc = launch(["--num_workers=2", "--max_restarts=2", "--stop_grace_seconds=10"],
+                train_cmd(model_dir))
+  assert wait_for(lambda: latest_checkpoint_step(model_dir) >= 2 * INTERVAL, 240, proc), \
+      proc.communicate()[0][-3000:]
+  checkpoint_at_kill = latest_checkpoint_step(model_dir)
+  workers_of(proc)[1].send_signal(signal.SIGKILL)
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out[-3000:]
+  assert "restart" in out.lower()
+  resumed = [int(s) for s in re.findall(r"\[w0\].*resumed from .* at step (\d+)", out)]
+  assert resumed and resumed[0] >= checkpoint_at_kill  # at most one interval of work redone
+  assert checkpoint_at_kill < STEPS
+  assert latest_checkpoint_step(model_dir) == STEPS
+  metrics = pd.read_csv(model_dir / "metrics.csv")
+  assert metrics["epoch"].tolist() == [1, 2, 3] and metrics["step"].iloc[-1] == STEPS
+  assert metrics["eval_examples"].tolist() == [500, 500, 500]
+  # The chief's directory is consistent: it loads and evaluates at the final step.
+  check = helpers.run_train(f"--model_dir={model_dir}", "--mode=eval", f"--params_override={FAULT}")
+  assert check.returncode == 0, check.stderr[-3000:]
+  assert '"step": 300' in (model_dir / "eval.json").read_text()
+
+
+def test_without_restarts_a_dead_worker_stops_the_group_quickly_and_leaves_no_process(tmp_path):
+  model_dir = tmp_path / "run"
+  proc = launch(["--num_workers=2", "--stop_grace_seconds=10"], train_cmd(model_dir))
+  assert wait_for(lambda: latest_checkpoint_step(model_dir) >= INTERVAL, 240, proc)
+  pids = [p.pid for p in workers_of(proc).values()]
+  assert len(pids) == 2
+  killed_at = time.monotonic()
+  os.kill(pids[1], signal.SIGKILL)
+  out, _ = proc.communicate(timeout=120)
+  seconds = time.monotonic() - killed_at
+  assert proc.returncode != 0
+  assert seconds < 60, seconds
+  assert "worker 1" in out and "SIGKILL" in out, out[-2000:]
+  assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                 for pid in pids)
+
+
+def test_sigterm_saves_a_checkpoint_and_a_rerun_resumes_from_it(tmp_path):
+  model_dir = tmp_path / "run"
+  proc = launch(["--num_workers=2", "--stop_grace_seconds=30"], train_cmd(model_dir))
+  assert wait_for(lambda: latest_checkpoint_step(model_dir) >= INTERVAL, 240, proc)
+  time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode != 0
+  saved = [int(s) for s in re.findall(r"saved checkpoint at step (\d+)", out)]
+  assert saved, out[-3000:]
+  assert latest_checkpoint_step(model_dir) == saved[0]
+  rerun = launch(["--num_workers=2"], train_cmd(model_dir))
+  out2, _ = rerun.communicate(timeout=600)
+  assert rerun.returncode == 0, out2[-3000:]
+  assert f"at step {saved[0]}" in out2
+  assert latest_checkpoint_step(model_dir) == STEPS
