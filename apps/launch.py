@@ -13,6 +13,7 @@ if not __package__:  # Run as a script: make the repo root importable.
 from absl import app
 from absl import flags
 
+from tfdp import cli
 from tfdp import launch as launcher
 from tfdp.errors import TfdpError
 
@@ -23,19 +24,7 @@ flags.DEFINE_bool("allow_remote", False, "Allow a non-loopback --host.")
 flags.DEFINE_float("stop_grace_seconds", launcher.DEFAULT_STOP_GRACE_SECONDS,
                    "Wait between SIGTERM and SIGKILL when stopping workers.")
 FLAGS = flags.FLAGS
-
-
-def _exit_with_error(message: str) -> None:
-  print(f"tfdp-launch: error: {' '.join(str(message).split())}",
-        file=sys.stderr)
-  sys.exit(2)
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  try:
-    return FLAGS(argv)
-  except flags.Error as error:  # absl would print two lines and exit 1.
-    _exit_with_error(error)
+PROG = "tfdp-launch"
 
 
 def main(argv: list[str]) -> int:
@@ -48,11 +37,11 @@ def main(argv: list[str]) -> int:
         host=FLAGS.host, allow_remote=FLAGS.allow_remote,
         stop_grace_seconds=FLAGS.stop_grace_seconds)
   except TfdpError as error:
-    _exit_with_error(error)
+    cli.exit_with_error(PROG, error)
 
 
 def run() -> None:
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.flags_parser(PROG))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The package is not installed in the test venv; import it from the checkout.
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-from tfdp.cluster import Cluster  # pylint: disable=g-import-not-at-top
-from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+from tfdp import cluster as cluster_lib
+from tfdp.cluster import Cluster
+from tfdp.errors import ClusterError
 
 
 def _tf_config(cluster=None, task=None, **extra) -> str:

@@ -83,7 +83,8 @@ def test_batch_must_split_over_replicas():
     config_lib.check_batch_divides(config, 4)
   assert config_lib.expected_replicas(config.runtime, 1) is None  # auto: depends on GPUs found
   config = config_lib.load_config([], ["runtime.cpu_replicas=3"])
-  assert config_lib.expected_replicas(config.runtime, 2) == 6
+  assert config_lib.expected_replicas(config.runtime, 1) == 3
+  assert config_lib.expected_replicas(config.runtime, 2) is None  # multi-worker: known at run time
 
 
 def test_shipped_configs_load():

@@ -14,12 +14,10 @@ import psutil
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The package is not installed in the test venv; import it from the checkout.
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-from tfdp import launch as launcher  # pylint: disable=g-import-not-at-top
-from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+from tfdp import cluster as cluster_lib
+from tfdp import launch as launcher
+from tfdp.errors import ClusterError
 
 LAUNCH_APP = REPO_ROOT / "apps" / "launch.py"
 

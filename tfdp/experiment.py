@@ -49,8 +49,9 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
     plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__)
   replicas = strategy.num_replicas_in_sync
   config_lib.check_batch_divides(config, replicas)
-  logging.info("%s", cluster_lib.summary_line(cluster, replicas,
-                                              plan.all_reduce or plan.cross_device_ops or "none"))
+  if verbose:  # one line per process: under the launcher every worker's is prefixed
+    print(cluster_lib.summary_line(cluster, replicas,
+                                   plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
   logging.info("%s", strategy_lib.describe(plan, replicas))
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   outputs.write_config(write_plan, config_lib.dump_yaml(config))

@@ -175,6 +175,10 @@ class Trainer:
     self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
     self.manager = tf.train.CheckpointManager(self.checkpoint, write_plan.checkpoint_dir,
                                               max_to_keep=trainer.max_checkpoints)
+    if config.runtime.jit_compile:
+      # XLA compiles the per-replica forward/backward; the optimizer's cross-replica update
+      # (a merge_call) stays outside the compiled function.
+      self._forward_backward = tf.function(self._forward_backward, jit_compile=True)
     self._train_loop = self._make_train_loop()
     self._eval_loop = self._make_eval_loop()
 
