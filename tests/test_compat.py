@@ -49,3 +49,29 @@ def test_batchnorm_moving_statistics_agree_across_replicas():
   assert fixed[0] == fixed[1]
   # momentum 0.99: the update averages both replicas' batch means (0 and 10) → 0.01 * 5
   assert abs(fixed[0][0] - 0.05) < 1e-6
+
+
+HEARTBEAT_SCRIPT = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    from tfdp import cluster as cluster_lib, compat, config, strategy as strategy_lib
+    if sys.argv[1] == "fixed":
+      runtime = config.RuntimeConfig(strategy="multi_worker_mirrored", heartbeat_timeout_seconds=45)
+      strategy, _ = strategy_lib.make_strategy(runtime, cluster_lib.resolve_cluster())
+    else:
+      strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    print("heartbeat_ms", compat.coordination_heartbeat_timeout_ms(), "sum", float(total))
+""")
+
+
+def test_coordination_heartbeat_timeout_is_ours():
+  from tfdp import launch  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  for mode, expected in (("upstream", "heartbeat_ms 0 sum 2.0"), ("fixed", "heartbeat_ms 45000 sum 2.0")):
+    output = io.StringIO()
+    result = launch.run_group([sys.executable, "-c", HEARTBEAT_SCRIPT, mode], 2,
+                              env=helpers.env(), output=output, stop_grace_seconds=5)
+    assert result.ok, output.getvalue()[-3000:]
+    lines = [l for l in output.getvalue().splitlines() if "heartbeat_ms" in l]
+    assert len(lines) == 2 and all(l.endswith(expected) for l in lines), lines

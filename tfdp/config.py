@@ -113,6 +113,7 @@ class RuntimeConfig:
   all_reduce: str = "auto"  # multi_worker_mirrored collective implementation
   bytes_per_pack: int = 0  # 0: TF's default gradient packing
   collective_timeout_seconds: float = 0.0  # 0: no timeout
+  heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
   mixed_precision: str = "float32"
   jit_compile: bool = False
   intra_op_threads: int = 0  # 0: TensorFlow's default
@@ -367,6 +368,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_choice("runtime.cross_device_ops", runtime.cross_device_ops, CROSS_DEVICE_OPS)
   _check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)
   _check_choice("runtime.mixed_precision", runtime.mixed_precision, PRECISIONS)
+  _check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",
               "intra_op_threads", "inter_op_threads"):
     _check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)

@@ -148,6 +148,10 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   if plan.kind == "multi_worker_mirrored":
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
+    if cluster.is_multi_worker:
+      from tfdp import compat  # pylint: disable=g-import-not-at-top
+      compat.configure_coordination_service(cluster.cluster, cluster.task_type,
+                                            runtime.heartbeat_timeout_seconds)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
         else None,
