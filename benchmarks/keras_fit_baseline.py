@@ -86,7 +86,8 @@ def main(argv):
             callbacks=[timer], verbose=0, shuffle=False)
   timed = timer.seconds[1:]  # the first epoch traces and fills caches
   print(json.dumps({
-      "model": config.task.model.name, "global_batch": batch,
+      "model": config.task.model.name, "global_batch": batch, "image_size": source.image_shape[0],
+      "data": data_cfg.source if data_cfg.source != "tfds" else f"{data_cfg.name}:{data_cfg.split}",
       "steps_per_epoch": FLAGS.steps_per_epoch, "timed_epochs": len(timed),
       "steps_per_execution": FLAGS.steps_per_execution,
       "images_per_sec": FLAGS.steps_per_epoch * batch / statistics.median(timed),

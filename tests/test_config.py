@@ -91,3 +91,16 @@ def test_shipped_configs_load():
   from tfdp import cli
   for name in ("cifar10_quick.yaml", "runlocal.yaml"):
     config_lib.load_config([cli.find_config(f"configs/{name}")])
+
+
+def test_model_module_registers_a_users_model(tmp_path, monkeypatch):
+  (tmp_path / "my_models.py").write_text(
+      "import tfdp\n@tfdp.register_model('my_net')\ndef build(input_shape, num_classes):\n"
+      "  raise NotImplementedError\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(ConfigError, match="my_net"):
+    config_lib.load_config([], ["task.model.name=my_net"])
+  config = config_lib.load_config([], ["task.model.module=my_models,task.model.name=my_net"])
+  assert config.task.model.name == "my_net"
+  with pytest.raises(ConfigError, match="task.model.module.*no_such_module"):
+    config_lib.load_config([], ["task.model.module=no_such_module"])

@@ -42,10 +42,10 @@ FAULT = ",".join([
 ])
 
 
-def launch(args, worker_cmd, **popen):
+def launch(args, worker_cmd, **extra_env):
   return subprocess.Popen([sys.executable, LAUNCH_APP, *args, "--", *worker_cmd],
-                          env=helpers.env(), cwd=str(helpers.REPO), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **popen)
+                          env=helpers.env(**extra_env), cwd=str(helpers.REPO),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def train_cmd(model_dir, overrides=FAULT):
@@ -76,10 +76,10 @@ def workers_of(launcher):
 
 
 def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
-  (tmp_path / "mw").mkdir()
-  (tmp_path / "one").mkdir()
+  for name in ("mw", "one", "tmp"):
+    (tmp_path / name).mkdir()
   proc = launch(["--num_workers=2"], [sys.executable, DUMP_WORKER, str(tmp_path / "run_mw"),
-                                      EQUIVALENCE, str(tmp_path / "mw")])
+                                      EQUIVALENCE, str(tmp_path / "mw")], TMPDIR=tmp_path / "tmp")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
   single = subprocess.run([sys.executable, DUMP_WORKER, str(tmp_path / "run_one"), EQUIVALENCE,
@@ -91,9 +91,11 @@ def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path
   assert all(np.array_equal(w0[k], w1[k]) for k in w0.files)
   relative = max(np.max(np.abs(w0[k] - one[k])) / np.max(np.abs(one[k])) for k in one.files)
   assert relative <= 1e-5
-  # Only the chief wrote model_dir; the other worker's checkpoint dir was its own and is gone.
+  # Only the chief wrote model_dir; the other worker saved its checkpoint in its own temp dir,
+  # which it removed (TMPDIR is this test's, so a leftover would show here).
   assert (tmp_path / "run_mw" / "config.yaml").exists()
-  assert not list(tmp_path.glob("**/tfdp-worker*"))
+  assert "worker 1 of 2 (TF_CONFIG), chief=False" in out
+  assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tfdp-worker")]
 
 
 def test_sigkill_mid_epoch_restarts_and_finishes_the_planned_steps(tmp_path):

@@ -171,6 +171,10 @@ def job_overrides(opts: BenchOptions, model: str, global_batch: int, extra: list
   return base + list(opts.params_override) + setup
 
 
+def describe_data(data: config_lib.DataConfig) -> str:
+  return data.source if data.source != "tfds" else f"{data.name}:{data.split}"
+
+
 def load_checked(overrides: list[str], replicas: int | None = None) -> config_lib.ExperimentConfig:
   config = config_lib.load_config([], overrides)
   if replicas:
@@ -240,6 +244,8 @@ def run_worker_group(spec: dict, num_workers: int, what: str) -> list[dict]:
   env = child_env()
   result = launch.run_group(cell_command(spec), num_workers, env=env, stop_grace_seconds=10,
                             output=output)
+  if result.interrupted_by is not None:
+    raise BenchError(f"{what}: {result.failure_summary()}.")
   if not result.ok:
     failed = result.first_failed if result.first_failed is not None else 0
     tail = "\n".join(result.last_lines[failed]) if result.last_lines else ""
@@ -289,7 +295,7 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
             "measure": ["train", "cached"]}
     res = run_cell(spec, f"cell {model} batch={batch} replicas={replicas}", opts.timeout_seconds)
     base = baselines.get((model, batch))
-    rows.append({**_row_head(model, opts.data, res), **_timing(res),
+    rows.append({**_row_head(res), **_timing(res),
                  "cached_step_ms": res["cached_step_ms"],
                  "input_wait_fraction": res["input_wait_fraction"],
                  "vs_keras_fit": res["images_per_sec"] / base if base else math.nan,
@@ -299,8 +305,10 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   return rows
 
 
-def _row_head(model: str, data: str, res: dict) -> dict:
-  return {"model": model, "data": data, "strategy": res["strategy"], "replicas": res["replicas"],
+def _row_head(res: dict) -> dict:
+  """What ran, as the cell's final config says (a --params_override may change the grid's)."""
+  return {"model": res["model"], "data": res["data"], "image_size": res["image_size"],
+          "strategy": res["strategy"], "replicas": res["replicas"],
           "workers": res.get("num_workers", 1), "global_batch": res["global_batch"],
           "per_replica_batch": res["global_batch"] // res["replicas"]}
 
@@ -324,7 +332,8 @@ def baseline_row(opts: BenchOptions, model: str, batch: int, info: dict) -> dict
   if not lines:
     raise BenchError(f"the Keras baseline for {model} printed no JSON result line.")
   res = json.loads(lines[-1])
-  return {"model": model, "data": opts.data, "strategy": "keras_fit", "replicas": 1, "workers": 1,
+  return {"model": res["model"], "data": res["data"], "image_size": res["image_size"],
+          "strategy": "keras_fit", "replicas": 1, "workers": 1,
           "global_batch": res["global_batch"], "per_replica_batch": res["global_batch"],
           "images_per_sec": res["images_per_sec"], "step_ms": res["step_ms"],
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
@@ -350,7 +359,7 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
             "steps": opts.steps, "repeats": opts.repeats, "measure": ["train"]}
     per_worker = run_worker_group(spec, n, f"scaling {model} on {n} worker(s)")
     chief = per_worker[0]  # each worker timed its own window; the chief's is the global rate
-    rows.append({**_row_head(model, opts.data, chief), **_timing(chief),
+    rows.append({**_row_head(chief), **_timing(chief),
                  "slowest_worker_step_ms": max(w["step_ms"] for w in per_worker),
                  "peak_rss_mb": chief["peak_rss_mb"], "load_avg_1m": load, **info})
     _progress(f"{model} on {n} worker(s): {chief['images_per_sec']:.1f} img/s")
@@ -474,7 +483,7 @@ def input_rate(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
             "warmup": opts.warmup_steps, "steps": opts.steps, "repeats": opts.repeats,
             "measure": ["pipeline", "train"]}
     res = run_cell(spec, f"cell {model} batch={batch} replicas={replicas}", opts.timeout_seconds)
-    rows.append({**_row_head(model, opts.data, res), **_timing(res),
+    rows.append({**_row_head(res), **_timing(res),
                  "pipeline_images_per_sec": res["pipeline_images_per_sec"],
                  "train_images_per_sec": res["images_per_sec"],
                  "pipeline_over_train": res["pipeline_images_per_sec"] / res["images_per_sec"],
@@ -514,18 +523,20 @@ def plot(mode: str, frame, path: str) -> None:
       axes[0].plot(group["workers"], group["workers"] * group["images_per_sec"].iloc[0], "--",
                    color=line.get_color(), label=f"{model} linear")
       axes[1].plot(group["workers"], group["efficiency"], "o-", label=model)
-    axes[0].set(xlabel="workers", ylabel="images/s")
+    axes[0].set(xlabel="workers", ylabel="images/s", xticks=sorted(frame["workers"].unique()))
     axes[0].legend()
-    axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1))
+    axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1),
+                xticks=sorted(frame["workers"].unique()))
   elif mode == "allreduce":
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for scope, group in frame[frame["test"] == "size"].groupby("scope"):
       axes[0].plot(group["bytes"], group["busbw_gbps"], "o-", label=scope)
     axes[0].axhline(frame["tcp_gbps"].iloc[0], color="gray", ls="--", label="loopback TCP")
-    axes[0].set(xscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)")
+    axes[0].set(xscale="log", yscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)")
     axes[0].legend()
     packs = frame[frame["test"] == "pack"]
-    axes[1].bar([str(int(p)) for p in packs["bytes_per_pack"]], packs["time_us"] / 1000)
+    axes[1].bar(range(len(packs)), packs["time_us"] / 1000)
+    axes[1].set_xticks(range(len(packs)), [str(int(p)) for p in packs["bytes_per_pack"]])
     axes[1].set(xlabel="bytes_per_pack (0 = one pack)", ylabel="ms per all-reduce",
                 title=f"{int(packs['num_tensors'].iloc[0]) if len(packs) else 0} tensors")
   else:
@@ -569,15 +580,30 @@ def prepare_output_dir(path: str) -> str:
   return path
 
 
+def _stop_on_sigterm():
+  """SIGTERM becomes an exception, so the `finally` that kills the running cell still runs."""
+  if threading.current_thread() is not threading.main_thread():
+    return None
+
+  def stop(signum, frame):
+    del signum, frame
+    raise BenchError("got SIGTERM; stopped the running measurement.")
+
+  return signal.signal(signal.SIGTERM, stop)
+
+
 def run_mode(mode: str, opts: BenchOptions) -> Any:
   """Runs one mode; writes <mode>.csv and <mode>.png; returns the pandas DataFrame."""
   check_options(mode, opts)
   output_dir = prepare_output_dir(opts.output_dir)
   import pandas as pd  # pylint: disable=g-import-not-at-top
   scratch = tempfile.mkdtemp(prefix="tfdp-bench-")  # model_dirs of the setup steps
+  previous = _stop_on_sigterm()
   try:
     rows = RUNNERS[mode](opts, scratch, {**machine_info(), "mode": mode})
   finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
     shutil.rmtree(scratch, ignore_errors=True)
   frame = pd.DataFrame(rows)
   frame.to_csv(os.path.join(output_dir, f"{mode}.csv"), index=False)
@@ -630,7 +656,9 @@ def train_cell(spec: dict) -> dict:
     return _time_blocks(lambda n: trainer._train_loop(  # pylint: disable=protected-access
         iterator, tf.constant(n), tf.constant(0.0)).numpy(), warmup, steps, repeats)
 
-  out = {"strategy": result["strategy"], "replicas": replicas, "global_batch": batch,
+  out = {"model": config.task.model.name, "data": describe_data(data_cfg),
+         "image_size": source.image_shape[0], "strategy": result["strategy"],
+         "replicas": replicas, "global_batch": batch,
          "num_workers": cluster.num_workers, "rank": cluster.rank, "steps": steps,
          "repeats": repeats}
   if "pipeline" in spec["measure"]:
@@ -668,10 +696,16 @@ def allreduce_cell(spec: dict) -> dict:
   warmup, steps, repeats = spec["warmup"], spec["steps"], spec["repeats"]
 
   def reducer(options=None):
+    def replica_fn(value):
+      # identity places the input on this replica's device (no copy): a function argument has
+      # no device, and the all-reduce needs one as its destination.
+      value = tf.nest.map_structure(tf.identity, value)
+      return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value,
+                                                            options=options)
+
     @tf.function
     def all_reduce(values):
-      return strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, v, options=options), args=(values,))
+      return strategy.run(replica_fn, args=(values,))
     return all_reduce
 
   def measure(shapes: list[int], fn) -> float:

@@ -41,17 +41,19 @@ class DataConfig:
   num_classes: int = 0  # 0: read from the source
   num_examples: int = 0  # synthetic only
   augment: bool = False  # random crop (4-pixel pad) + horizontal flip
-  cache: bool = True  # keep decoded images in memory after the first epoch
+  cache: bool = True  # keep decoded images in memory after the first epoch, if they fit
   shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000
   mean: list[float] = dataclasses.field(default_factory=lambda: [0.5, 0.5, 0.5])
   std: list[float] = dataclasses.field(default_factory=lambda: [0.25, 0.25, 0.25])
   shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers
   deterministic: bool = True  # tf.data element order; False may be faster
+  threadpool_size: int = 0  # tf.data private thread pool; 0: TF's shared pool
 
 
 @dataclasses.dataclass
 class ModelConfig:
   name: str = "resnet20"  # a name from tfdp.models.registered_models()
+  module: str = ""  # a Python module to import first; it may @tfdp.register_model its own
   kwargs: dict = dataclasses.field(default_factory=dict)  # passed to the builder
 
 
@@ -110,6 +112,7 @@ class RuntimeConfig:
   devices: list[str] = dataclasses.field(default_factory=list)  # mirrored: e.g. ["/gpu:0", "/gpu:1"]
   cpu_replicas: int = 0  # >0: split the CPU into this many logical devices (one replica each)
   cross_device_ops: str = "auto"  # mirrored all-reduce
+  num_packs: int = 1  # mirrored nccl/hierarchical_copy: gradients packed into this many chunks
   all_reduce: str = "auto"  # multi_worker_mirrored collective implementation
   bytes_per_pack: int = 0  # 0: TF's default gradient packing
   collective_timeout_seconds: float = 0.0  # 0: no timeout
@@ -327,7 +330,7 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
     _check_positive(prefix + "num_examples", data.num_examples)
     _check_positive(prefix + "num_classes", data.num_classes)
     _check_positive(prefix + "image_size", data.image_size)
-  for key in ("image_size", "num_classes", "shuffle_buffer"):
+  for key in ("image_size", "num_classes", "shuffle_buffer", "threadpool_size"):
     _check_positive(prefix + key, getattr(data, key), allow_zero=True)
   if len(data.mean) != len(data.std) or any(s <= 0 for s in data.std):
     raise ConfigError(f"config keys '{prefix}mean'/'{prefix}std' need equal lengths and std > 0.")
@@ -337,6 +340,13 @@ def validate(config: ExperimentConfig) -> None:
   """Raises ConfigError for impossible values. Replica-count checks are in expected_replicas."""
   task, trainer, runtime = config.task, config.trainer, config.runtime
   from tfdp import models  # pylint: disable=g-import-not-at-top  (no TensorFlow import there)
+  if task.model.module:
+    import importlib  # pylint: disable=g-import-not-at-top
+    try:
+      importlib.import_module(task.model.module)
+    except ImportError as e:
+      raise ConfigError(f"config key 'task.model.module' names '{task.model.module}', which "
+                        f"cannot be imported ({e}); put it on PYTHONPATH.") from None
   if task.model.name not in models.registered_models():
     close = difflib.get_close_matches(task.model.name, models.registered_models(), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
@@ -369,6 +379,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)
   _check_choice("runtime.mixed_precision", runtime.mixed_precision, PRECISIONS)
   _check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
+  _check_positive("runtime.num_packs", runtime.num_packs)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",
               "intra_op_threads", "inter_op_threads"):
     _check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)

@@ -291,6 +291,17 @@ def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas
                    counts)
 
 
+def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> bool:
+  """Decoded uint8 images of one pipeline take at most `fraction` of the available memory."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  needed = num_examples * math.prod(source.image_shape)
+  if needed <= fraction * psutil.virtual_memory().available:
+    return True
+  logging.warning("data: not caching %.1f GiB of decoded images: more than %d%% of free memory",
+                  needed / 2**30, fraction * 100)
+  return False
+
+
 def _normalize(image, mean, std):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   image = tf.cast(image, tf.float32) / 255.0
@@ -319,6 +330,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
   padded_len = plan.steps_per_epoch * plan.pipeline_batch
   buffer = data.shuffle_buffer or (source.num_examples if data.cache else 10000)
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
+  use_cache = data.cache and fits_in_memory(source, max(plan.counts))
   shape = source.image_shape
 
   def dataset_fn(ctx: tf.distribute.InputContext):
@@ -328,7 +340,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
     if policy == "file":
       files = files[pipeline::n]
     base = source.read_slice(pipeline, n) if policy == "tfds_split" else source.read(files)
-    if data.cache:
+    if use_cache:
       base = base.cache()
     real = plan.counts[pipeline]
     pad = tf.data.Dataset.from_tensors({
@@ -360,6 +372,8 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
     ds = ds.batch(plan.per_replica_batch, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = data.deterministic
+    if data.threadpool_size:
+      options.threading.private_threadpool_size = data.threadpool_size
     # tfdp shards itself (policy above); TF's auto-sharding would shard a second time.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -43,6 +43,9 @@ from tfdp.errors import ClusterError, TfdpError
 
 TAIL_LINES = 20
 DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
+# After a worker died its peers cannot finish a step (the all-reduce lacks a member), so there is
+# no checkpoint to wait for; TF may take its heartbeat timeout to notice. Do not wait that long.
+PEER_FAILURE_GRACE_SECONDS = 3.0
 _POLL_SECONDS = 0.05
 _DRAIN_SECONDS = 2.0  # How long to wait for output after every worker exited.
 _MAX_PARTIAL_LINE = 64 * 1024  # Emit over-long lines rather than buffer them.
@@ -301,13 +304,14 @@ def _supervise(workers: list[_Worker], ports: list[int],
   all_exited_at: float | None = None
   killed = False  # SIGKILL was sent after the grace period (or a 2nd signal).
 
-  def begin_stop(now: float) -> None:
+  def begin_stop(now: float, grace_seconds: float) -> None:
     nonlocal stop_started, kill_at
     if stop_started is None:
-      stop_started, kill_at = now, now + stop_grace_seconds
+      stop_started, kill_at = now, now + grace_seconds
       for worker in workers:
         if worker.returncode is None:
           _signal_group(worker, signal.SIGTERM)
+          _signal_group(worker, signal.SIGCONT)  # a frozen (SIGSTOPped) worker must see it too
 
   with selector:
     while True:
@@ -328,7 +332,7 @@ def _supervise(workers: list[_Worker], ports: list[int],
       if stop_request.signals:
         if result.interrupted_by is None:
           result.interrupted_by = stop_request.signals[0]
-        begin_stop(now)
+        begin_stop(now, stop_grace_seconds)
         if len(stop_request.signals) > 1 and not killed:
           kill_at = now  # Asked twice: do not wait for the grace period.
       for worker in workers:
@@ -338,7 +342,7 @@ def _supervise(workers: list[_Worker], ports: list[int],
         result.returncodes[worker.index] = worker.returncode
         if worker.returncode not in (None, 0) and stop_started is None:
           result.first_failed = worker.index
-          begin_stop(now)
+          begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
       if kill_at is not None and now >= kill_at and not killed:
         for worker in workers:
           if worker.returncode is None:

@@ -113,13 +113,13 @@ def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> Non
     tf.config.experimental.set_memory_growth(gpu, True)
 
 
-def _cross_device_ops(name: str):
+def _cross_device_ops(name: str, num_packs: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return {
-      "nccl": tf.distribute.NcclAllReduce,
-      "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-      "reduce_to_one_device": tf.distribute.ReductionToOneDevice,
-  }[name]()
+  if name == "nccl":
+    return tf.distribute.NcclAllReduce(num_packs=num_packs)
+  if name == "hierarchical_copy":
+    return tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
+  return tf.distribute.ReductionToOneDevice()
 
 
 def communication_options(runtime: RuntimeConfig, implementation: str):
@@ -158,7 +158,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
         communication_options=communication_options(runtime, plan.all_reduce))
   elif plan.kind == "mirrored":
     strategy = tf.distribute.MirroredStrategy(
-        devices=list(plan.devices), cross_device_ops=_cross_device_ops(plan.cross_device_ops))
+        devices=list(plan.devices), cross_device_ops=_cross_device_ops(plan.cross_device_ops, runtime.num_packs))
   elif plan.kind == "one_device":
     strategy = tf.distribute.OneDeviceStrategy(plan.devices[0])
   else:
