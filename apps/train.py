@@ -46,7 +46,9 @@ def main(argv):
     try:
       result = experiment.run(config, model_dir, FLAGS.mode)
     except Preempted as stop:
-      cli.exit_with_error(PROG, stop, code=143)
+      cli.exit_with_error(PROG, stop, code=stop.exit_code)
+    except KeyboardInterrupt:
+      cli.exit_with_error(PROG, "interrupted; the last checkpoint is kept, re-run to resume", 130)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   summary = {k: v for k, v in result.items() if k != "trainer"}

@@ -1,5 +1,10 @@
 """`tfdp-train` end to end: real processes, real CIFAR-10 where present, uneven batches, resume."""
 import json
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pandas as pd
 import pytest
@@ -57,3 +62,31 @@ def test_cifar10_run_writes_outputs_and_a_second_run_resumes(tmp_path):
   assert evaluation.returncode == 0, evaluation.stderr[-3000:]
   result = json.loads((tmp_path / "eval.json").read_text())
   assert result["step"] == 16 and result["eval_examples"] == 512
+
+
+def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(tmp_path):
+  job = (SYNTHETIC.replace("num_examples=1025", "num_examples=6400", 1)
+         + ",trainer.checkpoint_every_steps=10,runtime.cpu_replicas=2,task.model.name=small_cnn")
+  args = [sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path}", "--mode=train",
+          f"--params_override={job}"]
+  proc = subprocess.Popen(args, env=helpers.env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  deadline = time.monotonic() + 300
+  while not (tmp_path / "checkpoints" / "checkpoint").exists() and time.monotonic() < deadline:
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 130, out[-3000:]
+  assert "Traceback" not in out
+  saved = int(re.search(r"saved checkpoint at step (\d+)", out).group(1))
+  assert tf_latest_step(tmp_path) == saved
+  again = helpers.run_train(*args[2:], timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"at step {saved}" in again.stderr
+  assert tf_latest_step(tmp_path) == 50  # 6400 / 128
+
+
+def tf_latest_step(model_dir):
+  text = (model_dir / "checkpoints" / "checkpoint").read_text()
+  return int(re.search(r'model_checkpoint_path: "ckpt-(\d+)"', text).group(1))

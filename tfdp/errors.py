@@ -25,8 +25,10 @@ class OutputError(TfdpError):
 
 
 class Preempted(Exception):
-  """Training stopped on SIGTERM after saving a checkpoint; a re-run resumes."""
+  """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes."""
 
-  def __init__(self, step: int):
-    super().__init__(f"stopped at step {step} after SIGTERM; checkpoint saved, re-run to resume")
+  def __init__(self, step: int, signum: int):
+    super().__init__(f"stopped at step {step} on request (signal {signum}); checkpoint saved, "
+                     "re-run the same command to resume")
     self.step = step
+    self.exit_code = 128 + signum

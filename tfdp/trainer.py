@@ -96,25 +96,35 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
 
 
 class _StopRequest:
-  """SIGTERM (preemption, `kill`, the launcher stopping a group) asks for a checkpoint and a clean
-  exit at the next loop boundary; every worker agrees on that boundary through the all-reduce."""
+  """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
+  checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
+  through the loop's all-reduce. A second Ctrl-C interrupts at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self, enabled: bool):
-    self.requested = False
-    self._previous = None
+    self.signum = 0
+    self._previous = {}
     if enabled:
-      try:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-      except ValueError:  # not the main thread (e.g. some notebook runners)
-        pass
+      for signum in self.SIGNALS:
+        try:
+          self._previous[signum] = signal.signal(signum, self._handle)
+        except ValueError:  # not the main thread (e.g. some notebook runners)
+          pass
+
+  @property
+  def requested(self) -> bool:
+    return bool(self.signum)
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+    del frame
+    if signum == signal.SIGINT and self.signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = self.signum or signum
 
   def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 @dataclasses.dataclass
@@ -326,8 +336,9 @@ class Trainer:
             tf.summary.scalar("images_per_sec", images_per_sec)
           if sums[3] > 0:  # some worker was asked to stop: all save at this same step
             self.save()
-            logging.warning("stop requested (SIGTERM): saved checkpoint at step %d", step)
-            raise Preempted(step)
+            name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
+            logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
+            raise Preempted(step, stop.signum or signal.SIGTERM)
           if trainer_cfg.checkpoint_every_steps and step % trainer_cfg.checkpoint_every_steps == 0:
             self.save()
         epoch_seconds = time.time() - epoch_start_time

@@ -1,0 +1,133 @@
+"""tfdp-bench end to end on tiny settings: each mode writes a CSV and a PNG whose numbers agree
+with each other (no timing targets: this machine's speed is not under test)."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import helpers
+from tfdp import bench
+
+BENCH_APP = str(helpers.REPO / "apps" / "bench.py")
+TINY = ("task.train_data.image_size=8,task.train_data.num_examples=128,"
+        "task.train_data.num_classes=4,task.model.kwargs={filters: 8}")
+QUICK = ["--models=small_cnn", "--steps=3", "--warmup_steps=2", "--repeats=2",
+         f"--params_override={TINY}"]
+MACHINE = ["nproc", "tf_version", "keras_version", "date", "load_avg_1m"]
+
+
+def run_bench(out_dir, *args, timeout=300):
+  return subprocess.run([sys.executable, BENCH_APP, f"--output_dir={out_dir}", *args],
+                        capture_output=True, text=True, timeout=timeout, env=helpers.env(),
+                        cwd=str(helpers.REPO))
+
+
+def read_outputs(out_dir, proc, mode, columns):
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (out_dir / f"{mode}.png").stat().st_size > 0
+  frame = pd.read_csv(out_dir / f"{mode}.csv")
+  assert set(columns + MACHINE) <= set(frame.columns), set(columns + MACHINE) - set(frame.columns)
+  assert (frame["nproc"] > 0).all() and frame["tf_version"].str.startswith("2.").all()
+  assert "Traceback" not in proc.stderr
+  return frame
+
+
+def test_throughput_rows_agree_with_the_baseline_and_themselves(tmp_path):
+  proc = run_bench(tmp_path, "--mode=throughput", "--replicas=1,2", "--global_batch_sizes=16",
+                   *QUICK)
+  frame = read_outputs(tmp_path, proc, "throughput", [
+      "model", "strategy", "replicas", "global_batch", "images_per_sec", "step_ms",
+      "cached_step_ms", "input_wait_fraction", "vs_keras_fit", "peak_rss_mb", "image_size"])
+  assert frame["strategy"].tolist() == ["keras_fit", "default", "mirrored"]
+  assert frame["replicas"].tolist() == [1, 1, 2]
+  assert (frame["global_batch"] == 16).all() and (frame["image_size"] == 8).all()
+  assert (frame[["images_per_sec", "step_ms", "peak_rss_mb"]] > 0).all().all()
+  # images/s and step time come from the same median block.
+  assert (frame["images_per_sec"] * frame["step_ms"] / 1000).tolist() == pytest.approx([16] * 3)
+  tfdp_rows = frame[frame["strategy"] != "keras_fit"]
+  assert tfdp_rows["input_wait_fraction"].between(0, 1).all()
+  expected_wait = (1 - tfdp_rows["cached_step_ms"] / tfdp_rows["step_ms"]).clip(lower=0)
+  assert tfdp_rows["input_wait_fraction"].tolist() == pytest.approx(expected_wait.tolist())
+  baseline = frame.loc[frame["strategy"] == "keras_fit", "images_per_sec"].item()
+  assert frame["vs_keras_fit"].tolist() == pytest.approx((frame["images_per_sec"] / baseline).tolist())
+  assert "vs_keras_fit" in proc.stdout  # the printed table
+
+
+def test_scaling_efficiency_is_recomputable_from_the_rows(tmp_path):
+  proc = run_bench(tmp_path, "--mode=scaling", "--workers=2", "--per_replica_batch=16", *QUICK)
+  frame = read_outputs(tmp_path, proc, "scaling", [
+      "workers", "global_batch", "images_per_sec", "step_ms", "slowest_worker_step_ms",
+      "speedup", "efficiency", "strategy"])
+  assert frame["workers"].tolist() == [1, 2]
+  assert frame["global_batch"].tolist() == [16, 32]  # fixed per-replica batch
+  assert frame["strategy"].tolist()[1] == "multi_worker_mirrored"
+  assert (frame[["images_per_sec", "step_ms", "efficiency"]] > 0).all().all()
+  single = frame["images_per_sec"].iloc[0]
+  assert frame["efficiency"].tolist() == pytest.approx(
+      (frame["images_per_sec"] / (frame["workers"] * single)).tolist())
+  assert (frame["slowest_worker_step_ms"] >= frame["step_ms"]).all()
+
+
+def test_allreduce_bandwidths_follow_the_nccl_tests_definitions(tmp_path):
+  proc = run_bench(tmp_path, "--mode=allreduce", "--workers=2", "--min_bytes=4096",
+                   "--max_bytes=16384", "--steps=4", "--warmup_steps=2", "--repeats=2",
+                   "--pack_tensors=8", "--pack_tensor_bytes=4096", "--bytes_per_pack=0,16384",
+                   f"--tcp_bytes={64 << 20}")
+  frame = read_outputs(tmp_path, proc, "allreduce", [
+      "scope", "test", "n", "bytes", "bytes_per_pack", "time_us", "algbw_gbps", "busbw_gbps",
+      "tcp_gbps", "busbw_over_tcp", "implementation"])
+  sizes = frame[frame["test"] == "size"]
+  assert sorted(sizes["scope"].unique()) == ["in_process", "workers"]
+  for _, group in sizes.groupby("scope"):
+    assert group["bytes"].tolist() == [4096, 16384]
+  assert frame.loc[frame["scope"] == "workers", "implementation"].eq("ring").all()
+  packs = frame[frame["test"] == "pack"]
+  assert packs["bytes_per_pack"].tolist() == [0, 16384] and (packs["bytes"] == 8 * 4096).all()
+  assert (frame[["time_us", "algbw_gbps", "busbw_gbps", "tcp_gbps"]] > 0).all().all()
+  tcp = frame.loc[frame["scope"] == "tcp_loopback", "algbw_gbps"].item()
+  assert frame["tcp_gbps"].tolist() == pytest.approx([tcp] * len(frame))
+  n = frame["n"]
+  assert (frame["busbw_gbps"] / frame["algbw_gbps"]).tolist() == pytest.approx(
+      (2 * (n - 1) / n).tolist(), rel=1e-12)
+  assert frame["algbw_gbps"].tolist() == pytest.approx((frame["bytes"] / frame["time_us"] / 1e3).tolist())
+  assert frame["busbw_over_tcp"].tolist() == pytest.approx(
+      (frame["busbw_gbps"] / frame["tcp_gbps"]).tolist())
+
+
+def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
+  proc = run_bench(tmp_path, "--mode=input", "--replicas=2", "--global_batch_sizes=16", *QUICK)
+  frame = read_outputs(tmp_path, proc, "input", [
+      "model", "replicas", "global_batch", "pipeline_images_per_sec", "train_images_per_sec",
+      "pipeline_over_train"])
+  assert frame["replicas"].tolist() == [2]
+  assert (frame[["pipeline_images_per_sec", "train_images_per_sec"]] > 0).all().all()
+  assert frame["pipeline_over_train"].tolist() == pytest.approx(
+      (frame["pipeline_images_per_sec"] / frame["train_images_per_sec"]).tolist())
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--models=resnet21"], ["resnet21", "resnet20"]),
+    (["--replicas=3", "--global_batch_sizes=128"], ["3 replicas", "multiple of 3"]),
+    (["--replicas=1,x"], ["--replicas"]),
+    (["--params_override=trainer.epochz=1"], ["trainer.epochs"]),
+    (["--mode=allreduce", "--workers=1"], ["--workers"]),
+    (["--mode=speed"], ["--mode"]),
+    (["--models=small_cnn", "--replicas=1", "--nobaseline",
+      "--params_override=task.model.kwargs={bogus: 1}"], ["small_cnn", "bogus"]),  # in the cell
+])
+def test_mistakes_print_one_line_and_exit_2(tmp_path, args, words):
+  proc = run_bench(tmp_path / "out", *args, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("tfdp-bench:")]
+  assert len(lines) == 1 and all(w in lines[0] for w in words), proc.stderr[-2000:]
+  assert not list(tmp_path.glob("**/*.csv"))
+
+
+def test_allreduce_sizes_and_loopback_tcp():
+  opts = bench.BenchOptions(min_bytes=4096, max_bytes=65536, size_factor=4)
+  assert bench.allreduce_sizes(opts) == [4096, 16384, 65536]
+  assert bench.ops_per_block(64 << 20, 20) == bench.MAX_BLOCK_BYTES // (64 << 20)
+  assert bench.ops_per_block(4096, 20) == 20
+  assert bench.loopback_tcp_seconds(8 << 20) > 0
