@@ -35,10 +35,8 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
-  if FLAGS.steps_per_epoch <= 0 or FLAGS.epochs <= 0:
-    cli.exit_with_error(PROG, "--steps_per_epoch and --epochs must be > 0.")
+  if len(argv) > 1 or FLAGS.steps_per_epoch <= 0 or FLAGS.epochs <= 0:
+    cli.exit_with_error(PROG, "pass only --flag=value options; --steps_per_epoch and --epochs > 0.")
   cli.quiet_tensorflow()
   try:
     config = config_lib.load_config([], FLAGS.params_override or [])
@@ -85,15 +83,14 @@ def main(argv):
   model.fit(dataset, epochs=FLAGS.epochs + 1, steps_per_epoch=FLAGS.steps_per_epoch,
             callbacks=[timer], verbose=0, shuffle=False)
   timed = timer.seconds[1:]  # the first epoch traces and fills caches
+  step_ms = [t / FLAGS.steps_per_epoch * 1000 for t in timed]
   print(json.dumps({
       "model": config.task.model.name, "global_batch": batch, "image_size": source.image_shape[0],
       "data": data_cfg.source if data_cfg.source != "tfds" else f"{data_cfg.name}:{data_cfg.split}",
       "steps_per_epoch": FLAGS.steps_per_epoch, "timed_epochs": len(timed),
       "steps_per_execution": FLAGS.steps_per_execution,
-      "images_per_sec": FLAGS.steps_per_epoch * batch / statistics.median(timed),
-      "step_ms": statistics.median(timed) / FLAGS.steps_per_epoch * 1000,
-      "step_ms_min": min(timed) / FLAGS.steps_per_epoch * 1000,
-      "step_ms_max": max(timed) / FLAGS.steps_per_epoch * 1000,
+      "images_per_sec": batch / statistics.median(step_ms) * 1000,
+      "step_ms": statistics.median(step_ms), "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}), flush=True)
 
 

@@ -82,3 +82,9 @@ def test_a_failing_run_leaves_model_dir_untouched(tmp_path):
   assert {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()} == set(kept)
   for name, text in kept.items():
     assert (model_dir / name).read_text() == text
+
+
+def test_jit_compile_with_several_replicas_is_refused(tmp_path):
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", "--mode=train",
+                           f"--params_override={TINY},runtime.jit_compile=true", timeout=120)
+  assert_one_line_error(proc, "runtime.jit_compile", "2")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -90,3 +91,15 @@ def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(tmp_path):
 def tf_latest_step(model_dir):
   text = (model_dir / "checkpoints" / "checkpoint").read_text()
   return int(re.search(r'model_checkpoint_path: "ckpt-(\d+)"', text).group(1))
+
+
+@pytest.mark.parametrize("options", ["runtime.mixed_precision=mixed_bfloat16",
+                                     "runtime.strategy=default,runtime.cpu_replicas=0,"
+                                     "runtime.jit_compile=true"])
+def test_performance_options_train(tmp_path, options):
+  tiny = SYNTHETIC.replace("num_examples=1025", "num_examples=256").replace("resnet8", "small_cnn")
+  proc = helpers.run_train(f"--model_dir={tmp_path}", f"--params_override={tiny},{options}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  metrics = pd.read_csv(tmp_path / "metrics.csv")
+  assert metrics["eval_examples"].tolist() == [256]
+  assert np.isfinite(metrics["train_loss"]).all()

@@ -275,24 +275,35 @@ def _median_ms(seconds: list[float], ops: int) -> float:
 # ---- throughput ---------------------------------------------------------------------------------
 
 
+def replica_grid(opts: BenchOptions) -> dict[tuple[str, int, int], list[str]]:
+  """(model, global batch, replicas) → overrides, every one checked before anything runs."""
+  jobs = {}
+  for model in opts.models:
+    for batch in opts.global_batch_sizes:
+      for replicas in opts.replicas:
+        jobs[(model, batch, replicas)] = job_overrides(opts, model, batch,
+                                                       [f"runtime.cpu_replicas={replicas}"])
+        load_checked(jobs[(model, batch, replicas)], replicas)
+  return jobs
+
+
+def train_spec(opts: BenchOptions, overrides: list[str], model_dir: str, measure: list[str]) -> dict:
+  return {"kind": "train", "overrides": overrides, "model_dir": model_dir, "measure": measure,
+          "warmup": opts.warmup_steps, "steps": opts.steps, "repeats": opts.repeats}
+
+
 def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
-  cells = [(m, b, r) for m in opts.models for b in opts.global_batch_sizes for r in opts.replicas]
-  jobs = {cell: job_overrides(opts, cell[0], cell[1], [f"runtime.cpu_replicas={cell[2]}"])
-          for cell in cells}
-  for (m, b, r), overrides in jobs.items():
-    load_checked(overrides, r)
+  jobs = replica_grid(opts)
   rows, baselines = [], {}
-  for model, batch in dict.fromkeys((m, b) for m, b, _ in cells):
+  for model, batch in dict.fromkeys((m, b) for m, b, _ in jobs):
     if opts.baseline:
       rows.append(baseline_row(opts, model, batch, info))
       baselines[(model, batch)] = rows[-1]["images_per_sec"]
       _progress(f"keras_fit {model} batch {batch}: {rows[-1]['images_per_sec']:.1f} img/s")
-  for model, batch, replicas in cells:
+  for (model, batch, replicas), overrides in jobs.items():
     load = load_average()
-    spec = {"kind": "train", "overrides": jobs[(model, batch, replicas)],
-            "model_dir": os.path.join(model_dir, f"{model}-b{batch}-r{replicas}"),
-            "warmup": opts.warmup_steps, "steps": opts.steps, "repeats": opts.repeats,
-            "measure": ["train", "cached"]}
+    spec = train_spec(opts, overrides, os.path.join(model_dir, f"{model}-b{batch}-r{replicas}"),
+                      ["train", "cached"])
     res = run_cell(spec, f"cell {model} batch={batch} replicas={replicas}", opts.timeout_seconds)
     base = baselines.get((model, batch))
     rows.append({**_row_head(res), **_timing(res),
@@ -354,9 +365,7 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   rows = []
   for (model, n), overrides in jobs.items():
     load = load_average()
-    spec = {"kind": "train", "overrides": overrides,
-            "model_dir": os.path.join(model_dir, f"{model}-w{n}"), "warmup": opts.warmup_steps,
-            "steps": opts.steps, "repeats": opts.repeats, "measure": ["train"]}
+    spec = train_spec(opts, overrides, os.path.join(model_dir, f"{model}-w{n}"), ["train"])
     per_worker = run_worker_group(spec, n, f"scaling {model} on {n} worker(s)")
     chief = per_worker[0]  # each worker timed its own window; the chief's is the global rate
     rows.append({**_row_head(chief), **_timing(chief),
@@ -470,18 +479,11 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
 
 
 def input_rate(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
-  cells = [(m, b, r) for m in opts.models for b in opts.global_batch_sizes for r in opts.replicas]
-  jobs = {cell: job_overrides(opts, cell[0], cell[1], [f"runtime.cpu_replicas={cell[2]}"])
-          for cell in cells}
-  for (m, b, r), overrides in jobs.items():
-    load_checked(overrides, r)
   rows = []
-  for model, batch, replicas in cells:
+  for (model, batch, replicas), overrides in replica_grid(opts).items():
     load = load_average()
-    spec = {"kind": "train", "overrides": jobs[(model, batch, replicas)],
-            "model_dir": os.path.join(model_dir, f"{model}-b{batch}-r{replicas}"),
-            "warmup": opts.warmup_steps, "steps": opts.steps, "repeats": opts.repeats,
-            "measure": ["pipeline", "train"]}
+    spec = train_spec(opts, overrides, os.path.join(model_dir, f"{model}-b{batch}-r{replicas}"),
+                      ["pipeline", "train"])
     res = run_cell(spec, f"cell {model} batch={batch} replicas={replicas}", opts.timeout_seconds)
     rows.append({**_row_head(res), **_timing(res),
                  "pipeline_images_per_sec": res["pipeline_images_per_sec"],
@@ -501,21 +503,30 @@ def _label(row) -> str:
   return f"{row['model']} b{row['global_batch']} {who}"
 
 
+def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
+  """Horizontal bars, one row of the frame per label, one bar per column (legend: its name)."""
+  width = 0.8 / len(columns)
+  for k, (column, name) in enumerate(columns.items()):
+    ax.barh([i + (k - (len(columns) - 1) / 2) * width for i in range(len(frame))],
+            frame[column].fillna(0), width, label=name)
+  ax.set_yticks(range(len(frame)), [_label(r) for _, r in frame.iterrows()])
+  ax.invert_yaxis()
+  ax.set_xlabel(xlabel)
+  if len(columns) > 1:
+    ax.legend()
+
+
 def plot(mode: str, frame, path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
+  matplotlib.use("Agg")  # files only, no display
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  title = f"{mode} ({frame['cpu'].iloc[0]}, {frame['nproc'].iloc[0]} CPUs, TF {frame['tf_version'].iloc[0]})"
+  first = frame.iloc[0]
+  title = f"tfdp-bench {mode}: {first['cpu']}, {first['nproc']} CPUs, TF {first['tf_version']}, {first['date']}"
   if mode == "throughput":
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.5 + 0.45 * len(frame)))
-    labels = [_label(r) for _, r in frame.iterrows()]
-    axes[0].barh(labels, frame["images_per_sec"], color="tab:blue")
-    axes[0].set_xlabel("images/s")
-    axes[1].barh(labels, frame["input_wait_fraction"].fillna(0), color="tab:orange")
-    axes[1].set_xlabel("input-wait fraction")
+    _bars(axes[0], frame, {"images_per_sec": "images/s"}, "images/s")
+    _bars(axes[1], frame, {"input_wait_fraction": "input wait"}, "input-wait fraction")
     axes[1].set_xlim(0, 1)
-    for ax in axes:
-      ax.invert_yaxis()
   elif mode == "scaling":
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for model, group in frame.groupby("model"):
@@ -523,32 +534,26 @@ def plot(mode: str, frame, path: str) -> None:
       axes[0].plot(group["workers"], group["workers"] * group["images_per_sec"].iloc[0], "--",
                    color=line.get_color(), label=f"{model} linear")
       axes[1].plot(group["workers"], group["efficiency"], "o-", label=model)
-    axes[0].set(xlabel="workers", ylabel="images/s", xticks=sorted(frame["workers"].unique()))
+    ticks = sorted(frame["workers"].unique())
+    axes[0].set(xlabel="workers", ylabel="images/s", xticks=ticks)
     axes[0].legend()
-    axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1),
-                xticks=sorted(frame["workers"].unique()))
+    axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1), xticks=ticks)
   elif mode == "allreduce":
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for scope, group in frame[frame["test"] == "size"].groupby("scope"):
       axes[0].plot(group["bytes"], group["busbw_gbps"], "o-", label=scope)
-    axes[0].axhline(frame["tcp_gbps"].iloc[0], color="gray", ls="--", label="loopback TCP")
+    axes[0].axhline(first["tcp_gbps"], color="gray", ls="--", label="loopback TCP")
     axes[0].set(xscale="log", yscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)")
     axes[0].legend()
     packs = frame[frame["test"] == "pack"]
     axes[1].bar(range(len(packs)), packs["time_us"] / 1000)
     axes[1].set_xticks(range(len(packs)), [str(int(p)) for p in packs["bytes_per_pack"]])
-    axes[1].set(xlabel="bytes_per_pack (0 = one pack)", ylabel="ms per all-reduce",
-                title=f"{int(packs['num_tensors'].iloc[0]) if len(packs) else 0} tensors")
+    axes[1].set(xlabel="bytes_per_pack (0: one pack)", ylabel="ms per all-reduce",
+                title=f"{int(packs['num_tensors'].iloc[0]) if len(packs) else 0} tensors between workers")
   else:
     fig, ax = plt.subplots(figsize=(10, 1.5 + 0.6 * len(frame)))
-    labels = [_label(r) for _, r in frame.iterrows()]
-    y = range(len(frame))
-    ax.barh([i - 0.2 for i in y], frame["pipeline_images_per_sec"], 0.4, label="input pipeline")
-    ax.barh([i + 0.2 for i in y], frame["train_images_per_sec"], 0.4, label="training loop")
-    ax.set_yticks(list(y), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("images/s")
-    ax.legend()
+    _bars(ax, frame, {"pipeline_images_per_sec": "input pipeline alone",
+                      "train_images_per_sec": "training loop"}, "images/s")
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -643,7 +648,8 @@ def train_cell(spec: dict) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   trainer, replicas = result["trainer"], result["replicas"]
   data_cfg, batch = config.task.train_data, config.trainer.global_batch_size
-  warmup, steps, repeats = spec["warmup"], spec["steps"], spec["repeats"]
+  # At least one untimed step per fresh iterator: it may retrace, and it fills shuffle buffers.
+  warmup, steps, repeats = max(spec["warmup"], 1), spec["steps"], spec["repeats"]
   num_pipelines = max(cluster.num_workers, 1)
   source = data_lib.make_source(data_cfg)  # after the strategy: logical devices are set by now
   plan = data_lib.plan_input(source, data_cfg, batch, replicas, num_pipelines)

@@ -49,6 +49,10 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
     plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__)
   replicas = strategy.num_replicas_in_sync
   config_lib.check_batch_divides(config, replicas)
+  if config.runtime.jit_compile and replicas > 1:
+    # The compiled forward pass would hold cross-replica sync points (BatchNorm statistics).
+    raise config_lib.ConfigError(f"runtime.jit_compile works with one replica, but this run has "
+                                 f"{replicas}; set runtime.jit_compile=false.")
   if verbose:  # one line per process: under the launcher every worker's is prefixed
     print(cluster_lib.summary_line(cluster, replicas,
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
