@@ -328,9 +328,9 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   source, policy = plan.source, plan.policy
   padded_len = plan.steps_per_epoch * plan.pipeline_batch
-  buffer = data.shuffle_buffer or (source.num_examples if data.cache else 10000)
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
+  buffer = data.shuffle_buffer or (source.num_examples if use_cache else 10000)
   shape = source.image_shape
 
   def dataset_fn(ctx: tf.distribute.InputContext):
