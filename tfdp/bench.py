@@ -14,7 +14,7 @@ The parent process never imports TensorFlow: it checks every config of the grid 
 fails in a second, before anything runs), then runs each measurement in a fresh process
 (`python -m tfdp.bench CELL_JSON`), because logical CPU devices and thread pools are fixed once
 TensorFlow starts. Cells use tfdp's own config, strategy, data, model and trainer: the timed loop
-is `Trainer._train_loop`, the same compiled function `tfdp-train` runs.
+is `Trainer.run_steps`, the same compiled function `tfdp-train` runs.
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ from typing import Any, Callable
 
 from tfdp import config as config_lib
 from tfdp import data as data_lib
-from tfdp import models
 from tfdp.errors import ConfigError, TfdpError
 
 PROG = "tfdp-bench"
@@ -106,10 +105,7 @@ def check_options(mode: str, opts: BenchOptions) -> None:
     raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(MODES)}.")
   if opts.data not in DATA_CHOICES:
     raise ConfigError(f"--data '{opts.data}' is unknown; use one of {', '.join(DATA_CHOICES)}.")
-  for name in opts.models:
-    if name not in models.registered_models():
-      raise ConfigError(f"--models names '{name}'; use names from {', '.join(models.registered_models())}.")
-  if not opts.models:
+  if not opts.models:  # names are checked with each config (task.model.module may register more)
     raise ConfigError("--models is empty; name at least one model, e.g. resnet20.")
   for flag in ("steps", "repeats", "workers", "per_replica_batch", "min_bytes", "max_bytes",
                "pack_tensors", "pack_tensor_bytes", "tcp_bytes", "timeout_seconds"):
@@ -176,9 +172,13 @@ def describe_data(data: config_lib.DataConfig) -> str:
 
 
 def load_checked(overrides: list[str], replicas: int | None = None) -> config_lib.ExperimentConfig:
+  """The checks a cell would fail on, made up front: one bad cell must not waste the others."""
   config = config_lib.load_config([], overrides)
   if replicas:
     config_lib.check_batch_divides(config, replicas)
+    if config.runtime.jit_compile and replicas > 1:  # experiment.run's rule
+      raise ConfigError(f"runtime.jit_compile works with one replica; drop {replicas} from "
+                        "--replicas or set runtime.jit_compile=false.")
   data_lib.check_source(config.task.train_data, "task.train_data")
   return config
 
@@ -360,8 +360,8 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   threads = ["runtime.intra_op_threads=1", "runtime.inter_op_threads=1"]
   jobs = {(m, n): job_overrides(opts, m, opts.per_replica_batch * n, threads)
           for m in opts.models for n in range(1, opts.workers + 1)}
-  for overrides in jobs.values():
-    load_checked(overrides)
+  for (_, n), overrides in jobs.items():
+    load_checked(overrides, n)  # one CPU replica per worker
   rows = []
   for (model, n), overrides in jobs.items():
     load = load_average()
@@ -638,7 +638,7 @@ def _time_blocks(run: Callable[[int], Any], warmup: int, steps: int, repeats: in
 
 
 def train_cell(spec: dict) -> dict:
-  """Times Trainer._train_loop on the real pipeline, on one cached batch, and the pipeline alone."""
+  """Times Trainer.run_steps on the real pipeline, on one cached batch, and the pipeline alone."""
   from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from tfdp import experiment  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], spec["overrides"])
@@ -659,8 +659,7 @@ def train_cell(spec: dict) -> dict:
 
   def time_training(fn) -> list[float]:
     iterator = iter(trainer.strategy.distribute_datasets_from_function(fn))
-    return _time_blocks(lambda n: trainer._train_loop(  # pylint: disable=protected-access
-        iterator, tf.constant(n), tf.constant(0.0)).numpy(), warmup, steps, repeats)
+    return _time_blocks(lambda n: trainer.run_steps(iterator, n), warmup, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
          "image_size": source.image_shape[0], "strategy": result["strategy"],

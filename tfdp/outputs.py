@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -59,7 +60,18 @@ class WritePlan:
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
   if is_chief:
     return WritePlan(model_dir, model_dir, True)
-  return WritePlan(model_dir, tempfile.mkdtemp(prefix=f"tfdp-worker{rank}-"), False)
+  remove_stale_worker_dirs()
+  return WritePlan(model_dir, tempfile.mkdtemp(prefix=f"tfdp-worker{rank}-pid{os.getpid()}-"), False)
+
+
+def remove_stale_worker_dirs() -> None:
+  """A killed worker cannot remove its temp dir; the next worker on this machine does."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  root = tempfile.gettempdir()
+  for name in os.listdir(root):
+    match = re.match(r"tfdp-worker\d+-pid(\d+)-", name)
+    if match and not psutil.pid_exists(int(match.group(1))):
+      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -281,6 +281,11 @@ class Trainer:
 
   # ---- public loops --------------------------------------------------------------------------
 
+  def run_steps(self, iterator, num_steps: int) -> LoopResult:
+    """Runs num_steps training steps (one compiled call) from a distributed iterator."""
+    sums = self._train_loop(iterator, tf.constant(num_steps), tf.constant(0.0)).numpy()
+    return LoopResult(*map(float, sums[:3]))
+
   def evaluate(self, dist_dataset, steps: int) -> LoopResult:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
     return LoopResult(*map(float, sums))

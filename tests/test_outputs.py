@@ -1,0 +1,39 @@
+"""model_dir bookkeeping: who writes, what a re-run keeps, what a killed worker leaves."""
+import os
+
+import pandas as pd
+
+from tfdp import outputs
+
+
+def test_non_chief_writes_to_its_own_temp_dir_and_stale_ones_are_removed(tmp_path, monkeypatch):
+  monkeypatch.setenv("TMPDIR", str(tmp_path))
+  monkeypatch.setattr(outputs.tempfile, "tempdir", None)
+  stale = tmp_path / "tfdp-worker1-pid999999999-x"  # a SIGKILLed worker's leftover
+  stale.mkdir()
+  live = tmp_path / f"tfdp-worker2-pid{os.getpid()}-y"  # a running worker's: kept
+  live.mkdir()
+  plan = outputs.write_plan(str(tmp_path / "model"), is_chief=False, rank=1)
+  assert not stale.exists() and live.exists()
+  assert plan.checkpoint_dir.startswith(str(tmp_path / "tfdp-worker1-"))
+  assert plan.restore_dir == str(tmp_path / "model" / "checkpoints")
+  outputs.write_config(plan, "a: 1\n")
+  outputs.append_metrics(plan, {"epoch": 1})
+  assert not (tmp_path / "model").exists()  # a non-chief writes nothing into model_dir
+  plan.cleanup()
+  assert not os.path.exists(plan.write_dir)
+
+
+def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tmp_path):
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  outputs.append_metrics(plan, {"epoch": 1, "step": 10, "loss": 2.0})
+  outputs.append_metrics(plan, {"epoch": 2, "step": 20, "loss": 1.5})
+  outputs.append_metrics(plan, {"epoch": 2, "step": 20, "loss": 1.4})  # epoch 2 again, resumed
+  frame = pd.read_csv(tmp_path / "metrics.csv")
+  assert frame["epoch"].tolist() == [1, 2] and frame["loss"].tolist() == [2.0, 1.4]
+  outputs.write_config(plan, "trainer: {epochs: 1}\n")
+  outputs.write_config(plan, "trainer: {epochs: 1}\n")  # same config: nothing kept aside
+  assert not list(tmp_path.glob("config.*.yaml"))
+  outputs.write_config(plan, "trainer: {epochs: 2}\n")
+  assert (tmp_path / "config.yaml").read_text() == "trainer: {epochs: 2}\n"
+  assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
