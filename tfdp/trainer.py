@@ -95,6 +95,14 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   return optimizer
 
 
+def _memory_mb() -> dict:
+  """This process's memory now and at its peak: a leak shows as growth from epoch to epoch."""
+  import resource  # pylint: disable=g-import-not-at-top
+  import psutil  # pylint: disable=g-import-not-at-top
+  return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
 class _StopRequest:
   """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
   checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
@@ -351,7 +359,7 @@ class Trainer:
                "train_accuracy": epoch_totals.accuracy,
                "learning_rate": float(self.schedule(step - 1)),
                "images_per_sec": epoch_images / max(epoch_seconds, 1e-9),
-               "epoch_seconds": epoch_seconds}
+               "epoch_seconds": epoch_seconds, **_memory_mb()}
         is_last = step >= self.total_steps
         if eval_dataset is not None and ((epoch + 1) % trainer_cfg.eval_every_epochs == 0 or is_last):
           result = self.evaluate(eval_dataset, eval_steps)
