@@ -32,6 +32,7 @@ def test_uneven_final_batch_trains_and_evaluates_every_example_once(tmp_path, re
   assert metrics["step"].tolist() == [9]
   assert metrics["eval_examples"].tolist() == [1025]
   assert metrics["train_loss"].notna().all()
+  assert (metrics["peak_rss_mb"] >= metrics["rss_mb"]).all() and (metrics["rss_mb"] > 0).all()
 
 
 @pytest.mark.skipif(not helpers.HAVE_CIFAR, reason=helpers.NO_CIFAR_REASON)
