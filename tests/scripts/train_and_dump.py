@@ -15,7 +15,7 @@ from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
 from tfdp import experiment  # pylint: disable=g-import-not-at-top
 
 model_dir, overrides, out_dir = sys.argv[1:4]
-result = experiment.run(config_lib.load_config([], [overrides]), model_dir, "train", verbose=False)
+result = experiment.run(config_lib.load_config([], [overrides]), model_dir, "train")
 rank = cluster_lib.resolve_cluster().rank
 weights = [np.asarray(w) for w in result["trainer"].model.get_weights()]
 np.savez(os.path.join(out_dir, f"weights-{rank}.npz"), *weights)
