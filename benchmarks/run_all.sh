@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every number in BENCHMARKS.md, in one run: bash benchmarks/run_all.sh [OUT_DIR]
+# Needs the venv active (tfdp-bench on PATH) and TFDS_DATA_DIR holding cifar10/3.0.2.
+set -euo pipefail
+out="${1:-runs/bench-$(date +%Y%m%d-%H%M)}"
+mkdir -p "$out"
+run() { echo "+ $*" | tee -a "$out/commands.txt"; "$@" 2>&1 | grep -v '^[IWE]0000\|^WARNING: All log' | tee -a "$out/log.txt"; }
+common=(--steps=10 --warmup_steps=5 --repeats=3)
+run tfdp-bench --mode=throughput --models=resnet20 --replicas=1,2,4 --global_batch_sizes=128 "${common[@]}" --output_dir="$out/throughput"
+for option in trainer.steps_per_loop=1 runtime.mixed_precision=mixed_bfloat16 runtime.jit_compile=true task.train_data.deterministic=false; do
+  run tfdp-bench --mode=throughput --models=resnet20 --replicas=1 --global_batch_sizes=128 "${common[@]}" --nobaseline \
+    --params_override="$option" --output_dir="$out/option-${option##*.}"
+done
+run tfdp-bench --mode=scaling --models=resnet20 --workers=2 --per_replica_batch=64 "${common[@]}" --output_dir="$out/scaling"
+run tfdp-bench --mode=allreduce --workers=2 --output_dir="$out/allreduce"
+run tfdp-bench --mode=input --models=resnet20 --data=cifar10 --replicas=1,2 --global_batch_sizes=128 "${common[@]}" --output_dir="$out/input"
+run python benchmarks/worker_death.py --repeats=3 --work_dir="$out/worker_death"
+echo "results in $out"
