@@ -5,7 +5,7 @@ set -euo pipefail
 out="${1:-runs/bench-$(date +%Y%m%d-%H%M)}"
 mkdir -p "$out"
 run() { echo "+ $*" | tee -a "$out/commands.txt"; "$@" 2>&1 | grep -v '^[IWE]0000\|^WARNING: All log' | tee -a "$out/log.txt"; }
-common=(--steps=10 --warmup_steps=5 --repeats=3)
+common=(--steps=20 --warmup_steps=5 --repeats=3)
 run tfdp-bench --mode=throughput --models=resnet20 --replicas=1,2,4 --global_batch_sizes=128 "${common[@]}" --output_dir="$out/throughput"
 for option in trainer.steps_per_loop=1 runtime.mixed_precision=mixed_bfloat16 runtime.jit_compile=true task.train_data.deterministic=false; do
   run tfdp-bench --mode=throughput --models=resnet20 --replicas=1 --global_batch_sizes=128 "${common[@]}" --nobaseline \

@@ -659,7 +659,14 @@ def train_cell(spec: dict) -> dict:
 
   def time_training(fn) -> list[float]:
     iterator = iter(trainer.strategy.distribute_datasets_from_function(fn))
-    return _time_blocks(lambda n: trainer.run_steps(iterator, n), warmup, steps, repeats)
+    per_call = config.trainer.steps_per_loop  # as tfdp-train runs: this many steps per call
+
+    def run(n):
+      while n > 0:
+        trainer.run_steps(iterator, min(per_call, n))
+        n -= per_call
+
+    return _time_blocks(run, warmup, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
          "image_size": source.image_shape[0], "strategy": result["strategy"],
