@@ -58,16 +58,20 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
   logging.info("%s", strategy_lib.describe(plan, replicas))
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
-  outputs.write_config(write_plan, config_lib.dump_yaml(config))
+  if mode != "eval":  # config.yaml describes the training run; an evaluation leaves it alone
+    outputs.write_config(write_plan, config_lib.dump_yaml(config))
 
   task, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
-  train_source = train_source or data_lib.make_source(task.train_data)
   eval_source = eval_source if eval_source is not None else (
       data_lib.make_source(task.eval_data) if mode != "train" else None)
-  train_plan = data_lib.plan_input(train_source, task.train_data, trainer_cfg.global_batch_size,
-                                   replicas, num_pipelines)
-  data_lib.log_plan("train", train_plan)
+  train_plan = None
+  if mode != "eval":
+    train_source = train_source or data_lib.make_source(task.train_data)
+    train_plan = data_lib.plan_input(train_source, task.train_data, trainer_cfg.global_batch_size,
+                                     replicas, num_pipelines)
+    data_lib.log_plan("train", train_plan)
+  shapes = train_source or eval_source  # the model's input shape and classes
   eval_plan, eval_dataset = None, None
   if eval_source is not None:
     eval_plan = data_lib.plan_input(eval_source, task.eval_data,
@@ -81,9 +85,9 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(trainer_cfg.seed)
   model_fn = model_fn or (lambda: models.build_model(
-      task.model.name, train_source.image_shape, train_source.num_classes, **task.model.kwargs))
-  trainer = trainer_lib.Trainer(config, strategy, write_plan, model_fn, train_plan.steps_per_epoch,
-                                verbose=verbose)
+      task.model.name, shapes.image_shape, shapes.num_classes, **task.model.kwargs))
+  trainer = trainer_lib.Trainer(config, strategy, write_plan, model_fn,
+                                train_plan.steps_per_epoch if train_plan else 1, verbose=verbose)
   trainer.restore()
 
   def train_dataset(start_step: int):
