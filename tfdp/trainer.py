@@ -298,8 +298,7 @@ class Trainer:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
     return LoopResult(*map(float, sums))
 
-  def train(self, train_dataset_fn, eval_dataset=None, eval_steps: int = 0,
-            on_epoch_end=None) -> dict:
+  def train(self, train_dataset_fn, eval_dataset=None, eval_steps: int = 0) -> dict:
     """Trains from the restored step to total_steps. Returns the last epoch's metrics."""
     trainer_cfg = self.config.trainer
     start = self.global_step
@@ -375,8 +374,6 @@ class Trainer:
         outputs.append_metrics(self.write_plan, row)
         if not trainer_cfg.checkpoint_every_steps or step % trainer_cfg.checkpoint_every_steps:
           self.save()
-        if on_epoch_end:
-          on_epoch_end(row)
         last_row = row
     finally:
       stop.restore()
