@@ -17,17 +17,15 @@ BN_SCRIPT = textwrap.dedent("""
     def build():
       return keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
     with strategy.scope():
-      if sys.argv[1] == "fixed":
-        with compat.mean_aggregated_moving_statistics():
-          model = build()
-      else:
-        model = build()
+      model = build()
     # Replica 0 sees values near 0, replica 1 values near 10.
     data = tf.data.Dataset.from_tensors(tf.concat([tf.zeros((4, 4)), 10 + tf.zeros((4, 4))], 0))
     batch = next(iter(strategy.experimental_distribute_dataset(data)))
     @tf.function
     def step(x):
       strategy.run(lambda b: model(b, training=True), args=(x,))
+      if sys.argv[1] == "fixed":
+        strategy.run(lambda: compat.average_across_replicas(compat.replica_local_statistics(model)))
     step(batch)
     mean = model.layers[0].moving_mean
     copies = [v.numpy().tolist() for v in mean.value.values]
@@ -47,7 +45,8 @@ def test_batchnorm_moving_statistics_agree_across_replicas():
   assert upstream[0] != upstream[1]  # Keras 3 (aggregation "none"): replica copies drift apart
   fixed = moving_mean_copies("fixed")
   assert fixed[0] == fixed[1]
-  # momentum 0.99: the update averages both replicas' batch means (0 and 10) → 0.01 * 5
+  # momentum 0.99: the mean of both replicas' updates (0.01 * 0 and 0.01 * 10), as MEAN
+  # aggregation after every step would give
   assert abs(fixed[0][0] - 0.05) < 1e-6
 
 

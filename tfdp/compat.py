@@ -4,30 +4,30 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 """
 from __future__ import annotations
 
-import contextlib
+
+def replica_local_statistics(model) -> list:
+  """The variables Keras 3 updates on each replica separately: BatchNormalization's
+  moving_mean/moving_variance are created with aggregation "none" (tf.keras 2 used MEAN), so under
+  MirroredStrategy/MultiWorkerMirroredStrategy every replica updates its own copy from its own
+  sub-batch and the copies drift apart; evaluation and export then read whichever copy sits on
+  the device. (Measured here with Keras 3.15; no upstream issue found.) Returns the non-trainable
+  float variables, to be averaged by `average_across_replicas`."""
+  return [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
 
 
-@contextlib.contextmanager
-def mean_aggregated_moving_statistics():
-  """Keras 3 creates BatchNormalization moving_mean/moving_variance with aggregation "none"
-  (tf.keras 2 used MEAN). Under MirroredStrategy each replica then keeps its own copy, updated from
-  its own sub-batch only, and the copies drift apart: evaluation and export read whichever copy
-  sits on the device. (Measured here with Keras 3.15; no upstream issue found.) Inside this scope
-  non-trainable float variables are created with MEAN aggregation, so the update is averaged over
-  replicas and every copy stays equal, as in tf.keras 2."""
+def average_across_replicas(variables) -> None:
+  """Call in replica context (inside strategy.run): sets every replica's copy to the mean of
+  all copies, in one batched all-reduce. The moving averages are linear in their updates, so
+  averaging after k local steps gives exactly what MEAN aggregation gives after every step,
+  for one collective per k steps instead of one per variable per step (tf.keras 2's cost: under
+  MultiWorkerMirroredStrategy each of those is a network round trip)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  def creator(next_creator, **kwargs):
-    aggregation = kwargs.get("aggregation")
-    dtype = kwargs.get("dtype")
-    if (not kwargs.get("trainable", True)
-        and aggregation in (None, tf.VariableAggregation.NONE)
-        and dtype is not None and tf.as_dtype(dtype).is_floating):
-      kwargs["aggregation"] = tf.VariableAggregation.MEAN
-    return next_creator(**kwargs)
-
-  with tf.variable_creator_scope(creator):
-    yield
+  if not variables:
+    return
+  context = tf.distribute.get_replica_context()
+  means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [tf.identity(v.value) for v in variables])
+  for variable, mean in zip(variables, means):
+    variable.assign(mean)
 
 
 def configure_coordination_service(cluster_spec: dict, task_type: str,

@@ -50,7 +50,7 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
   replicas = strategy.num_replicas_in_sync
   config_lib.check_batch_divides(config, replicas)
   if config.runtime.jit_compile and replicas > 1:
-    # The compiled forward pass would hold cross-replica sync points (BatchNorm statistics).
+    # Not supported yet: XLA-compiled replica steps under a multi-replica strategy (untested).
     raise config_lib.ConfigError(f"runtime.jit_compile works with one replica, but this run has "
                                  f"{replicas}; set runtime.jit_compile=false.")
   if verbose:  # one line per process: under the launcher every worker's is prefixed

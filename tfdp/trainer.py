@@ -16,6 +16,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from tfdp import compat
 from tfdp import outputs
 from tfdp.errors import Preempted
 from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
@@ -178,9 +179,9 @@ class Trainer:
     precision = config.runtime.mixed_precision
     keras.mixed_precision.set_dtype_policy(precision)
     with strategy.scope():
-      from tfdp import compat  # pylint: disable=g-import-not-at-top
-      with compat.mean_aggregated_moving_statistics():
-        self.model = model_fn()
+      self.model = model_fn()
+      self._replica_local = (compat.replica_local_statistics(self.model)
+                             if strategy.num_replicas_in_sync > 1 else [])
       self.schedule = make_schedule(trainer.learning_rate, self.global_batch, steps_per_epoch,
                                     self.total_steps)
       self.optimizer = make_optimizer(trainer.optimizer, self.schedule, self.model,
@@ -249,6 +250,9 @@ class Trainer:
       totals = strategy.run(lambda: tf.zeros(4))
       for _ in tf.range(num_steps):
         totals = strategy.run(self._train_step_with_flag, args=(next(iterator), totals))
+      # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
+      # evaluation, checkpoints and export always see one value (see compat.py).
+      strategy.run(lambda: compat.average_across_replicas(self._replica_local))
       totals = strategy.run(lambda t: t + tf.stack([0.0, 0.0, 0.0, stop_flag]), args=(totals,))
       return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
 
