@@ -54,7 +54,7 @@ def main(argv):
   summary = {k: v for k, v in result.items() if k != "trainer"}
   print(f"{PROG}: done: " + ", ".join(
       f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()), flush=True)
-  return 0
+  cli.exit_now(0)
 
 
 def run():

@@ -48,7 +48,6 @@ class DataConfig:
   shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers
   deterministic: bool = True  # tf.data element order; False may be faster
   threadpool_size: int = 0  # tf.data private thread pool; 0: TF's shared pool
-  autotune: bool = False  # tf.data autotuning (off: see data.py, a TF 2.21 shutdown deadlock)
 
 
 @dataclasses.dataclass

@@ -376,12 +376,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
       options.threading.private_threadpool_size = data.threadpool_size
     # tfdp shards itself (policy above); TF's auto-sharding would shard a second time.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # TF 2.21 sometimes deadlocks destroying an iterator while its autotune thread runs (seen here
-    # at the end of a CIFAR-10 run: ~RootDataset::Iterator waits on Model::OptimizeLoop). Without
-    # autotune, AUTOTUNE parallelism means one call per core, which keeps the input pipeline far
-    # ahead of training here (BENCHMARKS.md).
-    options.autotune.enabled = data.autotune
-    return ds.with_options(options).prefetch(2 if not data.autotune else tf.data.AUTOTUNE)
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
   return dataset_fn
 

@@ -310,6 +310,10 @@ class Trainer:
       logging.info("already trained: step %d of %d", start, self.total_steps)
       return {}
     iterator = iter(train_dataset_fn(start))
+    # Kept alive on purpose: destroying it after a long run stalled TF 2.21 here for about a
+    # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),
+    # before the model was exported. The apps leave with os._exit once every output is written.
+    self._train_iterator = iterator
     stop = _StopRequest(self.config.runtime.checkpoint_on_preemption)
     writer = (tf.summary.create_file_writer(self.write_plan.path("train")) if self.write_plan.is_chief
               else tf.summary.create_noop_writer())
