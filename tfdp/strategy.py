@@ -83,8 +83,9 @@ def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Seque
   return StrategyPlan(kind)
 
 
-def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> None:
+def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> int:
   """Must run before TensorFlow initialises its devices: logical CPUs and thread pools.
+  Returns the number of CPU devices this process trains on.
 
   Under multi-worker training each process is one CPU replica: MultiWorkerMirroredStrategy does
   not use logical CPU devices, so `cpu_replicas` (a single-host setting) is ignored there.
@@ -94,10 +95,12 @@ def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> Non
     tf.config.threading.set_intra_op_parallelism_threads(runtime.intra_op_threads)
   if runtime.inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
+  num_cpus = 1
   if runtime.cpu_replicas > 1 and multi_worker:
     logging.info("strategy: runtime.cpu_replicas=%d ignored: each worker process is one CPU "
                  "replica under multi_worker_mirrored", runtime.cpu_replicas)
   elif runtime.cpu_replicas > 1:
+    num_cpus = runtime.cpu_replicas
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
     wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(runtime.cpu_replicas)]
@@ -111,6 +114,7 @@ def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> Non
             "process (or Jupyter kernel) and create the strategy first.") from None
   for gpu in tf.config.list_physical_devices("GPU"):
     tf.config.experimental.set_memory_growth(gpu, True)
+  return num_cpus
 
 
 def _cross_device_ops(name: str, num_packs: int):
@@ -136,10 +140,9 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   cluster = cluster or cluster_lib.Cluster(task_type="", task_index=0, cluster={}, source="none")
-  configure_devices(runtime, multi_worker=cluster.is_multi_worker)
+  num_cpus = configure_devices(runtime, multi_worker=cluster.is_multi_worker)
   # Physical devices only: listing logical ones would start the runtime, after which
   # MultiWorkerMirroredStrategy can no longer configure its collectives.
-  num_cpus = runtime.cpu_replicas if runtime.cpu_replicas > 1 and not cluster.is_multi_worker else 1
   local = [f"/cpu:{i}" for i in range(num_cpus)]
   local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
   plan = plan_strategy(runtime, cluster, local)
@@ -158,7 +161,8 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
         communication_options=communication_options(runtime, plan.all_reduce))
   elif plan.kind == "mirrored":
     strategy = tf.distribute.MirroredStrategy(
-        devices=list(plan.devices), cross_device_ops=_cross_device_ops(plan.cross_device_ops, runtime.num_packs))
+        devices=list(plan.devices),
+        cross_device_ops=_cross_device_ops(plan.cross_device_ops, runtime.num_packs))
   elif plan.kind == "one_device":
     strategy = tf.distribute.OneDeviceStrategy(plan.devices[0])
   else:

@@ -293,10 +293,13 @@ class Trainer:
 
   # ---- public loops --------------------------------------------------------------------------
 
-  def run_steps(self, iterator, num_steps: int) -> LoopResult:
-    """Runs num_steps training steps (one compiled call) from a distributed iterator."""
-    sums = self._train_loop(iterator, tf.constant(num_steps), tf.constant(0.0)).numpy()
-    return LoopResult(*map(float, sums[:3]))
+  def run_steps(self, iterator, num_steps: int, stop_requested: bool = False
+                ) -> tuple[LoopResult, bool]:
+    """Runs num_steps training steps (one compiled call) from a distributed iterator. Returns
+    their summed metrics and whether any worker asked to stop (agreed by the all-reduce)."""
+    sums = self._train_loop(iterator, tf.constant(num_steps),
+                            tf.constant(float(stop_requested))).numpy()
+    return LoopResult(*map(float, sums[:3])), bool(sums[3] > 0)
 
   def evaluate(self, dist_dataset, steps: int) -> LoopResult:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
@@ -338,10 +341,9 @@ class Trainer:
             next_ckpt = (step // trainer_cfg.checkpoint_every_steps + 1) * trainer_cfg.checkpoint_every_steps
             n = min(n, next_ckpt - step)
           t0 = time.time()
-          sums = self._train_loop(iterator, tf.constant(n), tf.constant(float(stop.requested))).numpy()
+          loop, stop_agreed = self.run_steps(iterator, n, stop.requested)
           seconds = time.time() - t0
           step += n
-          loop = LoopResult(*map(float, sums[:3]))
           epoch_totals.add(loop)
           epoch_images += n * self.global_batch
           images_per_sec = n * self.global_batch / max(seconds, 1e-9)
@@ -354,7 +356,7 @@ class Trainer:
             tf.summary.scalar("accuracy", loop.accuracy)
             tf.summary.scalar("learning_rate", lr)
             tf.summary.scalar("images_per_sec", images_per_sec)
-          if sums[3] > 0:  # some worker was asked to stop: all save at this same step
+          if stop_agreed:  # some worker was asked to stop: all save at this same step
             self.save()
             name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
             logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
