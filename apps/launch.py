@@ -1,7 +1,8 @@
 """Runs N local copies of a training command, each with its own TF_CONFIG.
 
 Usage: python apps/launch.py --num_workers 2 [--max_restarts 1]
-  [--host 127.0.0.1] [--allow_remote] -- python apps/train.py ...
+  [--gpus_per_worker auto] [--host 127.0.0.1] [--allow_remote]
+  -- python apps/train.py ...
 """
 
 import pathlib
@@ -19,6 +20,10 @@ from tfdp.errors import TfdpError
 
 flags.DEFINE_integer("num_workers", 2, "Number of worker processes.")
 flags.DEFINE_integer("max_restarts", 0, "Reruns of the whole group on failure.")
+flags.DEFINE_string(
+    "gpus_per_worker", "auto",
+    "GPUs per worker, each its own CUDA_VISIBLE_DEVICES: auto (the visible "
+    "GPUs split evenly; a CPU run stays as it is), 0 (CPU only) or N.")
 flags.DEFINE_string("host", "127.0.0.1", "Address written into TF_CONFIG.")
 flags.DEFINE_bool("allow_remote", False, "Allow a non-loopback --host.")
 flags.DEFINE_float("stop_grace_seconds", launcher.DEFAULT_STOP_GRACE_SECONDS,
@@ -35,7 +40,8 @@ def main(argv: list[str]) -> int:
     return launcher.launch(
         command, FLAGS.num_workers, max_restarts=FLAGS.max_restarts,
         host=FLAGS.host, allow_remote=FLAGS.allow_remote,
-        stop_grace_seconds=FLAGS.stop_grace_seconds)
+        stop_grace_seconds=FLAGS.stop_grace_seconds,
+        gpus_per_worker=FLAGS.gpus_per_worker)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
 

@@ -11,19 +11,30 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_APP = str(REPO / "apps" / "train.py")
-CIFAR_DIR = Path(os.environ.get("TFDS_DATA_DIR") or REPO.parent / "shared" / "tensorflow_datasets")
+# Resolved once against the directory pytest started in (a relative TFDS_DATA_DIR, as the README
+# writes it, must mean the same folder to every test process, whatever its working directory).
+CIFAR_DIR = Path(os.environ.get("TFDS_DATA_DIR") or REPO.parent / "shared" / "tensorflow_datasets"
+                 ).expanduser().resolve()
 HAVE_CIFAR = (CIFAR_DIR / "cifar10").is_dir()
 NO_CIFAR_REASON = (f"real CIFAR-10 for TFDS not found in {CIFAR_DIR}/cifar10; set TFDS_DATA_DIR to a "
                    "folder that holds cifar10/3.0.2")
 
 
+SCRIPTS = REPO / "tests" / "scripts"
+
+
 def env(**extra) -> dict:
   e = dict(os.environ)
   e["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+  # tests/scripts holds models and workers made for tests (task.model.module=models_for_tests).
+  e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(SCRIPTS), e.get("PYTHONPATH", "")])
   e.pop("TF_CONFIG", None)
+  # The tests count CPU replicas and start several workers on one machine: GPUs would replace
+  # the CPU replicas and be shared by every worker. Hide them (benchmarks/gpu_smoke.py uses them).
+  e["CUDA_VISIBLE_DEVICES"] = ""
+  e.pop("TFDS_DATA_DIR", None)
   if HAVE_CIFAR:
-    e.setdefault("TFDS_DATA_DIR", str(CIFAR_DIR))
+    e["TFDS_DATA_DIR"] = str(CIFAR_DIR)
   e.update({k: str(v) for k, v in extra.items()})
   return e
 
@@ -81,3 +92,32 @@ def write_image_folder(root: Path, per_class: int = 3, classes=("cat", "dog"), s
     for i in range(per_class):
       (root / name / f"{i}.png").write_bytes(encode_png(id_image(next_id, size)))
       next_id += 1
+
+
+PROBE = str(SCRIPTS / "probe.py")
+
+
+def load_probe(out_dir: Path, rank: int = 0) -> dict:
+  """What tests/scripts/probe.py wrote for one worker."""
+  import json  # pylint: disable=g-import-not-at-top
+  return {"initial": dict(np.load(out_dir / f"initial-{rank}.npz")),
+          "final": dict(np.load(out_dir / f"final-{rank}.npz")),
+          "copies": json.loads((out_dir / f"copies-{rank}.json").read_text()),
+          "info": json.loads((out_dir / f"info-{rank}.json").read_text())}
+
+
+def run_probe(tmp_path: Path, name: str, overrides: str, mode: str = "train") -> dict:
+  """Builds and runs one experiment in a fresh process (logical CPU devices are fixed when
+  TensorFlow starts) and returns what tests/scripts/probe.py dumped."""
+  out_dir = tmp_path / f"{name}-out"
+  out_dir.mkdir(parents=True)
+  proc = subprocess.run([sys.executable, PROBE, str(tmp_path / name), overrides, str(out_dir), mode],
+                        capture_output=True, text=True, timeout=600, env=env(), cwd=str(REPO))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return load_probe(out_dir)
+
+
+def max_relative_difference(a: dict, b: dict) -> float:
+  """max over variables of max|a - b| / max|b|; the same variable names in both."""
+  assert sorted(a) == sorted(b)
+  return max(float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(b[k])), 1e-12)) for k in b)

@@ -22,7 +22,7 @@ def test_readme_example_trains_and_evaluates_every_example(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   accuracy, examples = proc.stdout.strip().splitlines()[-1].split()
   assert int(examples) == 1000
-  assert 0.0 <= float(accuracy) <= 1.0
+  assert float(accuracy) >= 0.15, accuracy  # 10 classes: chance is 0.10 (measured here: 0.18)
   assert (tmp_path / "runs" / "example" / "checkpoints" / "checkpoint").exists()
 
 

@@ -1,6 +1,7 @@
 """Tests for tfdp.cluster: TF_CONFIG validation, Slurm expansion, precedence."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +283,86 @@ def test_cluster_module_does_not_import_tensorflow():
   code = ("import sys, tfdp.cluster; "
           "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
   subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def _gpu_node_env(**overrides):
+  """Task 1 of 2 on node gpu1 (of 2 nodes), every task seeing GPUs 0-3."""
+  env = {
+      "SLURM_PROCID": "3",
+      "SLURM_NTASKS": "4",
+      "SLURM_STEP_NUM_TASKS": "4",
+      "SLURM_STEP_NODELIST": "gpu[0-1]",
+      "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+      "SLURM_NODEID": "1",
+      "SLURM_LOCALID": "1",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+  }
+  env.update(overrides)
+  return {name: value for name, value in env.items() if value is not None}
+
+
+# (env overrides, this task's CUDA_VISIBLE_DEVICES; None = leave it alone).
+SLURM_GPUS = {
+    "split_by_localid": ({}, "2,3"),
+    "localid_0_gets_first_block": ({"SLURM_LOCALID": "0"}, "0,1"),
+    "ids_kept_as_listed": ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "6,7"),
+    "odd_count_leaves_rest_idle": ({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "1"),
+    "job_level_tasks_per_node": ({"SLURM_STEP_TASKS_PER_NODE": None,
+                                  "SLURM_TASKS_PER_NODE": "2(x2)"}, "2,3"),
+    "uneven_nodes_use_nodeid": ({"SLURM_STEP_TASKS_PER_NODE": "1,3",
+                                 "SLURM_LOCALID": "2"}, "2"),
+    "step_gpus_match": ({"SLURM_STEP_GPUS": "4,5,6,7"}, "2,3"),
+    "gpu_bind_none": ({"SLURM_GPU_BIND": "none"}, "2,3"),
+    # Leave alone:
+    "no_cuda_visible_devices": ({"CUDA_VISIBLE_DEVICES": None}, None),
+    "empty_cuda_visible_devices": ({"CUDA_VISIBLE_DEVICES": ""}, None),
+    "one_task_on_node": ({"SLURM_STEP_TASKS_PER_NODE": "1(x4)",
+                          "SLURM_LOCALID": "0"}, None),
+    "fewer_gpus_than_tasks": ({"CUDA_VISIBLE_DEVICES": "0"}, None),
+    "slurm_binds_per_task": ({"SLURM_GPUS_PER_TASK": "2"}, None),
+    "slurm_gpu_bind": ({"SLURM_GPU_BIND": "map_gpu:0,1"}, None),
+    "task_got_a_subset": ({"SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7"}, None),
+    "job_gpus_differ": ({"SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}, None),
+    "already_assigned": ({"TFDP_GPUS_ASSIGNED_BY": "slurm"}, None),
+    "no_localid": ({"SLURM_LOCALID": None}, None),
+    "localid_out_of_range": ({"SLURM_LOCALID": "2"}, None),
+    "no_tasks_per_node": ({"SLURM_STEP_TASKS_PER_NODE": None}, None),
+    "uneven_nodes_without_nodeid": ({"SLURM_STEP_TASKS_PER_NODE": "1,3",
+                                     "SLURM_NODEID": None}, None),
+    "bad_tasks_per_node": ({"SLURM_STEP_TASKS_PER_NODE": "two"}, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLURM_GPUS))
+def test_slurm_task_gpus(case):
+  overrides, expected = SLURM_GPUS[case]
+  assert cluster_lib.slurm_task_gpus(_gpu_node_env(**overrides)) == expected
+
+
+def test_pin_slurm_task_gpus_sets_env_once():
+  environ = _gpu_node_env()
+  assert cluster_lib.pin_slurm_task_gpus(environ) == "2,3"
+  assert environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+  assert environ["TFDP_GPUS_ASSIGNED_BY"] == "slurm"
+  # A second call (e.g. resolve_cluster again) must not split "2,3" again.
+  assert cluster_lib.pin_slurm_task_gpus(environ) is None
+  assert environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_resolve_cluster_pins_gpus_only_in_os_environ(monkeypatch):
+  mapping = _gpu_node_env()
+  assert cluster_lib.resolve_cluster(mapping).source == "slurm"
+  assert mapping["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # Another mapping: read.
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.setenv("TFDP_GPUS_ASSIGNED_BY", "")  # so that monkeypatch removes what
+  monkeypatch.delenv("TFDP_GPUS_ASSIGNED_BY")  # resolve_cluster sets below
+  for name in ("SLURM_GPUS_PER_TASK", "SLURM_GPU_BIND", "SLURM_STEP_GPUS",
+               "SLURM_JOB_GPUS", "SLURM_TASKS_PER_NODE"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in _gpu_node_env().items():
+    monkeypatch.setenv(name, value)
+  cluster = cluster_lib.resolve_cluster()
+  assert (cluster.source, cluster.task_index) == ("slurm", 3)
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+  assert cluster_lib.resolve_cluster() == cluster
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"

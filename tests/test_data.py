@@ -153,3 +153,22 @@ def test_missing_tfds_dataset_fails_fast_naming_where_it_looked(tmp_path):
   with pytest.raises(DataError) as info:
     data_lib.check_source(data, "task.train_data")
   assert str(tmp_path / "cifar100") in str(info.value) and "TFDS_DATA_DIR" in str(info.value)
+
+
+def test_a_relative_tfds_data_dir_means_one_folder_for_every_process(tmp_path, monkeypatch):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("TFDS_DATA_DIR", "rel/tfds")
+  assert data_lib.tfds_data_dir(config_lib.DataConfig()) == str(tmp_path / "rel" / "tfds")
+  # The README's relative form, given to pytest in the repo: the test processes (which run in
+  # other directories) get the absolute folder.
+  code = ("import helpers; print(helpers.CIFAR_DIR, helpers.HAVE_CIFAR, "
+          "helpers.env().get('TFDS_DATA_DIR'))")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=str(helpers.REPO), text=True,
+                        capture_output=True, timeout=60,
+                        env={**helpers.env(), "TFDS_DATA_DIR": "../shared/tensorflow_datasets",
+                             "PYTHONPATH": str(helpers.REPO / "tests")})
+  resolved, found, given = proc.stdout.split()
+  assert resolved == str((helpers.REPO.parent / "shared" / "tensorflow_datasets").resolve())
+  assert given == (resolved if found == "True" else "None")

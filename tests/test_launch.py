@@ -261,3 +261,71 @@ def test_launch_app_runs_workers(tmp_path):
   assert completed.returncode == 0, completed.stderr
   assert sorted(completed.stdout.splitlines()) == ["[w0] hello 0",
                                                    "[w1] hello 1"]
+
+
+_PRINT_GPUS = _python("""
+    import os
+    print(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"),
+          os.environ.get("TFDP_GPUS_ASSIGNED_BY", "<unset>"))
+""")
+
+
+def _worker_lines(out: str) -> dict[int, str]:
+  lines = {}
+  for line in out.splitlines():
+    prefix, _, text = line.partition(" ")
+    lines[int(prefix[2:-1])] = text
+  return lines
+
+
+def test_each_worker_gets_its_own_gpus(capfd):
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1,2,3")
+  result = launcher.run_group(_PRINT_GPUS, 2, env=env, stop_grace_seconds=5)
+  captured = capfd.readouterr()
+  assert result.ok and result.gpus == ["0,1", "2,3"]
+  assert _worker_lines(captured.out) == {0: "0,1 tfdp-launch",
+                                         1: "2,3 tfdp-launch"}
+  assert ("tfdp-launch: GPUs per worker (CUDA_VISIBLE_DEVICES): w0=0,1 "
+          "w1=2,3\n") in captured.err
+  _assert_all_gone(result.pids)
+
+
+# Each worker prints "CUDA_VISIBLE_DEVICES TFDP_GPUS_ASSIGNED_BY".
+@pytest.mark.parametrize("visible, gpus_per_worker, expected", [
+    ("", "auto", [" <unset>", " <unset>"]),  # Hidden GPUs: env left as it is.
+    ("0,1", 0, [" tfdp-launch", " tfdp-launch"]),  # CPU only on request.
+    ("3,4,5", 1, ["3 tfdp-launch", "4 tfdp-launch"]),  # Ids as given; 5 idle.
+])
+def test_worker_gpus_through_launch(capfd, visible, gpus_per_worker,
+                                    expected):
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
+  exit_code = launcher.launch(_PRINT_GPUS, 2, env=env, stop_grace_seconds=5,
+                              gpus_per_worker=gpus_per_worker)
+  assert exit_code == 0
+  assert _worker_lines(capfd.readouterr().out) == dict(enumerate(expected))
+
+
+def test_too_few_gpus_fails_before_starting_workers(tmp_path):
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="0")
+  marker = tmp_path / "started"
+  with pytest.raises(ClusterError) as raised:
+    launcher.run_group(_python(f"open({str(marker)!r}, 'w')"), 2, env=env)
+  message = str(raised.value)
+  assert "\n" not in message and "--num_workers 1" in message
+  assert "--gpus_per_worker=0" in message
+  assert not marker.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpus_per_worker", "many"], "--gpus_per_worker must be auto"),
+    (["--gpus_per_worker", "3"], "needs 6 GPUs but 4 are visible"),
+])
+def test_launch_app_bad_gpus_is_one_line_exit_2(args, words):
+  completed = subprocess.run(
+      [sys.executable, str(LAUNCH_APP), "--num_workers", "2"] + args +
+      ["--", "true"], capture_output=True, text=True, timeout=60,
+      env=dict(os.environ, CUDA_VISIBLE_DEVICES="0,1,2,3"))
+  assert completed.returncode == 2
+  lines = completed.stderr.strip().splitlines()
+  assert len(lines) == 1, completed.stderr
+  assert lines[0].startswith("tfdp-launch: error: ") and words in lines[0]

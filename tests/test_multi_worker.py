@@ -14,7 +14,7 @@ import pytest
 import helpers
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
-DUMP_WORKER = str(helpers.REPO / "tests" / "scripts" / "train_and_dump.py")
+
 
 # One config for both topologies: `auto` is mirrored over 2 logical CPUs in one process, and
 # multi_worker_mirrored (cpu_replicas ignored) under the launcher's TF_CONFIG.
@@ -78,24 +78,40 @@ def workers_of(launcher):
 def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
   for name in ("mw", "one", "tmp"):
     (tmp_path / name).mkdir()
-  proc = launch(["--num_workers=2"], [sys.executable, DUMP_WORKER, str(tmp_path / "run_mw"),
-                                      EQUIVALENCE, str(tmp_path / "mw")], TMPDIR=tmp_path / "tmp")
+  proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
+                                      EQUIVALENCE, str(tmp_path / "mw"), "train"], TMPDIR=tmp_path / "tmp")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
-  single = subprocess.run([sys.executable, DUMP_WORKER, str(tmp_path / "run_one"), EQUIVALENCE,
-                           str(tmp_path / "one")], env=helpers.env(), capture_output=True,
+  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), EQUIVALENCE,
+                           str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
                           text=True, timeout=300)
   assert single.returncode == 0, single.stderr[-3000:]
-  w0, w1 = np.load(tmp_path / "mw" / "weights-0.npz"), np.load(tmp_path / "mw" / "weights-1.npz")
-  one = np.load(tmp_path / "one" / "weights-0.npz")
-  assert all(np.array_equal(w0[k], w1[k]) for k in w0.files)
-  relative = max(np.max(np.abs(w0[k] - one[k])) / np.max(np.abs(one[k])) for k in one.files)
-  assert relative <= 1e-5
+  w0, w1 = helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1)
+  one = helpers.load_probe(tmp_path / "one")
+  assert helpers.max_relative_difference(one["final"], one["initial"]) > 0.1  # they trained
+  assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
+  assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
+  assert w0["info"]["step"] == w1["info"]["step"] == one["info"]["step"] == 21
   # Only the chief wrote model_dir; the other worker saved its checkpoint in its own temp dir,
   # which it removed (TMPDIR is this test's, so a leftover would show here).
   assert (tmp_path / "run_mw" / "config.yaml").exists()
   assert "worker 1 of 2 (TF_CONFIG), chief=False" in out
   assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tfdp-worker")]
+
+
+def test_workers_started_with_different_configs_refuse_before_training(tmp_path):
+  # Worker 1 reads another global batch: the start-up exchange finds it before any collective.
+  script = ("import os, subprocess, sys; batch = 64 if os.environ['TFDP_WORKER_INDEX'] == '1' "
+            "else 32; sys.exit(subprocess.call(sys.argv[1:] + ["
+            "f'--params_override=trainer.global_batch_size={batch}']))")
+  proc = launch(["--num_workers=2"], [sys.executable, "-c", script,
+                                      *train_cmd(tmp_path / "run", EQUIVALENCE)])
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode != 0
+  errors = [l for l in out.splitlines() if "tfdp-train: error: workers disagree" in l]
+  assert errors and "worker 1 has config=" in errors[0], out[-3000:]
+  assert "Traceback" not in out
+  assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_sigkill_mid_epoch_restarts_and_finishes_the_planned_steps(tmp_path):
@@ -139,17 +155,20 @@ def test_without_restarts_a_dead_worker_stops_the_group_quickly_and_leaves_no_pr
                  for pid in pids)
 
 
-def test_sigterm_saves_a_checkpoint_and_a_rerun_resumes_from_it(tmp_path):
+def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path):
   model_dir = tmp_path / "run"
   proc = launch(["--num_workers=2", "--stop_grace_seconds=30"], train_cmd(model_dir))
   assert wait_for(lambda: latest_checkpoint_step(model_dir) >= INTERVAL, 240, proc)
   time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
+  workers_of(proc)[1].send_signal(signal.SIGTERM)  # only worker 1 is asked to stop
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode != 0
-  saved = [int(s) for s in re.findall(r"saved checkpoint at step (\d+)", out)]
-  assert saved, out[-3000:]
-  assert latest_checkpoint_step(model_dir) == saved[0]
+  saved = {int(w): int(s) for w, s in re.findall(r"\[w(\d)\].*saved checkpoint at step (\d+)", out)}
+  # Worker 0 heard of it only through the stop flag in the loop's all-reduce, and both
+  # stopped and saved at the same loop boundary.
+  assert sorted(saved) == [0, 1] and saved[0] == saved[1], out[-3000:]
+  assert re.search(r"\[w1\].*stop requested \(SIGTERM\)", out), out[-3000:]
+  assert latest_checkpoint_step(model_dir) == saved[0] < STEPS
   rerun = launch(["--num_workers=2"], train_cmd(model_dir))
   out2, _ = rerun.communicate(timeout=600)
   assert rerun.returncode == 0, out2[-3000:]

@@ -53,3 +53,58 @@ def test_make_strategy_default_in_process():
   options = strategy_lib.communication_options(runtime(bytes_per_pack=1024,
                                                        collective_timeout_seconds=30), "ring")
   assert options.bytes_per_pack == 1024 and options.timeout_seconds == 30
+
+
+def test_cpu_replicas_on_a_gpu_host_say_what_was_chosen_and_why():
+  one_gpu = strategy_lib.plan_strategy(runtime(cpu_replicas=2), SINGLE, CPUS + ["/gpu:0"])
+  assert one_gpu.devices == ("/gpu:0",)
+  assert "cpu_replicas=2 ignored: 1 GPU(s) found" in one_gpu.reason
+  assert "no GPUs" not in one_gpu.reason and "one GPU" in one_gpu.reason
+  cpu_only = strategy_lib.plan_strategy(runtime(cpu_replicas=2), SINGLE, CPUS)
+  assert "ignored" not in cpu_only.reason and "CPU replicas" in cpu_only.reason
+  # The batch is checked against the replicas the run will really have: not 2 when GPUs may
+  # replace the CPU replicas, 2 when they surely cannot.
+  assert config_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=True) is None
+  assert config_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=False) == 2
+  assert not config_lib.gpus_may_be_visible({"CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.parametrize("devices, expected", [
+    (["/gpu:0", "/gpu:1"], "hierarchical_copy"),
+    (["/gpu:0", "/gpu:1", "/gpu:2"], "reduce_to_one_device"),
+    (["/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"], "hierarchical_copy"),
+])
+def test_hierarchical_copy_needs_an_even_device_count(devices, expected):
+  ops, reason = strategy_lib.choose_cross_device_ops("hierarchical_copy", devices)
+  assert ops == expected
+  assert ("even number of devices" in reason) == (expected != "hierarchical_copy")
+
+
+def test_memory_growth_after_tensorflow_started_is_not_an_error(monkeypatch):
+  tf = pytest.importorskip("tensorflow")
+  calls = []
+
+  def too_late(device, enabled):
+    calls.append(device)
+    raise RuntimeError("Physical devices cannot be modified after being initialized")
+
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: ["fake-gpu"] if kind == "GPU" else [])
+  monkeypatch.setattr(tf.config.experimental, "set_memory_growth", too_late)
+  assert strategy_lib.configure_devices(runtime()) == 1
+  assert calls == ["fake-gpu"]
+
+
+PLAN = {"local_replicas": 2, "kind": "multi_worker_mirrored", "all_reduce": "nccl", "config": "ab"}
+
+
+@pytest.mark.parametrize("other, field", [
+    ({**PLAN, "local_replicas": 1}, "local_replicas"),
+    ({**PLAN, "all_reduce": "ring"}, "all_reduce"),
+    ({**PLAN, "config": "cd"}, "config"),
+])
+def test_workers_that_disagree_are_refused_naming_worker_and_field(other, field):
+  strategy_lib.check_workers_agree([PLAN, dict(PLAN)])
+  with pytest.raises(ConfigError, match=rf"worker 2 has {field}=") as error:
+    strategy_lib.check_workers_agree([PLAN, dict(PLAN), other])
+  assert "\n" not in str(error.value)

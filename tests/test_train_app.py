@@ -104,3 +104,45 @@ def test_performance_options_train(tmp_path, options):
   metrics = pd.read_csv(tmp_path / "metrics.csv")
   assert metrics["eval_examples"].tolist() == [256]
   assert np.isfinite(metrics["train_loss"]).all()
+
+
+RESUME = ",".join([
+    "task.model.name=small_cnn", "task.model.kwargs={filters: 16}",
+    "task.train_data.source=synthetic", "task.train_data.num_examples=3200",
+    "task.train_data.image_size=16", "task.train_data.num_classes=10",
+    "task.train_data.augment=true", "trainer.global_batch_size=64", "trainer.epochs=2",
+    "trainer.steps_per_loop=5", "trainer.checkpoint_every_steps=10", "runtime.cpu_replicas=2",
+    "runtime.intra_op_threads=1", "runtime.inter_op_threads=1",
+])  # 2 epochs x 50 steps, BatchNorm, augmentation, shuffling, cosine schedule
+
+
+def exported_weights(model_dir):
+  import keras  # pylint: disable=g-import-not-at-top
+  model = keras.saving.load_model(str(model_dir / "model.keras"))
+  return {v.path: np.asarray(v) for v in model.weights}
+
+
+def test_a_run_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path):
+  straight = helpers.run_train(f"--model_dir={tmp_path / 'straight'}", "--mode=train",
+                               f"--params_override={RESUME}")
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  args = [sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'killed'}", "--mode=train",
+          f"--params_override={RESUME}"]
+  proc = subprocess.Popen(args, env=helpers.env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  checkpoint = tmp_path / "killed" / "checkpoints" / "checkpoint"
+  deadline = time.monotonic() + 300
+  while not checkpoint.exists() and time.monotonic() < deadline:
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)  # no chance to save: resume from the periodic checkpoint
+  proc.communicate(timeout=60)
+  killed_at = tf_latest_step(tmp_path / "killed")
+  assert 10 <= killed_at < 100
+  resumed = helpers.run_train(*args[2:])
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"at step {killed_at}" in resumed.stderr
+  assert tf_latest_step(tmp_path / "killed") == 100
+  a, b = exported_weights(tmp_path / "straight"), exported_weights(tmp_path / "killed")
+  assert sorted(a) == sorted(b)
+  assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) <= 1e-6

@@ -3,7 +3,9 @@
 Everything here is plain Python on purpose: the cluster must be validated, with
 one readable line per mistake, before any TensorFlow gRPC server starts (a
 malformed TF_CONFIG otherwise surfaces as a C++ error or a hang). TensorFlow is
-imported lazily, only by `make_cluster_resolver`.
+imported lazily, only by `make_cluster_resolver`. For the same reason a Slurm
+task that shares its node's GPUs gets its own share in CUDA_VISIBLE_DEVICES
+here (pin_slurm_task_gpus), before TensorFlow first touches a GPU.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from tfdp import gpus as gpus_lib
 from tfdp.errors import ClusterError
 
 # Task types TensorFlow knows; "ps" is recognised only to reject it clearly.
@@ -450,12 +454,103 @@ def _running_under_srun(env: Mapping[str, str]) -> bool:
   return num_tasks is not None and num_tasks > 1
 
 
+def _tasks_on_this_node(env: Mapping[str, str]) -> int | None:
+  """Tasks of this step on this node, or None if the env does not say."""
+  name = next((name for name in ("SLURM_STEP_TASKS_PER_NODE",
+                                 "SLURM_TASKS_PER_NODE") if name in env), None)
+  if name is None:
+    return None
+  try:
+    counts = expand_tasks_per_node(env[name])
+  except ClusterError:
+    return None
+  if len(set(counts)) == 1:
+    return counts[0]
+  node = env.get("SLURM_NODEID", "")
+  if node.isdigit() and int(node) < len(counts):
+    return counts[int(node)]
+  return None
+
+
+def slurm_task_gpus(env: Mapping[str, str]) -> str | None:
+  """This Slurm task's CUDA_VISIBLE_DEVICES if it must share the node's GPUs.
+
+  Tasks of one srun on a node that all see the same GPUs would each plan NCCL
+  over all of them ('Duplicate GPU detected'). Like TF's SlurmClusterResolver,
+  task SLURM_LOCALID of the L tasks on this node then takes the LOCALID-th
+  block of G // L consecutive GPUs (G % L stay idle); unlike it, the ids are
+  kept as listed (TF renumbers from 0, wrong for CUDA_VISIBLE_DEVICES=4,5,6,7).
+
+  A task cannot see the other tasks' environment, so it splits only when
+  nothing says Slurm already gave each task its own GPUs. When in doubt it
+  returns None (leave CUDA_VISIBLE_DEVICES alone):
+    - tfdp already narrowed this environment (TFDP_GPUS_ASSIGNED_BY is set);
+    - CUDA_VISIBLE_DEVICES is unset or lists no GPU (nothing to share; GPUs
+      Slurm did not allocate are not handed out);
+    - SLURM_GPUS_PER_TASK is set, or SLURM_GPU_BIND is set to other than
+      'none': Slurm binds GPUs per task itself;
+    - SLURM_STEP_GPUS (else SLURM_JOB_GPUS) lists a different number of GPUs
+      than CUDA_VISIBLE_DEVICES: this task already got a subset;
+    - L (SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE, the entry for
+      SLURM_NODEID) is unknown or 1, or SLURM_LOCALID is not in 0..L-1;
+    - fewer GPUs than tasks on this node (e.g. each task sees only the GPU it
+      needs): nothing sensible to split.
+  """
+  if gpus_lib.ASSIGNED_BY_VAR in env:
+    return None
+  ids = gpus_lib.parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES", ""))
+  if not ids:
+    return None
+  if "SLURM_GPUS_PER_TASK" in env or env.get("SLURM_GPU_BIND",
+                                             "none").strip() != "none":
+    return None
+  step_gpus = env.get("SLURM_STEP_GPUS", env.get("SLURM_JOB_GPUS"))
+  if step_gpus is not None and len(step_gpus.split(",")) != len(ids):
+    return None
+  tasks = _tasks_on_this_node(env)
+  local_id = env.get("SLURM_LOCALID", "")
+  if tasks is None or tasks < 2 or not local_id.isdigit():
+    return None
+  if int(local_id) >= tasks or len(ids) < tasks:
+    return None
+  blocks = gpus_lib.split_gpus(ids, tasks, len(ids) // tasks)
+  return ",".join(blocks[int(local_id)])
+
+
+def pin_slurm_task_gpus(
+    environ: MutableMapping[str, str] = os.environ) -> str | None:
+  """Narrows CUDA_VISIBLE_DEVICES to this Slurm task's share, if it must.
+
+  The one place that changes the environment for Slurm GPU sharing (see
+  slurm_task_gpus for the rule). It must run before TensorFlow first touches
+  a GPU: CUDA reads the variable once. Returns the new value, or None.
+  """
+  value = slurm_task_gpus(environ)
+  if value is None:
+    return None
+  before = environ["CUDA_VISIBLE_DEVICES"]
+  environ["CUDA_VISIBLE_DEVICES"] = value
+  environ[gpus_lib.ASSIGNED_BY_VAR] = "slurm"
+  print(f"tfdp: Slurm task {environ.get('SLURM_LOCALID')} on this node uses "
+        f"CUDA_VISIBLE_DEVICES={value} of {before}.", file=sys.stderr,
+        flush=True)
+  return value
+
+
 def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
-  """TF_CONFIG wins if set, else Slurm under a multi-task srun, else single."""
+  """TF_CONFIG wins if set, else Slurm under a multi-task srun, else single.
+
+  For a Slurm cluster resolved from os.environ itself, this task's share of
+  the node's GPUs is also set there (pin_slurm_task_gpus), before TensorFlow
+  starts; any other mapping is only read.
+  """
   if env.get("TF_CONFIG", "").strip():
     return parse_tf_config(env["TF_CONFIG"])
   if _running_under_srun(env):
-    return from_slurm(env)
+    cluster = from_slurm(env)
+    if env is os.environ:
+      pin_slurm_task_gpus(os.environ)
+    return cluster
   return Cluster()
 
 

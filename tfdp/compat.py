@@ -55,3 +55,57 @@ def coordination_heartbeat_timeout_ms() -> int:
   """The heartbeat timeout the coordination service of this process uses (0: TF's default)."""
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   return context.context().config.experimental.coordination_config.heartbeat_timeout_in_ms
+
+
+def agree_on_finite_gradients(grads):
+  """Call in replica context, before `LossScaleOptimizer.apply_gradients`.
+
+  Keras 3's LossScaleOptimizer (TF backend, `_tf_apply`) decides "gradients finite?" from the
+  *first local replica's* gradients, before they are all-reduced (its comment assumes they
+  already were, as tf.keras 2's were). A NaN on another replica is then applied to every
+  replica's weights, and under MultiWorkerMirroredStrategy workers can disagree on skipping a
+  step, after which the next all-reduce waits forever. Here every replica's verdict is summed
+  in one scalar all-reduce; when any replica saw a non-finite value, every replica's gradients
+  are made NaN, so every first replica skips the step and lowers the loss scale alike.
+  Shown in tests/test_compat.py."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  local_bad = tf.cast(tf.logical_not(tf.reduce_all(
+      [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None])), tf.float32)
+  bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
+  poison = tf.where(bad > 0, float("nan"), 0.0)
+  return [None if g is None else _add_to_values(g, poison) for g in grads]
+
+
+def _values(grad):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _add_to_values(grad, scalar):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(grad.values + tf.cast(scalar, grad.values.dtype), grad.indices,
+                            grad.dense_shape)
+  return grad + tf.cast(scalar, grad.dtype)
+
+
+def exchange_between_workers(rank: int, num_workers: int, value: str,
+                             timeout_seconds: float) -> list[str]:
+  """Every worker's `value`, in rank order, through the coordination service's key-value store
+  (a private TF API). Unlike a collective, this works when workers disagree on their device
+  counts, which is exactly what it is used to detect (TF calls unequal counts undefined)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+  ctx, timeout_ms = context.context(), int(timeout_seconds * 1000)
+  try:
+    ctx.set_config_key_value(f"tfdp/plan/{rank}", value)
+    values = [ctx.get_config_key_value(f"tfdp/plan/{i}", timeout_in_ms=timeout_ms)
+              for i in range(num_workers)]
+    # Nobody leaves (worker 0 hosts the service) before every worker has read every value.
+    ctx.wait_at_barrier("tfdp/plan/read", timeout_ms)
+  except tf.errors.OpError as e:
+    raise ClusterError(f"the start-up check between workers failed ({type(e).__name__}: "
+                       f"{e.message.splitlines()[0][:200]}); a peer stopped early: see its "
+                       "error line, fix it and restart the group.") from None
+  return values

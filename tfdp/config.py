@@ -41,6 +41,7 @@ class DataConfig:
   num_classes: int = 0  # 0: read from the source
   num_examples: int = 0  # synthetic only
   augment: bool = False  # random crop (4-pixel pad) + horizontal flip
+  shuffle: bool = True  # training: a new order each epoch (seeded); false keeps the source order
   cache: bool = True  # keep decoded images in memory after the first epoch, if they fit
   shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000
   mean: list[float] = dataclasses.field(default_factory=lambda: [0.5, 0.5, 0.5])
@@ -402,12 +403,24 @@ def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
           f"{num_replicas} replicas; use a multiple of {num_replicas} such as {lower or num_replicas}.")
 
 
-def expected_replicas(runtime: RuntimeConfig, num_workers: int = 1) -> int | None:
+def gpus_may_be_visible(env=None) -> bool:
+  """False only when this process surely sees no GPU (asked without starting TensorFlow)."""
+  from tfdp import gpus  # pylint: disable=g-import-not-at-top
+  env = os.environ if env is None else env
+  if "CUDA_VISIBLE_DEVICES" in env:
+    return bool(gpus.parse_visible_devices(env["CUDA_VISIBLE_DEVICES"]))
+  return gpus.count_nvidia_device_files() > 0
+
+
+def expected_replicas(runtime: RuntimeConfig, num_workers: int = 1,
+                      gpus_visible: bool | None = None) -> int | None:
   """Replica count known from the config alone (None when it depends on GPUs found)."""
   per_worker = None
   if num_workers > 1:
     return None  # one replica per worker on CPU, one per GPU otherwise: known once TF runs
   if runtime.cpu_replicas:
+    if gpus_may_be_visible() if gpus_visible is None else gpus_visible:
+      return None  # GPUs, if TensorFlow finds any, replace CPU replicas (strategy.plan_strategy)
     per_worker = runtime.cpu_replicas
   elif runtime.devices:
     per_worker = len(runtime.devices)

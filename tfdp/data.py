@@ -26,8 +26,10 @@ _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
 
 
 def tfds_data_dir(data: DataConfig) -> str:
-  return os.path.expanduser(data.data_dir or os.environ.get("TFDS_DATA_DIR")
-                            or "~/tensorflow_datasets")
+  # Absolute once: TFDS resolves a relative folder against the working directory of whichever
+  # process reads it (a notebook, a worker started elsewhere).
+  return os.path.abspath(os.path.expanduser(data.data_dir or os.environ.get("TFDS_DATA_DIR")
+                                            or "~/tensorflow_datasets"))
 
 
 def check_source(data: DataConfig, key: str) -> None:
@@ -215,13 +217,18 @@ def _tfrecord_source(data: DataConfig) -> Source:
 
 
 def _synthetic_source(data: DataConfig) -> Source:
+  """Example i: class i % num_classes; pixels are noise averaged with a colour of its class, so
+  a model can learn it (tests check that training learns) for benchmarks it costs the same as noise."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   size, classes = data.image_size, data.num_classes
 
   def example(i):
-    image = tf.random.stateless_uniform((size, size, 3), seed=tf.stack([i, 7]), maxval=256,
+    label = i % classes
+    noise = tf.random.stateless_uniform((size, size, 3), seed=tf.stack([i, 7]), maxval=256,
                                         dtype=tf.int32)
-    return {"image": tf.cast(image, tf.uint8), "label": i % classes}
+    colour = tf.random.stateless_uniform((3,), seed=tf.stack([label, 11]), maxval=256,
+                                         dtype=tf.int32)
+    return {"image": tf.cast((noise + colour) // 2, tf.uint8), "label": label}
 
   def read(file_indices):
     del file_indices  # one virtual file
@@ -349,7 +356,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
 
     def one_epoch(epoch):
       ds = base
-      if training:
+      if training and data.shuffle:
         ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
       # Position in the (same on every worker) shuffled order: a stable per-example seed.
       ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i, "mask": tf.constant(1.0)})

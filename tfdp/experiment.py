@@ -1,8 +1,11 @@
 """The whole flow, in order: config → cluster → strategy → data → model → trainer → outputs."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+from typing import Any
 
 from absl import logging
 
@@ -34,12 +37,77 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   return os.path.abspath(os.path.expanduser(model_dir))
 
 
-def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
-        cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
-        eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
-        verbose: bool = True) -> dict:
-  """Runs one experiment and returns its final metrics. Sources, model_fn and strategy may be
-  given directly (the library API); otherwise they come from the config."""
+@dataclasses.dataclass
+class Experiment:
+  """One experiment, built: every decided object, for `run` and for whoever else consumes it
+  (tests, benchmarks). Building trains nothing; the model holds its initial (or restored)
+  weights."""
+  config: ExperimentConfig
+  model_dir: str
+  mode: str
+  cluster: cluster_lib.Cluster
+  strategy: Any
+  strategy_plan: strategy_lib.StrategyPlan
+  write_plan: outputs.WritePlan
+  train_plan: data_lib.InputPlan | None
+  eval_plan: data_lib.InputPlan | None
+  eval_dataset: Any
+  trainer: Any
+
+  @property
+  def replicas(self) -> int:
+    return self.strategy.num_replicas_in_sync
+
+  def train_dataset(self, start_step: int):
+    """The distributed training batches from `start_step` on (a resumed run sees exactly the
+    batches it would have seen)."""
+    trainer_cfg = self.config.trainer
+    return self.strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
+        self.train_plan, self.config.task.train_data, training=True, seed=trainer_cfg.seed,
+        epochs=trainer_cfg.epochs, start_step=start_step))
+
+  def evaluate(self):
+    return self.trainer.evaluate(self.eval_dataset, self.eval_plan.steps_per_epoch)
+
+  def run(self) -> dict:
+    """Trains and/or evaluates as `mode` says; returns the final metrics (and the trainer)."""
+    trainer, cluster = self.trainer, self.cluster
+    result: dict = {"model_dir": self.model_dir, "replicas": self.replicas,
+                    "strategy": self.strategy_plan.kind}
+    try:
+      if self.mode == "eval":
+        evaluated = self.evaluate()
+        result.update(step=trainer.global_step, eval_loss=evaluated.loss,
+                      eval_accuracy=evaluated.accuracy, eval_examples=int(evaluated.count))
+        if cluster.is_chief:
+          outputs.atomic_write_text(self.write_plan.path("eval.json"), json.dumps(result, indent=2))
+      else:
+        result.update(trainer.train(self.train_dataset, self.eval_dataset,
+                                    self.eval_plan.steps_per_epoch if self.eval_plan else 0))
+        result["step"] = trainer.global_step
+        if self.config.trainer.export_model:
+          result["exported"] = outputs.export_model(self.write_plan, trainer.model)
+    except _peer_errors() as e:
+      if not cluster.is_multi_worker:
+        raise
+      raise ClusterError(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
+                         "the group must restart: tfdp-launch --max_restarts does, or re-run every "
+                         "worker to resume from the last checkpoint.") from None
+    except _decode_errors() as e:
+      raise DataError(f"an input example could not be decoded ({e.message.splitlines()[0]}); "
+                      "check the dataset files, then re-run to resume from the last checkpoint.") from None
+    finally:
+      self.write_plan.cleanup()
+    result["trainer"] = trainer
+    return result
+
+
+def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
+          cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
+          eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
+          verbose: bool = True) -> Experiment:
+  """config → cluster → strategy → data → model → trainer, in order. Sources, model_fn and
+  strategy may be given directly (the library API); otherwise they come from the config."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None)
 
@@ -53,6 +121,8 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
     # Not supported yet: XLA-compiled replica steps under a multi-replica strategy (untested).
     raise config_lib.ConfigError(f"runtime.jit_compile works with one replica, but this run has "
                                  f"{replicas}; set runtime.jit_compile=false.")
+  if cluster.is_multi_worker:
+    _check_workers_agree(config, model_dir, cluster, strategy, plan)
   if verbose:  # one line per process: under the launcher every worker's is prefixed
     print(cluster_lib.summary_line(cluster, replicas,
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
@@ -89,39 +159,26 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
   trainer = trainer_lib.Trainer(config, strategy, write_plan, model_fn,
                                 train_plan.steps_per_epoch if train_plan else 1, verbose=verbose)
   trainer.restore()
+  return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, train_plan,
+                    eval_plan, eval_dataset, trainer)
 
-  def train_dataset(start_step: int):
-    return strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
-        train_plan, task.train_data, training=True, seed=trainer_cfg.seed,
-        epochs=trainer_cfg.epochs, start_step=start_step))
 
-  result: dict = {"model_dir": model_dir, "replicas": replicas, "strategy": plan.kind}
-  try:
-    if mode == "eval":
-      evaluated = trainer.evaluate(eval_dataset, eval_plan.steps_per_epoch)
-      result.update(step=trainer.global_step, eval_loss=evaluated.loss,
-                    eval_accuracy=evaluated.accuracy, eval_examples=int(evaluated.count))
-      if cluster.is_chief:
-        outputs.atomic_write_text(write_plan.path("eval.json"), json.dumps(result, indent=2))
-    else:
-      result.update(trainer.train(train_dataset, eval_dataset,
-                                  eval_plan.steps_per_epoch if eval_plan else 0))
-      result["step"] = trainer.global_step
-      if trainer_cfg.export_model:
-        result["exported"] = outputs.export_model(write_plan, trainer.model)
-  except _peer_errors() as e:
-    if not cluster.is_multi_worker:
-      raise
-    raise ClusterError(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
-                       "the group must restart: tfdp-launch --max_restarts does, or re-run every "
-                       "worker to resume from the last checkpoint.") from None
-  except _decode_errors() as e:
-    raise DataError(f"an input example could not be decoded ({e.message.splitlines()[0]}); "
-                    "check the dataset files, then re-run to resume from the last checkpoint.") from None
-  finally:
-    write_plan.cleanup()
-  result["trainer"] = trainer
-  return result
+def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:
+  """Builds the experiment and runs it: see `build` for the arguments."""
+  return build(config, model_dir, mode, **kwargs).run()
+
+
+def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: cluster_lib.Cluster,
+                         strategy, plan: strategy_lib.StrategyPlan) -> None:
+  """Before the first collective: every worker has the same device count, all-reduce and config
+  (one small exchange through the coordination service)."""
+  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256(f"{config_lib.config_to_json(config)}|{model_dir}".encode()).hexdigest()[:16]
+  mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), digest)
+  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  plans = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
+  strategy_lib.check_workers_agree(plans)
 
 
 def _peer_errors():

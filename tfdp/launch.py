@@ -6,6 +6,9 @@ otherwise block until its gRPC timeout), and optionally reruns the group; the
 training app resumes from its own checkpoint, the launcher only reruns the
 same command.
 
+GPUs: every worker gets its own CUDA_VISIBLE_DEVICES (see tfdp/gpus.py);
+workers that all saw every GPU would each plan NCCL over all of them.
+
 Network exposure (checked against TensorFlow 2.21): the gRPC server that
 MultiWorkerMirroredStrategy starts listens on every interface no matter which
 host TF_CONFIG names. GrpcServer::Init in
@@ -39,6 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from tfdp import gpus as gpus_lib
 from tfdp.errors import ClusterError, TfdpError
 
 TAIL_LINES = 20
@@ -123,6 +127,8 @@ class GroupResult:
     interrupted_by: Signal number if the launcher itself was told to stop.
     duration_seconds: From starting the workers until the last one exited.
     stop_seconds: From the first failure (or interrupt) to all workers gone.
+    gpus: Per worker CUDA_VISIBLE_DEVICES, or None if the workers inherited
+      the launcher's.
   """
 
   returncodes: list[int | None]
@@ -133,6 +139,7 @@ class GroupResult:
   interrupted_by: int | None = None
   duration_seconds: float = 0.0
   stop_seconds: float | None = None
+  gpus: list[str] | None = None
 
   @property
   def ok(self) -> bool:
@@ -182,9 +189,10 @@ class _StopRequest:
 
 
 def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
-                   env: Mapping[str, str] | None) -> list[_Worker]:
+                   base_env: Mapping[str, str],
+                   gpus: Sequence[str] | None) -> list[_Worker]:
   workers: list[_Worker] = []
-  base_env = dict(os.environ if env is None else env)
+  base_env = dict(base_env)
   # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
   base_env.setdefault("PYTHONUNBUFFERED", "1")
   try:
@@ -192,6 +200,9 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
       worker_env = dict(base_env, TF_CONFIG=tf_config,
                         TFDP_WORKER_INDEX=str(index),
                         TFDP_NUM_WORKERS=str(len(tf_configs)))
+      if gpus is not None:
+        worker_env.update({"CUDA_VISIBLE_DEVICES": gpus[index],
+                           gpus_lib.ASSIGNED_BY_VAR: "tfdp-launch"})
       popen = subprocess.Popen(
           list(command), env=worker_env, stdin=subprocess.DEVNULL,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -233,12 +244,15 @@ def _flush(output: TextIO) -> None:
 def run_group(command: Sequence[str], num_workers: int,
               host: str = "127.0.0.1", env: Mapping[str, str] | None = None,
               stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-              output: TextIO | None = None) -> GroupResult:
+              output: TextIO | None = None,
+              gpus_per_worker: int | str = gpus_lib.AUTO) -> GroupResult:
   """Runs `num_workers` copies of `command` until all exit or one fails.
 
   Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on
-  `host`), TFDP_WORKER_INDEX and TFDP_NUM_WORKERS, and runs in its own process
-  group. Its merged stdout/stderr is printed line by line as `[wI] line`.
+  `host`), TFDP_WORKER_INDEX and TFDP_NUM_WORKERS, its own GPUs in
+  CUDA_VISIBLE_DEVICES (gpus.plan_worker_gpus; one stderr line says which),
+  and runs in its own process group. Its merged stdout/stderr is printed line
+  by line as `[wI] line`.
 
   When a worker exits non-zero or dies by a signal, or this process gets
   SIGINT/SIGTERM, every other worker group gets SIGTERM, then SIGKILL after
@@ -253,15 +267,27 @@ def run_group(command: Sequence[str], num_workers: int,
     env: Base environment for the workers; defaults to os.environ.
     stop_grace_seconds: Time between SIGTERM and SIGKILL when stopping.
     output: Where prefixed lines go; defaults to sys.stdout at call time.
+    gpus_per_worker: 'auto'/-1 (split the visible GPUs evenly; without GPUs
+      the env is left as it is), 0 (CPU only) or N GPUs per worker.
 
   Returns:
     A GroupResult; `.ok` is True only if every worker exited 0.
+
+  Raises:
+    TfdpError: bad arguments, too few GPUs for the workers (ClusterError), or
+      a command that cannot be started.
   """
   if num_workers < 1:
     raise TfdpError(f"num_workers must be at least 1, got {num_workers}.")
   if not command:
     raise TfdpError("no worker command given.")
   output = output or sys.stdout
+  base_env = os.environ if env is None else env
+  gpu_plan = gpus_lib.plan_worker_gpus(
+      num_workers, gpus_per_worker, base_env,
+      gpus_lib.count_nvidia_device_files())
+  if gpu_plan.describe():
+    _log(gpu_plan.describe())
   ports = pick_free_ports(num_workers, host)
   stop_request = _StopRequest()
   # Handlers can only be installed from the main thread; elsewhere the
@@ -275,9 +301,12 @@ def run_group(command: Sequence[str], num_workers: int,
   workers = []
   try:
     workers = _start_workers(command, worker_tf_configs(num_workers, host,
-                                                        ports), env)
-    return _supervise(workers, ports, stop_request, stop_grace_seconds,
-                      output, started)
+                                                        ports), base_env,
+                             gpu_plan.devices)
+    result = _supervise(workers, ports, stop_request, stop_grace_seconds,
+                        output, started)
+    result.gpus = gpu_plan.devices
+    return result
   finally:
     for worker in workers:  # Also covers an exception inside _supervise.
       _signal_group(worker, signal.SIGKILL)
@@ -376,24 +405,27 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            host: str = "127.0.0.1", allow_remote: bool = False,
            env: Mapping[str, str] | None = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-           output: TextIO | None = None) -> int:
+           output: TextIO | None = None,
+           gpus_per_worker: int | str = gpus_lib.AUTO) -> int:
   """Runs the worker group, rerunning it up to `max_restarts` times.
 
   Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The
-  workers are expected to resume from their checkpoint by themselves.
+  workers are expected to resume from their checkpoint by themselves. Each
+  worker gets its own GPUs, `gpus_per_worker` each (see run_group).
 
   Returns:
     0 if a run succeeded; 128 + signal number if the launcher was
     interrupted; 1 if the last allowed run failed.
 
   Raises:
-    TfdpError: bad arguments, a non-loopback host without allow_remote, or a
-      command that cannot be started.
+    TfdpError: bad arguments, a non-loopback host without allow_remote, too
+      few GPUs for the workers, or a command that cannot be started.
   """
   if num_workers < 1:
     raise TfdpError(f"--num_workers must be at least 1, got {num_workers}.")
   if max_restarts < 0:
     raise TfdpError(f"--max_restarts must be 0 or more, got {max_restarts}.")
+  gpus_lib.parse_gpus_per_worker(gpus_per_worker)  # A typo fails first.
   if not command:
     raise TfdpError("no worker command given; put it after '--', e.g. "
                     "tfdp-launch --num_workers 2 -- python apps/train.py.")
@@ -405,7 +437,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
   restarts = 0
   while True:
     result = run_group(command, num_workers, host=host, env=env,
-                       stop_grace_seconds=stop_grace_seconds, output=output)
+                       stop_grace_seconds=stop_grace_seconds, output=output,
+                       gpus_per_worker=gpus_per_worker)
     if result.ok:
       if restarts:
         _log(f"all {num_workers} workers finished after {restarts} "

@@ -82,15 +82,17 @@ def resnet56(input_shape, num_classes, **kwargs):
 
 
 @register_model("small_cnn")
-def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0):
+def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0, l2=0.0):
   """Two conv blocks and a dense head. batch_norm=False gives a model whose training does not
   depend on how the batch is split over replicas (used by the equivalence tests)."""
   import keras  # pylint: disable=g-import-not-at-top
   from keras import layers  # pylint: disable=g-import-not-at-top
+  reg = keras.regularizers.L2(l2) if l2 else None
   inputs = keras.Input(input_shape)
   x = inputs
   for i in range(2):
-    x = layers.Conv2D(filters * 2**i, 3, padding="same", use_bias=not batch_norm)(x)
+    x = layers.Conv2D(filters * 2**i, 3, padding="same", use_bias=not batch_norm,
+                      kernel_regularizer=reg)(x)
     if batch_norm:
       x = layers.BatchNormalization()(x)
     x = layers.ReLU()(x)
@@ -98,7 +100,7 @@ def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0
   x = layers.GlobalAveragePooling2D()(x)
   if dropout:
     x = layers.Dropout(dropout)(x)
-  return keras.Model(inputs, layers.Dense(num_classes)(x), name="small_cnn")
+  return keras.Model(inputs, layers.Dense(num_classes, kernel_regularizer=reg)(x), name="small_cnn")
 
 
 def _keras_application(constructor_name: str):

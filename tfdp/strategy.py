@@ -45,10 +45,19 @@ def choose_cross_device_ops(requested: str, devices: Sequence[str]) -> tuple[str
   if requested == "auto":
     if all_gpu and len(devices) > 1:
       return "nccl", ""
-    return "reduce_to_one_device", "no GPUs: NCCL needs GPUs, so CPU replicas reduce on one device"
+    if all_gpu:
+      return "reduce_to_one_device", "one GPU: nothing to all-reduce between devices"
+    return "reduce_to_one_device", "CPU replicas: NCCL needs GPUs, so they reduce on one device"
   if requested == "nccl" and not all_gpu:
     return "reduce_to_one_device", "runtime.cross_device_ops=nccl asked for, but the replicas are " \
         "not all GPUs; falling back to reduce_to_one_device"
+  if requested == "hierarchical_copy" and len(devices) % 2:
+    # TF splits the devices into two halves of len // 2 (a DGX-1 layout): with an odd count the
+    # last device's gradient is never summed (cross_device_utils.aggregate_gradients_using_
+    # hierarchical_copy). Shown on logical CPUs in tests/test_strategy.py.
+    return "reduce_to_one_device", f"runtime.cross_device_ops=hierarchical_copy needs an even " \
+        f"number of devices, got {len(devices)} (TF would drop one replica's gradient); " \
+        "falling back to reduce_to_one_device"
   return requested, ""
 
 
@@ -69,14 +78,20 @@ def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Seque
     impl, reason = choose_all_reduce(runtime.all_reduce, len(gpus))
     return StrategyPlan(kind, tuple(gpus), all_reduce=impl, reason=reason)
   if kind == "mirrored":
+    note = ""
     if runtime.devices:
       devices = tuple(runtime.devices)
     elif gpus:
       devices = tuple(gpus)
+      if runtime.cpu_replicas > 1:
+        note = (f"runtime.cpu_replicas={runtime.cpu_replicas} ignored: {len(gpus)} GPU(s) found, "
+                "so the replicas are the GPUs (hide them with CUDA_VISIBLE_DEVICES= to train on "
+                "CPU replicas)")
     else:
       devices = tuple(d for d in local_devices if "cpu" in d.lower())
     ops, reason = choose_cross_device_ops(runtime.cross_device_ops, devices)
-    return StrategyPlan(kind, devices, cross_device_ops=ops, reason=reason)
+    return StrategyPlan(kind, devices, cross_device_ops=ops,
+                        reason="; ".join(r for r in (note, reason) if r))
   if kind == "one_device":
     device = runtime.devices[0] if runtime.devices else (gpus[0] if gpus else "/cpu:0")
     return StrategyPlan(kind, (device,))
@@ -113,7 +128,11 @@ def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> int
             f"but this process already has {len(current or [1])} CPU device(s); restart the "
             "process (or Jupyter kernel) and create the strategy first.") from None
   for gpu in tf.config.list_physical_devices("GPU"):
-    tf.config.experimental.set_memory_growth(gpu, True)
+    try:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # TensorFlow already started (a notebook, data loaded first): keep it
+      logging.info("strategy: GPU memory growth not set: TensorFlow had already started")
+      break
   return num_cpus
 
 
@@ -174,3 +193,25 @@ def describe(plan: StrategyPlan, num_replicas: int) -> str:
   reduce = plan.cross_device_ops or plan.all_reduce or "none"
   return f"strategy={plan.kind} replicas={num_replicas} devices={list(plan.devices) or 'default'} " \
          f"all_reduce={reduce}"
+
+
+def worker_plan(plan: StrategyPlan, local_replicas: int, config_digest: str) -> dict:
+  """What every worker must agree on before the first collective."""
+  return {"local_replicas": local_replicas, "kind": plan.kind, "all_reduce": plan.all_reduce,
+          "config": config_digest}
+
+
+def check_workers_agree(plans: Sequence[dict]) -> None:
+  """One line naming the first worker and field that differs from worker 0. TF calls unequal
+  device counts across workers undefined (they hang or sum wrongly), and workers that read
+  different configs train nonsense together."""
+  for rank, plan in enumerate(plans[1:], start=1):
+    for key, value in plan.items():
+      if value != plans[0].get(key):
+        if key == "config":
+          fix = "start every worker with the same config files, overrides and --model_dir"
+        else:
+          fix = ("give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
+                 "CUDA_VISIBLE_DEVICES) and the same runtime settings")
+        raise ConfigError(f"workers disagree before training: worker {rank} has {key}={value!r} "
+                          f"but worker 0 has {plans[0].get(key)!r}; {fix}.")

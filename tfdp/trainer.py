@@ -186,12 +186,18 @@ class Trainer:
                                     self.total_steps)
       self.optimizer = make_optimizer(trainer.optimizer, self.schedule, self.model,
                                       mixed_float16=precision == "mixed_float16")
+      # The global step counts training steps, taken or skipped: under mixed_float16 the loss
+      # scale skips non-finite steps and `optimizer.iterations` does not advance on them
+      # (keras-team/keras#20878), but checkpoints, resume and the data position must.
+      self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       if config.task.label_smoothing:
         self._loss = keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=config.task.label_smoothing, reduction=None)
       else:
         self._loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+    self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                          step=self._step)
     self.manager = tf.train.CheckpointManager(self.checkpoint, write_plan.checkpoint_dir,
                                               max_to_keep=trainer.max_checkpoints)
     if config.runtime.jit_compile:
@@ -231,6 +237,8 @@ class Trainer:
   def _train_step(self, batch, totals):
     images, labels, mask = batch
     grads, sums = self._forward_backward(images, labels, mask)
+    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      grads = compat.agree_on_finite_gradients(grads)
     # Keras' TF optimizer all-reduces (SUM) the gradients across replicas in apply_gradients.
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
     return totals + sums
@@ -250,6 +258,7 @@ class Trainer:
       totals = strategy.run(lambda: tf.zeros(4))
       for _ in tf.range(num_steps):
         totals = strategy.run(self._train_step_with_flag, args=(next(iterator), totals))
+      self._step.assign_add(tf.cast(num_steps, tf.int64))
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
       strategy.run(lambda: compat.average_across_replicas(self._replica_local))
@@ -277,7 +286,7 @@ class Trainer:
 
   @property
   def global_step(self) -> int:
-    return int(self.optimizer.iterations.numpy())
+    return int(self._step.numpy())
 
   def restore(self) -> int:
     """Restores the newest checkpoint in model_dir (every worker reads the chief's)."""

@@ -1,0 +1,63 @@
+"""Test worker: build one experiment through tfdp, run it, and dump what tests compare.
+
+  python tests/scripts/probe.py MODEL_DIR OVERRIDES OUT_DIR [MODE]
+
+MODE is train (default), train_and_eval, or eval (evaluates the built model, trains nothing). Every worker, not
+only the chief, writes into OUT_DIR:
+  initial-<rank>.npz, final-<rank>.npz  model weights by variable path, before and after
+  copies-<rank>.json                    per-replica copies of each non-trainable variable
+  info-<rank>.json                      step, optimizer iterations, evaluation before/after
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+from tfdp import experiment  # pylint: disable=g-import-not-at-top
+
+
+def weights(model) -> dict:
+  return {v.path: np.asarray(v) for v in model.weights}
+
+
+def replica_copies(model) -> dict:
+  copies = {}
+  for v in model.non_trainable_variables:
+    values = getattr(v.value, "values", None) or (v.value,)
+    copies[v.path] = [np.asarray(c).tolist() for c in values]
+  return copies
+
+
+def evaluation(exp) -> dict:
+  if exp.eval_plan is None:
+    return {}
+  result = exp.evaluate()
+  return {"loss": result.loss, "accuracy": result.accuracy, "examples": result.count}
+
+
+def main():
+  model_dir, overrides, out_dir = sys.argv[1:4]
+  mode = sys.argv[4] if len(sys.argv) > 4 else "train"
+  exp = experiment.build(config_lib.load_config([], [overrides]), model_dir, mode)
+  rank, model = exp.cluster.rank, exp.trainer.model
+  np.savez(os.path.join(out_dir, f"initial-{rank}.npz"), **weights(model))
+  info = {"eval_before": evaluation(exp)}
+  if mode != "eval":
+    exp.run()
+    info["eval_after"] = evaluation(exp)
+  info.update(step=exp.trainer.global_step,
+              iterations=int(np.asarray(exp.trainer.optimizer.iterations)))
+  np.savez(os.path.join(out_dir, f"final-{rank}.npz"), **weights(model))
+  with open(os.path.join(out_dir, f"copies-{rank}.json"), "w") as f:
+    json.dump(replica_copies(model), f)
+  with open(os.path.join(out_dir, f"info-{rank}.json"), "w") as f:
+    json.dump(info, f)
+  print(f"worker {rank}: step {info['step']}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
