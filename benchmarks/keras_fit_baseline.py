@@ -23,7 +23,7 @@ from absl import flags
 from tfdp import cli
 from tfdp import config as config_lib
 from tfdp import data as data_lib
-from tfdp import models
+from tfdp import tasks
 from tfdp.errors import TfdpError
 
 PROG = "keras-fit-baseline"
@@ -50,14 +50,16 @@ def main(argv):
       tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     keras.utils.set_random_seed(config.trainer.seed)
     keras.mixed_precision.set_dtype_policy(runtime.mixed_precision)
-    source = data_lib.make_source(data_cfg)
+    task = tasks.make_task(config.task)
+    source = task.build_source(data_cfg)
     plan = data_lib.plan_input(source, data_cfg, batch, num_replicas=1, num_pipelines=1)
     steps = (FLAGS.epochs + 1) * FLAGS.steps_per_epoch
     dataset = data_lib.make_dataset_fn(
-        plan, data_cfg, training=True, seed=config.trainer.seed,
+        plan, data_cfg, task, training=True, seed=config.trainer.seed,
         epochs=math.ceil(steps / plan.steps_per_epoch) + 1)(tf.distribute.InputContext())
-    model = models.build_model(config.task.model.name, source.image_shape, source.num_classes,
-                               **config.task.model.kwargs)
+    # model.fit takes (inputs, labels, sample_weight): the same batches, as a tuple.
+    dataset = dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
+    model = task.build_model(source)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   opt, lr = config.trainer.optimizer, config.trainer.learning_rate

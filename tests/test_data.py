@@ -7,9 +7,13 @@ import pytest
 import helpers
 from tfdp import config as config_lib
 from tfdp import data as data_lib
+from tfdp import tasks
 from tfdp.errors import DataError
 
 tf = pytest.importorskip("tensorflow")
+
+
+TASK = tasks.make_task(config_lib.TaskConfig())  # image_classification
 
 
 def data_config(**kw):
@@ -23,13 +27,13 @@ def pipeline_epoch(plan, data, pipeline, training=True, seed=1, epochs=1, start_
   ctx = tf.distribute.InputContext(num_input_pipelines=plan.num_pipelines,
                                    input_pipeline_id=pipeline,
                                    num_replicas_in_sync=plan.num_pipelines * plan.replicas_per_pipeline)
-  ds = data_lib.make_dataset_fn(plan, data, training=training, seed=seed, epochs=epochs,
+  ds = data_lib.make_dataset_fn(plan, data, TASK, training=training, seed=seed, epochs=epochs,
                                 start_step=start_step)(ctx)
   ids, masks, shapes = [], [], set()
-  for images, labels, mask in ds:
-    shapes.add(tuple(images.shape))
-    ids.append(helpers.image_ids(images.numpy()))
-    masks.append(mask.numpy())
+  for batch in ds:
+    shapes.add(tuple(batch["image"].shape))
+    ids.append(helpers.image_ids(batch["image"].numpy()))
+    masks.append(batch["weight"].numpy())
   assert len(shapes) == 1, shapes  # every batch has the same per-replica shape
   return np.concatenate(ids), np.concatenate(masks)
 
@@ -127,8 +131,9 @@ def test_one_file_tfds_split_is_covered_exactly_once(policy):
   def fingerprints(plan_, pipeline):
     ctx = tf.distribute.InputContext(plan_.num_pipelines, pipeline, 2)
     out = []
-    for images, labels, mask in data_lib.make_dataset_fn(plan_, data, training=False, seed=0)(ctx):
-      for image, label, m in zip(images.numpy(), labels.numpy(), mask.numpy()):
+    for batch in data_lib.make_dataset_fn(plan_, data, TASK, training=False, seed=0)(ctx):
+      for image, label, m in zip(batch["image"].numpy(), batch["label"].numpy(),
+                                 batch["weight"].numpy()):
         if m:
           out.append((image.tobytes(), int(label)))
     return out

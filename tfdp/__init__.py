@@ -4,6 +4,7 @@ Importing tfdp does not start TensorFlow (configs and clusters are checked first
 """
 from tfdp.errors import TfdpError
 from tfdp.models import register_model
+from tfdp.tasks import Task, register_task
 
 
 def fit(*args, **kwargs):
@@ -20,4 +21,4 @@ def make_strategy(**runtime_overrides):
   return strategy.make_strategy(runtime)[0]
 
 
-__all__ = ["TfdpError", "fit", "make_strategy", "register_model"]
+__all__ = ["Task", "TfdpError", "fit", "make_strategy", "register_model", "register_task"]

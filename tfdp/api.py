@@ -38,8 +38,8 @@ def dataset_source(dataset, num_classes: int = 0) -> data_lib.Source:
     return dataset.map(lambda image, label: {"image": tf.cast(image, tf.uint8),
                                              "label": tf.cast(label, tf.int64)})
 
-  return data_lib.Source(num_classes or int(top) + 1, tuple(image_spec.shape), [int(count)], read,
-                         "dataset")
+  return data_lib.Source([int(count)], read, "dataset", num_classes=num_classes or int(top) + 1,
+                         image_shape=tuple(image_spec.shape))
 
 
 def fit(model_fn, train_dataset, eval_dataset=None, *, model_dir: str, epochs: int = 1,
@@ -47,10 +47,13 @@ def fit(model_fn, train_dataset, eval_dataset=None, *, model_dir: str, epochs: i
         verbose=True) -> dict:
   """Trains model_fn() on train_dataset with tfdp's engine; returns the final metrics (and the
   trainer, whose `.model` is the trained model). Resumes from model_dir's checkpoint."""
-  overrides = [f"trainer.epochs={epochs},trainer.global_batch_size={global_batch_size}"]
-  if params:
-    overrides.append(params if isinstance(params, str) else yaml.safe_dump(params))
+  overrides = [params if isinstance(params, str) else yaml.safe_dump(params)] if params else []
   config = config_lib.load_config(list(config_files), overrides)
+  for name, value in (("epochs", epochs), ("global_batch_size", global_batch_size)):
+    if not isinstance(value, int) or isinstance(value, bool):
+      raise config_lib.ConfigError(f"tfdp.fit: {name} must be a whole number, got {value!r}.")
+    setattr(config.trainer, name, value)
+  config_lib.validate(config)
   from tfdp import experiment  # pylint: disable=g-import-not-at-top
   train_source = dataset_source(train_dataset)
   eval_source = (dataset_source(eval_dataset, train_source.num_classes)

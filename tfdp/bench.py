@@ -160,10 +160,8 @@ def job_overrides(opts: BenchOptions, model: str, global_batch: int, extra: list
   base = [f"task.model.name={model}", *data_overrides(opts.data), "task.train_data.augment=true",
           f"trainer.global_batch_size={global_batch}", "trainer.learning_rate.schedule=constant",
           *extra]
-  # experiment.run trains one step (building and tracing everything); the cell then times
-  # the trainer's own loop on fresh iterators.
-  setup = ["trainer.max_steps=1", "trainer.epochs=1", "trainer.steps_per_loop=1",
-           "trainer.export_model=false"]
+  # The cell builds the experiment and times the trainer's own loop on fresh iterators.
+  setup = ["trainer.epochs=1", "trainer.export_model=false"]
   return base + list(opts.params_override) + setup
 
 
@@ -643,19 +641,18 @@ def train_cell(spec: dict) -> dict:
   from tfdp import experiment  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], spec["overrides"])
   cluster = cluster_lib.resolve_cluster()
-  # One real training step through tfdp's whole flow: strategy, data, model, trainer, tracing.
-  result = experiment.run(config, spec["model_dir"], "train", cluster=cluster, verbose=False)
+  # tfdp's whole flow, built once: strategy, data plan, task, model, trainer. The cell times
+  # the trainer's own compiled loop on the experiment's own input pipeline.
+  exp = experiment.build(config, spec["model_dir"], "train", cluster=cluster, verbose=False)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  trainer, replicas = result["trainer"], result["replicas"]
-  data_cfg, batch = config.task.train_data, config.trainer.global_batch_size
-  # At least one untimed step per fresh iterator: it may retrace, and it fills shuffle buffers.
+  trainer, replicas, plan = exp.trainer, exp.replicas, exp.train_plan
+  data_cfg, batch = config.task.train_data, plan.global_batch
+  # At least one untimed step per fresh iterator: it traces, and it fills shuffle buffers.
   warmup, steps, repeats = max(spec["warmup"], 1), spec["steps"], spec["repeats"]
-  num_pipelines = max(cluster.num_workers, 1)
-  source = data_lib.make_source(data_cfg)  # after the strategy: logical devices are set by now
-  plan = data_lib.plan_input(source, data_cfg, batch, replicas, num_pipelines)
+  num_pipelines = plan.num_pipelines
+  source = plan.source
   epochs = math.ceil((warmup + steps * repeats) / plan.steps_per_epoch) + 1
-  dataset_fn = data_lib.make_dataset_fn(plan, data_cfg, training=True, seed=config.trainer.seed,
-                                        epochs=epochs)
+  dataset_fn = exp.train_dataset_fn(epochs=epochs)
 
   def time_training(fn) -> list[float]:
     iterator = iter(trainer.strategy.distribute_datasets_from_function(fn))
@@ -669,7 +666,7 @@ def train_cell(spec: dict) -> dict:
     return _time_blocks(run, warmup, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
-         "image_size": source.image_shape[0], "strategy": result["strategy"],
+         "image_size": source.image_shape[0], "strategy": exp.strategy_plan.kind,
          "replicas": replicas, "global_batch": batch,
          "num_workers": cluster.num_workers, "rank": cluster.rank, "steps": steps,
          "repeats": repeats}

@@ -60,7 +60,9 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class TaskConfig:
-  """What is learned: model, data, loss."""
+  """What is learned: the workload (a registered task), its model, data and loss."""
+  name: str = "image_classification"  # one of tfdp.tasks.registered_tasks()
+  module: str = ""  # a Python module to import first; it may @tfdp.register_task its own
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(augment=True))
   eval_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(split="test"))
@@ -340,14 +342,16 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
 def validate(config: ExperimentConfig) -> None:
   """Raises ConfigError for impossible values. Replica-count checks are in expected_replicas."""
   task, trainer, runtime = config.task, config.trainer, config.runtime
-  from tfdp import models  # pylint: disable=g-import-not-at-top  (no TensorFlow import there)
-  if task.model.module:
-    import importlib  # pylint: disable=g-import-not-at-top
-    try:
-      importlib.import_module(task.model.module)
-    except ImportError as e:
-      raise ConfigError(f"config key 'task.model.module' names '{task.model.module}', which "
-                        f"cannot be imported ({e}); put it on PYTHONPATH.") from None
+  from tfdp import models, tasks  # pylint: disable=g-import-not-at-top  (no TensorFlow there)
+  for key, module in (("task.module", task.module), ("task.model.module", task.model.module)):
+    if module:
+      import importlib  # pylint: disable=g-import-not-at-top
+      try:
+        importlib.import_module(module)
+      except ImportError as e:
+        raise ConfigError(f"config key '{key}' names '{module}', which cannot be imported ({e}); "
+                          "put it on PYTHONPATH.") from None
+  _check_choice("task.name", task.name, tasks.registered_tasks())
   if task.model.name not in models.registered_models():
     close = difflib.get_close_matches(task.model.name, models.registered_models(), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
@@ -392,15 +396,22 @@ def validate(config: ExperimentConfig) -> None:
                       "runtime.strategy=mirrored to use several devices.")
 
 
-def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
+def per_replica_batch(key: str, batch: int, num_replicas: int) -> int:
   """The global batch is the user's number; every replica gets an equal share of it."""
-  for key in ("global_batch_size", "eval_batch_size"):
-    batch = getattr(config.trainer, key) or config.trainer.global_batch_size
-    if batch % num_replicas:
-      lower = batch - batch % num_replicas
-      raise ConfigError(
-          f"config key 'trainer.{key}' is {batch}, which does not split evenly over "
-          f"{num_replicas} replicas; use a multiple of {num_replicas} such as {lower or num_replicas}.")
+  if batch % num_replicas:
+    lower = batch - batch % num_replicas
+    raise ConfigError(
+        f"config key '{key}' is {batch}, which does not split evenly over {num_replicas} "
+        f"replicas; use a multiple of {num_replicas} such as {lower or num_replicas}.")
+  return batch // num_replicas
+
+
+def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
+  """Before TensorFlow starts, where the replica count is known from the config alone (the
+  input plan divides, with the same check, once the strategy is made)."""
+  per_replica_batch("trainer.global_batch_size", config.trainer.global_batch_size, num_replicas)
+  per_replica_batch("trainer.eval_batch_size",
+                    config.trainer.eval_batch_size or config.trainer.global_batch_size, num_replicas)
 
 
 def gpus_may_be_visible(env=None) -> bool:

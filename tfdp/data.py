@@ -1,9 +1,10 @@
 """Input pipelines: sources (TFDS, image folder, TFRecord, synthetic) → per-replica batches.
 
-Every pipeline yields `(images, labels, mask)` batches of a fixed per-replica size. The last
-batches of an epoch are padded with mask=0 examples, so every replica runs the same number of
-steps with the same shapes (no empty or ragged final batch), and masked sums count every real
-example exactly once.
+A source reads raw examples (dicts); the task's `preprocess` turns each into the model's
+features and labels. Every pipeline yields dict batches of a fixed per-replica size with a
+"weight" entry: the last batches of an epoch are padded with weight-0 examples (zeros shaped
+by the preprocessed element spec), so every replica runs the same number of steps with the same
+shapes (no empty or ragged final batch), and weighted sums count every real example once.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Callable
 
 from absl import logging
 
+from tfdp import config as config_lib
 from tfdp.config import DataConfig
 from tfdp.errors import DataError
 
@@ -83,13 +85,15 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
 
 @dataclasses.dataclass
 class Source:
-  """Decoded examples `{"image": uint8 HWC, "label": int64}` split into files (shard units)."""
-  num_classes: int
-  image_shape: tuple[int, int, int]
+  """Raw examples (dicts; images here: `{"image": uint8 HWC, "label": int64}`) split into files
+  (shard units), and what a task needs to know to build its model from them."""
   file_counts: list[int]  # examples per file, in order
   read: Callable  # read(file_indices: list[int]) -> tf.data.Dataset of examples
   kind: str
   read_slice: Callable | None = None  # TFDS: read_slice(i, n) reads the i-th of n even splits
+  num_classes: int = 0
+  image_shape: tuple = ()
+  info: dict = dataclasses.field(default_factory=dict)  # other facts (a vocabulary size, ...)
 
   @property
   def num_examples(self) -> int:
@@ -139,7 +143,8 @@ def _tfds_source(data: DataConfig) -> Source:
   def read_slice(index, count):
     return load(tfds.even_splits(data.split, count)[index])
 
-  return Source(num_classes, shape, [fi.take for fi in instructions], read, "tfds", read_slice)
+  return Source([fi.take for fi in instructions], read, "tfds", read_slice,
+                num_classes=num_classes, image_shape=shape)
 
 
 def _instruction_split(builder, fi) -> str:
@@ -176,8 +181,8 @@ def _image_folder_source(data: DataConfig) -> Source:
     return ds.map(lambda p, l: {"image": _decode_file(p, size), "label": tf.cast(l, tf.int64)},
                   num_parallel_calls=tf.data.AUTOTUNE)
 
-  return Source(data.num_classes or len(classes), (size, size, 3), [1] * len(paths), read,
-                "image_folder")
+  return Source([1] * len(paths), read, "image_folder", num_classes=data.num_classes or len(classes),
+                image_shape=(size, size, 3))
 
 
 def _tfrecord_source(data: DataConfig) -> Source:
@@ -208,12 +213,18 @@ def _tfrecord_source(data: DataConfig) -> Source:
   if first is None:
     raise DataError(f"TFRecord files '{data.path}' hold no examples.")
 
+  shape = tuple(first["image"].shape)
+
+  def parse_known_shape(record):  # every image must match the first: batches need one shape
+    example = parse(record)
+    return {**example, "image": tf.ensure_shape(example["image"], shape)}
+
   def read(file_indices):
     return tf.data.TFRecordDataset([files[i] for i in file_indices]).map(
-        parse, num_parallel_calls=tf.data.AUTOTUNE)
+        parse_known_shape, num_parallel_calls=tf.data.AUTOTUNE)
 
-  return Source(data.num_classes or max_label + 1, tuple(first["image"].shape), counts, read,
-                "tfrecord")
+  return Source(counts, read, "tfrecord", num_classes=data.num_classes or max_label + 1,
+                image_shape=shape)
 
 
 def _synthetic_source(data: DataConfig) -> Source:
@@ -234,7 +245,8 @@ def _synthetic_source(data: DataConfig) -> Source:
     del file_indices  # one virtual file
     return tf.data.Dataset.range(data.num_examples).map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
-  return Source(classes, (size, size, 3), [data.num_examples], read, "synthetic")
+  return Source([data.num_examples], read, "synthetic", num_classes=classes,
+                image_shape=(size, size, 3))
 
 
 def make_source(data: DataConfig) -> Source:
@@ -286,12 +298,18 @@ class InputPlan:
   def pipeline_batch(self) -> int:
     return self.per_replica_batch * self.replicas_per_pipeline
 
+  @property
+  def global_batch(self) -> int:
+    return self.pipeline_batch * self.num_pipelines
+
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
-               num_pipelines: int) -> InputPlan:
+               num_pipelines: int, batch_key: str = "trainer.global_batch_size") -> InputPlan:
+  """Decides once how one split is batched and sharded; the trainer takes its global batch and
+  steps per epoch from the plan that shaped the batches."""
   policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
   counts = shard_counts(policy, source, num_pipelines)
-  per_replica = global_batch // num_replicas
+  per_replica = config_lib.per_replica_batch(batch_key, global_batch, num_replicas)
   replicas_per_pipeline = num_replicas // num_pipelines
   steps = math.ceil(max(counts) / (per_replica * replicas_per_pipeline))
   return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline, max(steps, 1),
@@ -299,7 +317,8 @@ def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas
 
 
 def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> bool:
-  """Decoded uint8 images of one pipeline take at most `fraction` of the available memory."""
+  """Decoded uint8 images of one pipeline take at most `fraction` of the available memory
+  (sources without images: counted as one byte per example)."""
   import psutil  # pylint: disable=g-import-not-at-top
   needed = num_examples * math.prod(source.image_shape)
   if needed <= fraction * psutil.virtual_memory().available:
@@ -309,28 +328,24 @@ def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> 
   return False
 
 
-def _normalize(image, mean, std):
+def _zeros_like_spec(spec):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  image = tf.cast(image, tf.float32) / 255.0
-  return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+  if not spec.shape.is_fully_defined():
+    raise DataError(f"preprocessed examples must have fixed shapes to be batched, got {spec}; "
+                    "pad or truncate them in the task's preprocess.")
+  if spec.dtype == tf.string:
+    return tf.fill(spec.shape, "")
+  return tf.zeros(spec.shape, spec.dtype)
 
 
-def _augment(image, seed):
-  """Random 4-pixel-pad crop and horizontal flip, stateless: the same example, epoch and seed
-  give the same pixels whichever replica or worker reads it."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  shape = tf.shape(image)
-  padded = tf.pad(image, [[4, 4], [4, 4], [0, 0]], mode="REFLECT")
-  image = tf.image.stateless_random_crop(padded, shape, seed=seed)
-  return tf.image.stateless_random_flip_left_right(image, seed=seed + 1)
-
-
-def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: int,
+def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, seed: int,
                     epochs: int = 1, start_step: int = 0):
   """Returns dataset_fn(input_context) for `strategy.distribute_datasets_from_function`.
 
   Training streams epochs [start_step // steps, epochs) in one dataset and skips the steps of the
   first epoch already done, so a resumed run sees exactly the batches it would have seen.
+  `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
+  the example's position in the epoch's order): the same on every worker and replica.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   source, policy = plan.source, plan.policy
@@ -338,7 +353,12 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
   buffer = data.shuffle_buffer or (source.num_examples if use_cache else 10000)
-  shape = source.image_shape
+
+  def prepare(example, epoch):
+    stateless_seed = tf.stack([seed * 1000003 + epoch, example["index"]])
+    features = task.preprocess(example, data, training, stateless_seed)
+    weight = tf.cast(example.get("weight", 1.0), tf.float32)  # a source may weigh its examples
+    return {**features, "weight": weight}
 
   def dataset_fn(ctx: tf.distribute.InputContext):
     pipeline = ctx.input_pipeline_id if plan.num_pipelines > 1 else 0
@@ -350,32 +370,26 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, *, training: bool, seed: 
     if use_cache:
       base = base.cache()
     real = plan.counts[pipeline]
-    pad = tf.data.Dataset.from_tensors({
-        "image": tf.zeros(shape, tf.uint8), "label": tf.constant(0, tf.int64),
-        "index": tf.constant(-1, tf.int64), "mask": tf.constant(0.0)}).repeat(padded_len - real)
+    spec = base.enumerate().map(
+        lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
+    pad = tf.data.Dataset.from_tensors(tf.nest.map_structure(_zeros_like_spec, spec))
 
     def one_epoch(epoch):
       ds = base
       if training and data.shuffle:
         ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
       # Position in the (same on every worker) shuffled order: a stable per-example seed.
-      ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i, "mask": tf.constant(1.0)})
+      ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
       if policy == "data":
         ds = ds.shard(n, pipeline)
-      ds = ds.concatenate(pad)
       skip = tf.where(epoch == start_epoch, tf.constant(skip_steps * plan.pipeline_batch, tf.int64),
                       tf.constant(0, tf.int64))
-      return ds.skip(skip).map(lambda ex: {**ex, "epoch": epoch})
-
-    def prepare(ex):
-      image = ex["image"]
-      if training and data.augment:
-        image = _augment(image, tf.stack([seed * 1000003 + ex["epoch"], ex["index"]]))
-      return _normalize(image, data.mean, data.std), ex["label"], ex["mask"]
+      ds = ds.skip(skip).map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=data.deterministic)
+      return ds.concatenate(pad.repeat(padded_len - tf.maximum(tf.constant(real, tf.int64), skip)))
 
     epochs_ds = tf.data.Dataset.range(start_epoch if training else 0, epochs if training else 1)
     ds = epochs_ds.flat_map(one_epoch)
-    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=data.deterministic)
     ds = ds.batch(plan.per_replica_batch, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = data.deterministic

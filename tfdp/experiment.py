@@ -1,4 +1,5 @@
-"""The whole flow, in order: config → cluster → strategy → data → model → trainer → outputs."""
+"""The whole flow, in order: config → cluster → strategy → data → task/model → trainer →
+outputs."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +13,9 @@ from absl import logging
 from tfdp import cluster as cluster_lib
 from tfdp import config as config_lib
 from tfdp import data as data_lib
-from tfdp import models
 from tfdp import outputs
 from tfdp import strategy as strategy_lib
+from tfdp import tasks
 from tfdp.config import ExperimentConfig
 from tfdp.errors import ClusterError, DataError
 
@@ -49,6 +50,7 @@ class Experiment:
   strategy: Any
   strategy_plan: strategy_lib.StrategyPlan
   write_plan: outputs.WritePlan
+  task: Any
   train_plan: data_lib.InputPlan | None
   eval_plan: data_lib.InputPlan | None
   eval_dataset: Any
@@ -58,13 +60,17 @@ class Experiment:
   def replicas(self) -> int:
     return self.strategy.num_replicas_in_sync
 
-  def train_dataset(self, start_step: int):
-    """The distributed training batches from `start_step` on (a resumed run sees exactly the
-    batches it would have seen)."""
+  def train_dataset_fn(self, start_step: int = 0, epochs: int | None = None):
+    """The per-pipeline training dataset function from `start_step` on (a resumed run sees
+    exactly the batches it would have seen), for `epochs` (default: the config's)."""
     trainer_cfg = self.config.trainer
-    return self.strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
-        self.train_plan, self.config.task.train_data, training=True, seed=trainer_cfg.seed,
-        epochs=trainer_cfg.epochs, start_step=start_step))
+    return data_lib.make_dataset_fn(self.train_plan, self.config.task.train_data, self.task,
+                                    training=True, seed=trainer_cfg.seed,
+                                    epochs=epochs or trainer_cfg.epochs, start_step=start_step)
+
+  def train_dataset(self, start_step: int, epochs: int | None = None):
+    return self.strategy.distribute_datasets_from_function(
+        self.train_dataset_fn(start_step, epochs))
 
   def evaluate(self):
     return self.trainer.evaluate(self.eval_dataset, self.eval_plan.steps_per_epoch)
@@ -77,13 +83,15 @@ class Experiment:
     try:
       if self.mode == "eval":
         evaluated = self.evaluate()
-        result.update(step=trainer.global_step, eval_loss=evaluated.loss,
-                      eval_accuracy=evaluated.accuracy, eval_examples=int(evaluated.count))
+        result.update(step=trainer.global_step, eval_examples=int(evaluated.examples),
+                      **{f"eval_{name}": value for name, value in evaluated.values().items()})
         if cluster.is_chief:
           outputs.atomic_write_text(self.write_plan.path("eval.json"), json.dumps(result, indent=2))
       else:
-        result.update(trainer.train(self.train_dataset, self.eval_dataset,
-                                    self.eval_plan.steps_per_epoch if self.eval_plan else 0))
+        from tfdp import controller  # pylint: disable=g-import-not-at-top  (imports TF)
+        result.update(controller.Controller(
+            trainer, self.train_dataset, self.eval_dataset,
+            self.eval_plan.steps_per_epoch if self.eval_plan else 0).run())
         result["step"] = trainer.global_step
         if self.config.trainer.export_model:
           result["exported"] = outputs.export_model(self.write_plan, trainer.model)
@@ -106,8 +114,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
           verbose: bool = True) -> Experiment:
-  """config → cluster → strategy → data → model → trainer, in order. Sources, model_fn and
-  strategy may be given directly (the library API); otherwise they come from the config."""
+  """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn and
+  strategy may be given directly (the library API); otherwise the task builds them."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None)
 
@@ -116,7 +124,6 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   else:  # the library API: the user made it first, before loading data started TensorFlow
     plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__)
   replicas = strategy.num_replicas_in_sync
-  config_lib.check_batch_divides(config, replicas)
   if config.runtime.jit_compile and replicas > 1:
     # Not supported yet: XLA-compiled replica steps under a multi-replica strategy (untested).
     raise config_lib.ConfigError(f"runtime.jit_compile works with one replica, but this run has "
@@ -127,40 +134,41 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     print(cluster_lib.summary_line(cluster, replicas,
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
   logging.info("%s", strategy_lib.describe(plan, replicas))
+
+  task = tasks.make_task(config.task)
+  data_cfg, trainer_cfg = config.task, config.trainer
+  num_pipelines = max(cluster.num_workers, 1)
+  train_plan = eval_plan = eval_dataset = None
+  if mode != "eval":
+    train_source = train_source or task.build_source(data_cfg.train_data)
+    train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
+                                     trainer_cfg.global_batch_size, replicas, num_pipelines)
+    data_lib.log_plan("train", train_plan)
+  if mode != "train":
+    eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
+    eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,
+                                    trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
+                                    replicas, num_pipelines, batch_key="trainer.eval_batch_size")
+    data_lib.log_plan("eval", eval_plan)
+    eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
+        eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
+
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if mode != "eval":  # config.yaml describes the training run; an evaluation leaves it alone
     outputs.write_config(write_plan, config_lib.dump_yaml(config))
-
-  task, trainer_cfg = config.task, config.trainer
-  num_pipelines = max(cluster.num_workers, 1)
-  eval_source = eval_source if eval_source is not None else (
-      data_lib.make_source(task.eval_data) if mode != "train" else None)
-  train_plan = None
-  if mode != "eval":
-    train_source = train_source or data_lib.make_source(task.train_data)
-    train_plan = data_lib.plan_input(train_source, task.train_data, trainer_cfg.global_batch_size,
-                                     replicas, num_pipelines)
-    data_lib.log_plan("train", train_plan)
-  shapes = train_source or eval_source  # the model's input shape and classes
-  eval_plan, eval_dataset = None, None
-  if eval_source is not None:
-    eval_plan = data_lib.plan_input(eval_source, task.eval_data,
-                                    trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
-                                    replicas, num_pipelines)
-    data_lib.log_plan("eval", eval_plan)
-    eval_dataset = strategy.distribute_datasets_from_function(
-        data_lib.make_dataset_fn(eval_plan, task.eval_data, training=False, seed=trainer_cfg.seed))
-
   from tfdp import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(trainer_cfg.seed)
-  model_fn = model_fn or (lambda: models.build_model(
-      task.model.name, shapes.image_shape, shapes.num_classes, **task.model.kwargs))
-  trainer = trainer_lib.Trainer(config, strategy, write_plan, model_fn,
-                                train_plan.steps_per_epoch if train_plan else 1, verbose=verbose)
+  source = train_plan.source if train_plan else eval_plan.source  # what the model is built for
+  batch_plan = train_plan or eval_plan
+  trainer = trainer_lib.Trainer(config, strategy, write_plan,
+                                model_fn or (lambda: task.build_model(source)), task,
+                                global_batch=batch_plan.global_batch,
+                                steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
+                                verbose=verbose)
   trainer.restore()
-  return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, train_plan,
-                    eval_plan, eval_dataset, trainer)
+  return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
+                    train_plan, eval_plan, eval_dataset, trainer)
 
 
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
 import sys
-import time
 
 from absl import logging
 import keras
@@ -18,7 +16,6 @@ import tensorflow as tf
 
 from tfdp import compat
 from tfdp import outputs
-from tfdp.errors import Preempted
 from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
 
 
@@ -96,83 +93,48 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   return optimizer
 
 
-def _memory_mb() -> dict:
-  """This process's memory now and at its peak: a leak shows as growth from epoch to epoch."""
-  import resource  # pylint: disable=g-import-not-at-top
-  import psutil  # pylint: disable=g-import-not-at-top
-  return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+class MetricSums:
+  """A task's metrics as named weighted sums, each with its own denominator, summed over
+  replicas and steps and divided only when read; `examples` counts real (weight > 0) examples."""
 
+  def __init__(self, names, vector=None):
+    self.names = tuple(names)
+    vector = [0.0] * (1 + 2 * len(self.names)) if vector is None else [float(v) for v in vector]
+    self.examples = vector[0]
+    self.sums = {n: (vector[1 + 2 * i], vector[2 + 2 * i]) for i, n in enumerate(self.names)}
 
-class _StopRequest:
-  """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
-  checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
-  through the loop's all-reduce. A second Ctrl-C interrupts at once."""
+  def add(self, other: "MetricSums") -> None:
+    self.examples += other.examples
+    for name in self.names:
+      (a, b), (c, d) = self.sums[name], other.sums[name]
+      self.sums[name] = (a + c, b + d)
 
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  def value(self, name: str) -> float:
+    numerator, denominator = self.sums[name]
+    return numerator / denominator if denominator else 0.0
 
-  def __init__(self, enabled: bool):
-    self.signum = 0
-    self._previous = {}
-    if enabled:
-      for signum in self.SIGNALS:
-        try:
-          self._previous[signum] = signal.signal(signum, self._handle)
-        except ValueError:  # not the main thread (e.g. some notebook runners)
-          pass
-
-  @property
-  def requested(self) -> bool:
-    return bool(self.signum)
-
-  def _handle(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.signum = self.signum or signum
-
-  def restore(self):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
-
-
-@dataclasses.dataclass
-class LoopResult:
-  loss_sum: float = 0.0
-  correct: float = 0.0
-  count: float = 0.0
-
-  def add(self, other: "LoopResult") -> None:
-    self.loss_sum += other.loss_sum
-    self.correct += other.correct
-    self.count += other.count
-
-  @property
-  def loss(self) -> float:
-    return self.loss_sum / max(self.count, 1.0)
-
-  @property
-  def accuracy(self) -> float:
-    return self.correct / max(self.count, 1.0)
+  def values(self) -> dict:
+    return {n: self.value(n) for n in self.names}
 
 
 class Trainer:
   """Owns model, optimizer, checkpoints and the compiled step loops for one strategy.
 
-  `train_plan`/`eval_plan` are tfdp.data.InputPlan objects (fixed per-replica batch, padded with
-  mask=0 examples), and `make_train_dataset(start_step)`/`make_eval_dataset()` return
-  distributed datasets of `(images, labels, mask)`.
+  Knows no workload: the task gives the model's inputs, the per-example loss and the metric
+  sums of each batch (a dict whose "weight" is 0 for padding). `global_batch` and
+  `steps_per_epoch` come from the input plan that shaped the batches.
   """
 
   def __init__(self, config: ExperimentConfig, strategy, write_plan: outputs.WritePlan,
-               model_fn, steps_per_epoch: int, verbose: bool = True):
+               model_fn, task, global_batch: int, steps_per_epoch: int, verbose: bool = True):
     self.config = config
     self.strategy = strategy
     self.write_plan = write_plan
+    self.task = task
     self.steps_per_epoch = steps_per_epoch
     self.verbose = verbose and write_plan.is_chief
     trainer = config.trainer
-    self.global_batch = trainer.global_batch_size
+    self.global_batch = global_batch
     self.total_steps = trainer.epochs * steps_per_epoch
     if trainer.max_steps:
       self.total_steps = min(self.total_steps, trainer.max_steps)
@@ -191,11 +153,6 @@ class Trainer:
       # (keras-team/keras#20878), but checkpoints, resume and the data position must.
       self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-      if config.task.label_smoothing:
-        self._loss = keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=config.task.label_smoothing, reduction=None)
-      else:
-        self._loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                           step=self._step)
     self.manager = tf.train.CheckpointManager(self.checkpoint, write_plan.checkpoint_dir,
@@ -204,39 +161,36 @@ class Trainer:
       # XLA compiles the per-replica forward/backward; the optimizer's cross-replica update
       # (a merge_call) stays outside the compiled function.
       self._forward_backward = tf.function(self._forward_backward, jit_compile=True)
+    self._num_sums = 1 + 2 * len(task.metric_names)
     self._train_loop = self._make_train_loop()
     self._eval_loop = self._make_eval_loop()
 
   # ---- per-replica steps ---------------------------------------------------------------------
 
-  def _per_example_loss(self, labels, logits):
-    logits = tf.cast(logits, tf.float32)
-    if self.config.task.label_smoothing:
-      labels = tf.one_hot(labels, tf.shape(logits)[-1])
-    return self._loss(labels, logits)
+  def _sums(self, batch, model_outputs, per_example):
+    """[examples, numerator_1, denominator_1, ...] in the task's metric order."""
+    sums = self.task.metric_sums(batch, model_outputs, per_example)
+    parts = [tf.reduce_sum(batch["weight"])]
+    for name in self.task.metric_names:
+      parts.extend(tf.cast(x, tf.float32) for x in sums[name])
+    return tf.stack(parts)
 
-  def _sums(self, labels, logits, per_example, mask):
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)
-    return tf.stack([tf.reduce_sum(per_example * mask), tf.reduce_sum(correct * mask),
-                     tf.reduce_sum(mask)])
-
-  def _forward_backward(self, images, labels, mask):
+  def _forward_backward(self, batch):
     with tf.GradientTape() as tape:
-      logits = self.model(images, training=True)
-      per_example = self._per_example_loss(labels, logits)
+      outputs = self.model(self.task.model_inputs(batch), training=True)
+      per_example = self.task.per_example_loss(batch, outputs)
       # Divide by the *global* batch: the all-reduce SUM of replica gradients is then the
       # gradient of the mean loss over the whole batch, whatever the replica count.
-      loss = tf.nn.compute_average_loss(per_example, sample_weight=mask,
+      loss = tf.nn.compute_average_loss(per_example, sample_weight=batch["weight"],
                                         global_batch_size=self.global_batch)
       if self.model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
       scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
     grads = tape.gradient(scaled, self.model.trainable_variables)
-    return grads, self._sums(labels, logits, per_example, mask)
+    return grads, self._sums(batch, outputs, per_example)
 
   def _train_step(self, batch, totals):
-    images, labels, mask = batch
-    grads, sums = self._forward_backward(images, labels, mask)
+    grads, sums = self._forward_backward(batch)
     if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
       grads = compat.agree_on_finite_gradients(grads)
     # Keras' TF optimizer all-reduces (SUM) the gradients across replicas in apply_gradients.
@@ -244,9 +198,8 @@ class Trainer:
     return totals + sums
 
   def _eval_step(self, batch, totals):
-    images, labels, mask = batch
-    logits = self.model(images, training=False)
-    return totals + self._sums(labels, logits, self._per_example_loss(labels, logits), mask)
+    outputs = self.model(self.task.model_inputs(batch), training=False)
+    return totals + self._sums(batch, outputs, self.task.per_example_loss(batch, outputs))
 
   # ---- compiled loops ------------------------------------------------------------------------
 
@@ -255,27 +208,28 @@ class Trainer:
 
     @tf.function
     def train_loop(iterator, num_steps, stop_flag):
-      totals = strategy.run(lambda: tf.zeros(4))
+      totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
       for _ in tf.range(num_steps):
         totals = strategy.run(self._train_step_with_flag, args=(next(iterator), totals))
       self._step.assign_add(tf.cast(num_steps, tf.int64))
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
       strategy.run(lambda: compat.average_across_replicas(self._replica_local))
-      totals = strategy.run(lambda t: t + tf.stack([0.0, 0.0, 0.0, stop_flag]), args=(totals,))
+      flag = tf.one_hot(self._num_sums, self._num_sums + 1) * stop_flag
+      totals = strategy.run(lambda t: t + flag, args=(totals,))
       return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
 
     return train_loop
 
   def _train_step_with_flag(self, batch, totals):
-    return tf.concat([self._train_step(batch, totals[:3]), totals[3:]], axis=0)
+    return tf.concat([self._train_step(batch, totals[:-1]), totals[-1:]], axis=0)
 
   def _make_eval_loop(self):
     strategy = self.strategy
 
     @tf.function
     def eval_loop(iterator, num_steps):
-      totals = strategy.run(lambda: tf.zeros(3))
+      totals = strategy.run(lambda: tf.zeros(self._num_sums))
       for _ in tf.range(num_steps):
         totals = strategy.run(self._eval_step, args=(next(iterator), totals))
       return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
@@ -300,102 +254,16 @@ class Trainer:
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     self.manager.save(checkpoint_number=self.global_step)
 
-  # ---- public loops --------------------------------------------------------------------------
+  # ---- public loops: the outer loop that calls them is tfdp.controller.Controller --------------------------------------------------------------------------
 
   def run_steps(self, iterator, num_steps: int, stop_requested: bool = False
-                ) -> tuple[LoopResult, bool]:
+                ) -> tuple[MetricSums, bool]:
     """Runs num_steps training steps (one compiled call) from a distributed iterator. Returns
     their summed metrics and whether any worker asked to stop (agreed by the all-reduce)."""
     sums = self._train_loop(iterator, tf.constant(num_steps),
                             tf.constant(float(stop_requested))).numpy()
-    return LoopResult(*map(float, sums[:3])), bool(sums[3] > 0)
+    return MetricSums(self.task.metric_names, sums[:-1]), bool(sums[-1] > 0)
 
-  def evaluate(self, dist_dataset, steps: int) -> LoopResult:
+  def evaluate(self, dist_dataset, steps: int) -> MetricSums:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
-    return LoopResult(*map(float, sums))
-
-  def train(self, train_dataset_fn, eval_dataset=None, eval_steps: int = 0) -> dict:
-    """Trains from the restored step to total_steps. Returns the last epoch's metrics."""
-    trainer_cfg = self.config.trainer
-    start = self.global_step
-    if start >= self.total_steps:
-      logging.info("already trained: step %d of %d", start, self.total_steps)
-      return {}
-    iterator = iter(train_dataset_fn(start))
-    # Kept alive on purpose: destroying it after a long run stalled TF 2.21 here for about a
-    # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),
-    # before the model was exported. The apps leave with os._exit once every output is written.
-    self._train_iterator = iterator
-    stop = _StopRequest(self.config.runtime.checkpoint_on_preemption)
-    writer = (tf.summary.create_file_writer(self.write_plan.path("train")) if self.write_plan.is_chief
-              else tf.summary.create_noop_writer())
-    eval_writer = (tf.summary.create_file_writer(self.write_plan.path("eval"))
-                   if self.write_plan.is_chief and eval_dataset is not None
-                   else tf.summary.create_noop_writer())
-    step, last_row = start, {}
-    try:
-      while step < self.total_steps:
-        epoch = step // self.steps_per_epoch
-        epoch_end = min((epoch + 1) * self.steps_per_epoch, self.total_steps)
-        epoch_totals, epoch_start_time, epoch_images = LoopResult(), time.time(), 0
-        bar = keras.utils.Progbar(epoch_end - epoch * self.steps_per_epoch,
-                                  stateful_metrics=["loss", "acc", "img/s", "lr"],
-                                  verbose=1 if self.verbose else 0)
-        if self.verbose:
-          print(f"Epoch {epoch + 1}/{math.ceil(self.total_steps / self.steps_per_epoch)}",
-                flush=True)
-        while step < epoch_end:
-          n = min(trainer_cfg.steps_per_loop, epoch_end - step)
-          if trainer_cfg.checkpoint_every_steps:
-            next_ckpt = (step // trainer_cfg.checkpoint_every_steps + 1) * trainer_cfg.checkpoint_every_steps
-            n = min(n, next_ckpt - step)
-          t0 = time.time()
-          loop, stop_agreed = self.run_steps(iterator, n, stop.requested)
-          seconds = time.time() - t0
-          step += n
-          epoch_totals.add(loop)
-          epoch_images += n * self.global_batch
-          images_per_sec = n * self.global_batch / max(seconds, 1e-9)
-          lr = float(self.schedule(step - 1))
-          bar.update(step - epoch * self.steps_per_epoch,
-                     values=[("loss", loop.loss), ("acc", loop.accuracy),
-                             ("img/s", images_per_sec), ("lr", lr)])
-          with writer.as_default(step=step):
-            tf.summary.scalar("loss", loop.loss)
-            tf.summary.scalar("accuracy", loop.accuracy)
-            tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("images_per_sec", images_per_sec)
-          if stop_agreed:  # some worker was asked to stop: all save at this same step
-            self.save()
-            name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
-            logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
-            raise Preempted(step, stop.signum or signal.SIGTERM)
-          if trainer_cfg.checkpoint_every_steps and step % trainer_cfg.checkpoint_every_steps == 0:
-            self.save()
-        epoch_seconds = time.time() - epoch_start_time
-        row = {"epoch": epoch + 1, "step": step, "train_loss": epoch_totals.loss,
-               "train_accuracy": epoch_totals.accuracy,
-               "learning_rate": float(self.schedule(step - 1)),
-               "images_per_sec": epoch_images / max(epoch_seconds, 1e-9),
-               "epoch_seconds": epoch_seconds, **_memory_mb()}
-        is_last = step >= self.total_steps
-        if eval_dataset is not None and ((epoch + 1) % trainer_cfg.eval_every_epochs == 0 or is_last):
-          result = self.evaluate(eval_dataset, eval_steps)
-          row.update(eval_loss=result.loss, eval_accuracy=result.accuracy,
-                     eval_examples=int(result.count))
-          with eval_writer.as_default(step=step):
-            tf.summary.scalar("loss", result.loss)
-            tf.summary.scalar("accuracy", result.accuracy)
-          if self.verbose:
-            print(f"eval: loss {result.loss:.4f} accuracy {result.accuracy:.4f} "
-                  f"({int(result.count)} examples)", flush=True)
-        row["wall_time"] = time.time()
-        outputs.append_metrics(self.write_plan, row)
-        if not trainer_cfg.checkpoint_every_steps or step % trainer_cfg.checkpoint_every_steps:
-          self.save()
-        last_row = row
-    finally:
-      stop.restore()
-      writer.flush()
-      eval_writer.flush()
-    return last_row
+    return MetricSums(self.task.metric_names, sums)

@@ -36,7 +36,7 @@ def evaluation(exp) -> dict:
   if exp.eval_plan is None:
     return {}
   result = exp.evaluate()
-  return {"loss": result.loss, "accuracy": result.accuracy, "examples": result.count}
+  return {**result.values(), "examples": result.examples}
 
 
 def main():

@@ -1,0 +1,87 @@
+"""The trainer knows no workload: a tiny regression task made for this test trains, evaluates
+and writes its own named metrics, each divided by its own denominator."""
+import numpy as np
+import pandas as pd
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from tfdp import config as config_lib  # pylint: disable=wrong-import-position
+from tfdp import data as data_lib  # pylint: disable=wrong-import-position
+from tfdp import experiment  # pylint: disable=wrong-import-position
+from tfdp import tasks  # pylint: disable=wrong-import-position
+
+TRUE_W, TRUE_B = np.array([1.5, -2.0, 0.5], np.float32), 0.25
+
+
+def toy_examples(n, seed):
+  x = np.random.default_rng(seed).normal(size=(n, 3)).astype(np.float32)
+  return x, (x @ TRUE_W + TRUE_B).astype(np.float32)
+
+
+@tasks.register_task("toy_regression")
+class ToyRegression(tasks.Task):
+  """y = x·w + b. `large_sign` is the sign accuracy over examples with |y| > 1 only: its
+  denominator is not the example count."""
+
+  metric_names = ("loss", "abs_error", "large_sign")
+
+  def build_source(self, data):
+    x, y = toy_examples(data.num_examples, seed=0 if data.split == "train" else 1)
+    read = lambda files: tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
+    return data_lib.Source([len(y)], read, "toy", info={"features": 3})
+
+  def preprocess(self, example, data, training, seed):
+    return {"x": example["x"], "y": example["y"]}
+
+  def build_model(self, source):
+    import keras  # pylint: disable=g-import-not-at-top
+    return keras.Sequential([keras.Input((source.info["features"],)), keras.layers.Dense(1)])
+
+  def model_inputs(self, batch):
+    return batch["x"]
+
+  def per_example_loss(self, batch, outputs):
+    return tf.square(outputs[:, 0] - batch["y"])
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    weight, error = batch["weight"], outputs[:, 0] - batch["y"]
+    large = weight * tf.cast(tf.abs(batch["y"]) > 1.0, tf.float32)
+    same_sign = tf.cast(tf.sign(outputs[:, 0]) == tf.sign(batch["y"]), tf.float32)
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight)),
+            "abs_error": (tf.reduce_sum(tf.abs(error) * weight), tf.reduce_sum(weight)),
+            "large_sign": (tf.reduce_sum(same_sign * large), tf.reduce_sum(large))}
+
+
+def test_a_task_made_for_tests_trains_and_reports_its_own_metrics(tmp_path):
+  config = config_lib.load_config([], [
+      "task.name=toy_regression,task.train_data.num_examples=203,task.eval_data.num_examples=37,"
+      "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.eval_batch_size=16,"
+      "trainer.epochs=4,trainer.steps_per_loop=5,trainer.optimizer.weight_decay=0,"
+      "trainer.learning_rate.base_lr=0.05,trainer.learning_rate.base_batch_size=16,"
+      "runtime.strategy=default"])
+  exp = experiment.build(config, str(tmp_path), "train_and_eval", verbose=False)
+  before = exp.evaluate()
+  result = exp.run()
+  metrics = pd.read_csv(tmp_path / "metrics.csv")
+  for column in ("train_loss", "train_abs_error", "train_large_sign", "eval_loss",
+                 "eval_abs_error", "eval_large_sign", "eval_examples", "examples_per_sec"):
+    assert column in metrics.columns, column
+  assert metrics["step"].tolist() == [13, 26, 39, 52]  # ceil(203 / 16) per epoch
+  assert metrics["eval_examples"].tolist() == [37] * 4  # 48 slots, 11 of them padding
+  assert result["eval_loss"] < 0.05 * before.value("loss")
+  # The eval numbers are exactly what the final weights give on the 37 real examples.
+  x, y = toy_examples(37, seed=1)
+  kernel, bias = (np.asarray(w) for w in exp.trainer.model.get_weights())
+  pred = (x @ kernel)[:, 0] + bias[0]
+  large = np.abs(y) > 1.0
+  assert result["eval_loss"] == pytest.approx(np.mean((pred - y) ** 2), rel=1e-4)
+  assert result["eval_abs_error"] == pytest.approx(np.mean(np.abs(pred - y)), rel=1e-4)
+  assert result["eval_large_sign"] == pytest.approx(np.mean(np.sign(pred[large]) == np.sign(y[large])))
+  assert 0 < large.sum() < 37  # a denominator of its own
+
+
+def test_an_unknown_task_name_is_one_line_naming_the_known_ones():
+  with pytest.raises(config_lib.ConfigError, match="task.name.*image_classification") as error:
+    config_lib.load_config([], ["task.name=imag_classification"])
+  assert "\n" not in str(error.value) and "did you mean 'image_classification'" in str(error.value)

@@ -1,0 +1,163 @@
+"""The outer loop (Orbit's controller): when to train, evaluate, checkpoint and summarize.
+The compiled inner loops, checkpoints and the model are the Trainer's; this knows no workload."""
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from tfdp import outputs
+from tfdp.errors import Preempted
+
+
+def memory_mb() -> dict:
+  """This process's memory now and at its peak: a leak shows as growth from epoch to epoch."""
+  import resource  # pylint: disable=g-import-not-at-top
+  import psutil  # pylint: disable=g-import-not-at-top
+  return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+class StopRequest:
+  """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
+  checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
+  through the loop's all-reduce. A second Ctrl-C interrupts at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self, enabled: bool):
+    self.signum = 0
+    self._previous = {}
+    if enabled:
+      for signum in self.SIGNALS:
+        try:
+          self._previous[signum] = signal.signal(signum, self._handle)
+        except ValueError:  # not the main thread (e.g. some notebook runners)
+          pass
+
+  @property
+  def requested(self) -> bool:
+    return bool(self.signum)
+
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT and self.signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = self.signum or signum
+
+  def restore(self):
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+
+
+class Controller:
+  """Runs a Trainer from its restored step to its last: loops of `steps_per_loop` compiled steps,
+  cut at checkpoint boundaries; after each epoch a metrics row, an evaluation when due and a
+  checkpoint; a stop request saves at the boundary every worker agreed on."""
+
+  def __init__(self, trainer, train_dataset_fn, eval_dataset=None, eval_steps: int = 0):
+    self.trainer = trainer
+    self.cfg = trainer.config.trainer
+    self.train_dataset_fn = train_dataset_fn
+    self.eval_dataset = eval_dataset
+    self.eval_steps = eval_steps
+    plan = trainer.write_plan
+    self.writer = (tf.summary.create_file_writer(plan.path("train")) if plan.is_chief
+                   else tf.summary.create_noop_writer())
+    self.eval_writer = (tf.summary.create_file_writer(plan.path("eval"))
+                        if plan.is_chief and eval_dataset is not None
+                        else tf.summary.create_noop_writer())
+
+  def _next_loop_size(self, step: int, epoch_end: int) -> int:
+    n = min(self.cfg.steps_per_loop, epoch_end - step)
+    every = self.cfg.checkpoint_every_steps
+    return min(n, (step // every + 1) * every - step) if every else n
+
+  def _summarize(self, writer, step: int, sums, extra: dict) -> None:
+    with writer.as_default(step=step):
+      for name, value in {**sums.values(), **extra}.items():
+        tf.summary.scalar(name, value)
+
+  def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
+    is_last = step >= self.trainer.total_steps
+    if self.eval_dataset is None or not ((epoch + 1) % self.cfg.eval_every_epochs == 0 or is_last):
+      return
+    result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
+    row.update({f"eval_{name}": value for name, value in result.values().items()},
+               eval_examples=int(result.examples))
+    self._summarize(self.eval_writer, step, result, {})
+    if self.trainer.verbose:
+      shown = " ".join(f"{name} {value:.4f}" for name, value in result.values().items())
+      print(f"eval: {shown} ({int(result.examples)} examples)", flush=True)
+
+  def run(self) -> dict:
+    """Trains from the restored step to total_steps. Returns the last epoch's metrics row."""
+    trainer, cfg = self.trainer, self.cfg
+    steps_per_epoch, total = trainer.steps_per_epoch, trainer.total_steps
+    start = trainer.global_step
+    if start >= total:
+      logging.info("already trained: step %d of %d", start, total)
+      return {}
+    iterator = iter(self.train_dataset_fn(start))
+    # Kept alive on purpose: destroying it after a long run stalled TF 2.21 here for about a
+    # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),
+    # before the model was exported. The apps leave with os._exit once every output is written.
+    trainer._train_iterator = iterator  # pylint: disable=protected-access
+    stop = StopRequest(trainer.config.runtime.checkpoint_on_preemption)
+    step, last_row = start, {}
+    names = trainer.task.metric_names
+    try:
+      while step < total:
+        epoch = step // steps_per_epoch
+        epoch_end = min((epoch + 1) * steps_per_epoch, total)
+        epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
+        bar = keras.utils.Progbar(epoch_end - epoch * steps_per_epoch,
+                                  stateful_metrics=[*names, "ex/s", "lr"],
+                                  verbose=1 if trainer.verbose else 0)
+        if trainer.verbose:
+          print(f"Epoch {epoch + 1}/{math.ceil(total / steps_per_epoch)}", flush=True)
+        while step < epoch_end:
+          n = self._next_loop_size(step, epoch_end)
+          t0 = time.time()
+          loop, stop_agreed = trainer.run_steps(iterator, n, stop.requested)
+          seconds = time.time() - t0
+          step += n
+          if epoch_sums is None:
+            epoch_sums = loop
+          else:
+            epoch_sums.add(loop)
+          epoch_examples += n * trainer.global_batch
+          examples_per_sec = n * trainer.global_batch / max(seconds, 1e-9)
+          lr = float(trainer.schedule(step - 1))
+          bar.update(step - epoch * steps_per_epoch,
+                     values=[*loop.values().items(), ("ex/s", examples_per_sec), ("lr", lr)])
+          self._summarize(self.writer, step, loop,
+                          {"learning_rate": lr, "examples_per_sec": examples_per_sec})
+          if stop_agreed:  # some worker was asked to stop: all save at this same step
+            trainer.save()
+            name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
+            logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
+            raise Preempted(step, stop.signum or signal.SIGTERM)
+          if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+            trainer.save()
+        epoch_seconds = time.time() - epoch_start_time
+        row = {"epoch": epoch + 1, "step": step,
+               **{f"train_{name}": value for name, value in epoch_sums.values().items()},
+               "learning_rate": float(trainer.schedule(step - 1)),
+               "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
+               "epoch_seconds": epoch_seconds, **memory_mb()}
+        self._evaluate_if_due(epoch, step, row)
+        row["wall_time"] = time.time()
+        outputs.append_metrics(trainer.write_plan, row)
+        if not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps:
+          trainer.save()
+        last_row = row
+    finally:
+      stop.restore()
+      self.writer.flush()
+      self.eval_writer.flush()
+    return last_row

@@ -1,0 +1,133 @@
+"""Workloads as tasks: what a run reads, which model it trains, its loss and its metrics.
+
+The trainer, input planning, checkpoints, outputs and the launcher know no workload; the task
+tells them (TF Model Garden's `base_task.py`, without its weight):
+
+  build_source(data)            raw examples of one split: a `tfdp.data.Source`
+  preprocess(example, training, seed)
+                                one raw example → the model's features and labels, fixed shapes
+                                (a tf.data map; `seed` is stateless: (run seed, epoch, index))
+  build_model(source)           a Keras model, called inside `strategy.scope()`
+  per_example_loss(batch, outputs)
+                                a [batch] loss, before the example weight
+  metric_sums(batch, outputs, per_example_loss)
+                                {name: (numerator, denominator)}, weighted, for one batch; the
+                                trainer sums both parts over replicas and steps and divides last
+                                (flax's lm1b: token accuracy divides by tokens, not sequences)
+
+Every batch is a dict with a "weight" entry: 0 for padding examples, 1 otherwise.
+`task.name` picks a registered task; `register_task` adds a user's own.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tfdp import models
+from tfdp.config import DataConfig, TaskConfig
+from tfdp.errors import ConfigError
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_task(name: str) -> Callable[[type], type]:
+  """Class decorator: `@tfdp.register_task("my_task") class MyTask(tfdp.tasks.Task)`."""
+  def decorate(cls: type) -> type:
+    _REGISTRY[name] = cls
+    return cls
+  return decorate
+
+
+def registered_tasks() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def make_task(config: TaskConfig) -> "Task":
+  if config.name not in _REGISTRY:
+    raise ConfigError(f"config key 'task.name' is '{config.name}'; use one of "
+                      f"{', '.join(registered_tasks())}.")
+  return _REGISTRY[config.name](config)
+
+
+class Task:
+  """The base: subclasses say what their examples, model, loss and metrics are."""
+
+  metric_names: tuple[str, ...] = ("loss",)  # the order of the trainer's sums vector
+
+  def __init__(self, config: TaskConfig):
+    self.config = config
+
+  def build_source(self, data: DataConfig):
+    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    return data_lib.make_source(data)
+
+  def preprocess(self, example: dict, data: DataConfig, training: bool, seed) -> dict:
+    del data, training, seed
+    return example
+
+  def build_model(self, source):
+    raise NotImplementedError
+
+  def model_inputs(self, batch: dict):
+    raise NotImplementedError
+
+  def per_example_loss(self, batch: dict, outputs):
+    raise NotImplementedError
+
+  def metric_sums(self, batch: dict, outputs, per_example_loss) -> dict:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    weight = batch["weight"]
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+
+
+def _normalize(image, mean, std):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  image = tf.cast(image, tf.float32) / 255.0
+  return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def _augment(image, seed):
+  """Random 4-pixel-pad crop and horizontal flip, stateless: the same example, epoch and seed
+  give the same pixels whichever replica or worker reads it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(image)
+  padded = tf.pad(image, [[4, 4], [4, 4], [0, 0]], mode="REFLECT")
+  image = tf.image.stateless_random_crop(padded, shape, seed=seed)
+  return tf.image.stateless_random_flip_left_right(image, seed=seed + 1)
+
+
+@register_task("image_classification")
+class ImageClassificationTask(Task):
+  """Images → one of num_classes: cross-entropy on logits, accuracy."""
+
+  metric_names = ("loss", "accuracy")
+
+  def preprocess(self, example, data, training, seed):
+    image = example["image"]
+    if training and data.augment:
+      image = _augment(image, seed)
+    return {"image": _normalize(image, data.mean, data.std), "label": example["label"]}
+
+  def build_model(self, source):
+    model = self.config.model
+    return models.build_model(model.name, source.image_shape, source.num_classes, **model.kwargs)
+
+  def model_inputs(self, batch):
+    return batch["image"]
+
+  def per_example_loss(self, batch, outputs):
+    import keras  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    logits = tf.cast(outputs, tf.float32)
+    if self.config.label_smoothing:
+      labels = tf.one_hot(batch["label"], tf.shape(logits)[-1])
+      return keras.losses.categorical_crossentropy(
+          labels, logits, from_logits=True, label_smoothing=self.config.label_smoothing)
+    return keras.losses.sparse_categorical_crossentropy(batch["label"], logits, from_logits=True)
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    weight = batch["weight"]
+    correct = tf.cast(tf.equal(tf.argmax(outputs, -1), batch["label"]), tf.float32)
+    count = tf.reduce_sum(weight)
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), count),
+            "accuracy": (tf.reduce_sum(correct * weight), count)}
