@@ -1,0 +1,482 @@
+"""Text inputs: folders and their one-line errors, Shakespeare's speeches and genre split,
+WordPiece vocabularies, packing, and masked-LM examples that depend only on (seed, epoch, index)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+from tfdp import text
+from tfdp.errors import ConfigError, DataError
+
+SHAKESPEARE = helpers.REPO.parent / "shared" / "text" / "shakespeare"
+NO_SHAKESPEARE = f"the Shakespeare corpus is not in {SHAKESPEARE} (see shared/README.md)"
+needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason=NO_SHAKESPEARE)
+VOCAB_APP = str(helpers.REPO / "apps" / "vocab.py")
+SPECIAL = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+
+TINY_CORPUS = [
+    "The cat sat on the mat. The dog sat on the log!",
+    "A bat, a rat and a cat; the rat sat.",
+    "Is this a dagger which I see before me?",
+]
+
+
+def one_line_error(excinfo) -> str:
+  message = str(excinfo.value)
+  assert "\n" not in message
+  return message
+
+
+def write_play(path, speeches):
+  """A play in the corpus' Markdown: heading, stage direction, **NAME** speeches."""
+  lines = [f"# {path.stem}", "", "### SCENE I.", "", "_Enter two_", ""]
+  for i, speech in enumerate(speeches):
+    lines += [f"**SPEAKER{i % 2}**  ", f"{speech}  ", ""]
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(lines), encoding="utf-8")
+
+
+# ---- folders and files -----------------------------------------------------------------------
+
+
+def test_list_text_folder_sorted_with_labels_and_empty_files(tmp_path):
+  (tmp_path / "poems").mkdir()
+  (tmp_path / "plays").mkdir()
+  (tmp_path / ".hidden").mkdir()
+  (tmp_path / "plays" / "b.md").write_text("To be", encoding="utf-8")
+  (tmp_path / "plays" / "a.txt").write_text("", encoding="utf-8")  # empty: kept
+  (tmp_path / "plays" / "notes.csv").write_text("x,y", encoding="utf-8")  # not text: ignored
+  (tmp_path / "poems" / "z.TXT").write_text("Shall I compare thee", encoding="utf-8")
+  (tmp_path / ".hidden" / "c.txt").write_text("hidden", encoding="utf-8")
+  paths, labels, classes = text.list_text_folder(str(tmp_path))
+  assert classes == ["plays", "poems"]
+  assert [p[len(str(tmp_path)) + 1:] for p in paths] == ["plays/a.txt", "plays/b.md", "poems/z.TXT"]
+  assert labels == [0, 0, 1]
+  assert text.read_text_files(paths) == ["", "To be", "Shall I compare thee"]
+
+
+def _not_a_folder(root):
+  return root / "missing", root / "missing"
+
+
+def _no_class_folders(root):
+  root.mkdir()
+  (root / "loose.txt").write_text("text", encoding="utf-8")
+  return root, root
+
+
+def _no_text_files(root):
+  (root / "a").mkdir(parents=True)
+  (root / "a" / "data.csv").write_text("1,2", encoding="utf-8")
+  return root, root
+
+
+def _binary_file(root):
+  (root / "a").mkdir(parents=True)
+  (root / "a" / "good.txt").write_text("fine", encoding="utf-8")
+  (root / "a" / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0")
+  return root, root / "a" / "image.txt"
+
+
+def _latin1_file(root):
+  (root / "a").mkdir(parents=True)
+  (root / "a" / "old.md").write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
+  return root, root / "a" / "old.md"
+
+
+@pytest.mark.parametrize("make, words", [
+    (_not_a_folder, "is not a folder"),
+    (_no_class_folders, "no class subfolders"),
+    (_no_text_files, "holds no .txt/.md files"),
+    (_binary_file, "is binary"),
+    (_latin1_file, "is not UTF-8"),
+])
+def test_list_text_folder_bad_input_is_one_line_naming_the_file(tmp_path, make, words):
+  root, named = make(tmp_path / "corpus")
+  with pytest.raises(DataError) as excinfo:
+    text.list_text_folder(str(root))
+  message = one_line_error(excinfo)
+  assert words in message and f"'{named}'" in message, message
+
+
+@pytest.mark.parametrize("given, words", [
+    ("{tmp}/nothing/*.txt", "neither a folder nor a glob that matches files"),
+    (["{tmp}/gone.txt"], "does not exist"),
+    (["{tmp}/nul.txt"], "is binary"),
+    ("{tmp}/empty_folder", "holds no .txt/.md files"),
+])
+def test_read_text_files_bad_input_is_one_line_naming_the_file(tmp_path, given, words):
+  (tmp_path / "nul.txt").write_bytes(b"text\0more")
+  (tmp_path / "empty_folder").mkdir()
+  fill = lambda s: s.format(tmp=tmp_path)
+  given = fill(given) if isinstance(given, str) else [fill(p) for p in given]
+  named = given if isinstance(given, str) else given[0]
+  with pytest.raises(DataError) as excinfo:
+    text.read_text_files(given)
+  message = one_line_error(excinfo)
+  assert words in message and named in message, message
+
+
+def test_read_text_files_from_folder_and_glob(tmp_path):
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "b.txt").write_text("second", encoding="utf-8")
+  (tmp_path / "sub" / "a.md").write_text("third", encoding="utf-8")
+  (tmp_path / "a.txt").write_text("first", encoding="utf-8")
+  assert text.read_text_files(str(tmp_path)) == ["first", "second", "third"]
+  assert text.read_text_files(str(tmp_path / "*.txt")) == ["first", "second"]
+
+
+def test_import_starts_no_tensorflow():
+  code = ("import sys, tfdp.text; "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', "
+          "'keras_hub')))")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env=helpers.env(), cwd=str(helpers.REPO))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip() == "[]"
+
+
+# ---- Shakespeare -----------------------------------------------------------------------------
+
+PLAY = """# A Play
+
+## ACT I
+
+### SCENE I. A heath.
+
+_Thunder. Enter two Witches, and a Captain
+bleeding_
+
+**FIRST WITCH**  
+When shall we   three meet again  
+In thunder, lightning, or in rain?
+
+**SECOND WITCH**  
+When the hurlyburly's done,  
+_Aside_  
+\\[Aside]_ When the battle's lost and won.
+
+_Exit FIRST WITCH_
+
+Fair is foul, \\-- and foul is fair.
+
+### SCENE II. A camp.
+
+A line nobody speaks.
+
+**CAPTAIN**  
+_\\[Within]_  
+Doubtful it stood;
+
+**ALL**  
+_Exeunt_
+"""
+
+
+def test_split_speeches_keeps_spoken_lines_only():
+  assert text.split_speeches(PLAY) == [
+      "When shall we three meet again In thunder, lightning, or in rain?",
+      "When the hurlyburly's done, When the battle's lost and won. Fair is foul, -- and foul is "
+      "fair.",
+      "Doubtful it stood;",
+  ]
+
+
+def small_corpus(root):
+  """Three genres of two plays each; every speech names its play."""
+  for genre, plays in {"comedy": ["b-play", "a-play"], "history": ["d-play", "c-play"],
+                       "tragedy": ["e-play", "f-play"]}.items():
+    for play in plays:
+      write_play(root / genre / f"{play}.md", [f"{play} speaks {i}" for i in range(3)])
+  return root
+
+
+def test_genre_split_holds_whole_plays_out(tmp_path):
+  root = str(small_corpus(tmp_path / "plays"))
+  split = text.genre_split(root)
+  assert split.class_names == ["comedy", "history", "tragedy"]
+  assert split.eval_plays == ["a-play", "c-play", "e-play"]  # the first of each genre by name
+  train_plays = {s.play for s in split.train}
+  eval_plays = {s.play for s in split.eval}
+  assert train_plays == {"b-play", "d-play", "f-play"} and eval_plays == set(split.eval_plays)
+  assert len(split.train) == len(split.eval) == 9
+  for speech in split.train + split.eval:
+    assert speech.text.startswith(speech.play)  # the speech came from that play's file
+    assert split.class_names[speech.label] == {"a": "comedy", "b": "comedy", "c": "history",
+                                               "d": "history", "e": "tragedy",
+                                               "f": "tragedy"}[speech.play[0]]
+  chosen = text.genre_split(root, eval_plays=["f-play"])
+  assert {s.play for s in chosen.eval} == {"f-play"} and len(chosen.train) == 15
+
+
+@pytest.mark.parametrize("eval_plays, words", [
+    (["hamlet"], "are not in"),
+    (["a-play", "b-play", "c-play", "d-play", "e-play", "f-play"], "no training speeches"),
+])
+def test_genre_split_bad_eval_plays(tmp_path, eval_plays, words):
+  root = str(small_corpus(tmp_path / "plays"))
+  with pytest.raises(DataError) as excinfo:
+    text.genre_split(root, eval_plays)
+  message = one_line_error(excinfo)
+  assert words in message and root in message, message
+
+
+@needs_shakespeare
+def test_genre_split_of_the_corpus():
+  split = text.genre_split(str(SHAKESPEARE))
+  assert split.class_names == ["comedies", "histories", "problems", "roman", "romances", "tragedies"]
+  assert split.eval_plays == ["a-midsummer-night-s-dream", "edward-iii", "all-s-well-that-ends-well",
+                              "antony-and-cleopatra", "a-winter-s-tale", "hamlet"]
+  train_plays = {s.play for s in split.train}
+  eval_plays = {s.play for s in split.eval}
+  assert not train_plays & eval_plays
+  assert len(train_plays) + len(eval_plays) == 38
+  assert {s.label for s in split.train} == {s.label for s in split.eval} == set(range(6))
+  assert len(split.train) + len(split.eval) == 31354  # one speech per **NAME** line
+
+
+# ---- vocabulary ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+  vocab = text.learn_vocabulary(TINY_CORPUS, 80, path)
+  return path, vocab
+
+
+def test_learned_vocabulary_round_trips_text(tiny_vocab):
+  path, vocab = tiny_vocab
+  with open(path, encoding="utf-8") as f:
+    assert f.read().splitlines() == vocab
+  assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert 20 < len(vocab) <= 80 and len(set(vocab)) == len(vocab)
+  tokenizer = text.load_tokenizer(path)
+  assert text.special_token_ids(tokenizer) == SPECIAL
+  ids = np.asarray(tokenizer.tokenize("The rat sat on the mat, Dagger!"))
+  assert text.UNK_ID not in ids and len(ids) > 7  # "dagger" is split into pieces
+  assert tokenizer.detokenize(ids) == "the rat sat on the mat , dagger !"
+  unknown = np.asarray(tokenizer.tokenize("the zebra sat"))  # no "z" in the corpus
+  assert unknown.tolist().count(text.UNK_ID) == 1
+
+
+def test_learn_vocabulary_from_nothing_is_an_error(tmp_path):
+  with pytest.raises(DataError) as excinfo:
+    text.learn_vocabulary(["", "  \n"], 100, str(tmp_path / "v.txt"))
+  assert str(tmp_path / "v.txt") in one_line_error(excinfo)
+  assert not (tmp_path / "v.txt").exists()
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ("the\ncat\n", "lacks the reserved token"),
+    ("[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\ncat\n", "must start with [PAD]"),
+    ("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\ncat\n", "lists 'cat' twice"),
+])
+def test_bad_vocabulary_file_is_one_line_naming_file_and_command(tmp_path, content, words):
+  path = tmp_path / "vocab.txt"
+  if content is not None:
+    path.write_text(content, encoding="utf-8")
+  with pytest.raises(DataError) as excinfo:
+    text.load_tokenizer(str(path))
+  message = one_line_error(excinfo)
+  assert words in message and f"'{path}'" in message and "tfdp-vocab --input=" in message, message
+
+
+@needs_shakespeare
+def test_shipped_vocabulary_knows_the_plays():
+  tokenizer = text.load_tokenizer(text.SHIPPED_VOCAB)
+  assert 5000 < tokenizer.vocabulary_size() <= 8000
+  assert text.special_token_ids(tokenizer) == SPECIAL
+  ids = []
+  for play in ["tragedies/hamlet.md", "comedies/twelfth-night.md", "histories/edward-iii.md"]:
+    speeches = text.split_speeches(text.read_text_file(str(SHAKESPEARE / play)))
+    ids.extend(np.concatenate([np.asarray(tokenizer.tokenize(s)) for s in speeches[:300]]))
+  ids = np.asarray(ids)
+  assert len(ids) > 20000
+  assert np.mean(ids == text.UNK_ID) < 0.01
+  assert np.asarray(tokenizer.tokenize("\u732b")).tolist() == [text.UNK_ID]  # the rate can rise
+
+
+# ---- packing and masking ---------------------------------------------------------------------
+
+
+def test_pack_tokens_fixed_length_cls_first_and_no_token_lost():
+  tf = pytest.importorskip("tensorflow")
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(5, 50, size=n).astype(np.int32) for n in (1, 7, 30, 0, 12, 9, 43)]
+  dataset = tf.data.Dataset.from_generator(lambda: iter(docs),
+                                           output_signature=tf.TensorSpec([None], tf.int32))
+  sequence_length = 8
+  packed = np.stack(list(text.pack_tokens(dataset, sequence_length).as_numpy_iterator()))
+  assert packed.shape[1] == sequence_length and len(packed) == 16  # 108 tokens in pieces of 7
+  assert (packed[:, 0] == text.CLS_ID).all()
+  stream = np.concatenate([docs[0]] + [np.concatenate([[text.SEP_ID], d]) for d in docs[1:]])
+  body = packed[:, 1:].reshape(-1)
+  assert (body[len(stream):] == text.PAD_ID).all() and len(body) - len(stream) < sequence_length - 1
+  np.testing.assert_array_equal(body[:len(stream)], stream)
+
+
+def masked_examples(sequences, seed=1, epoch=0, vocab_size=50, **kw):
+  """mask_tokens over example i = row i, in a tf.data pipeline batched by 16."""
+  tf = pytest.importorskip("tensorflow")
+
+  def mask(index, ids):
+    return text.mask_tokens(ids, text.example_seed(seed, epoch, index), vocab_size, SPECIAL, **kw)
+
+  ds = tf.data.Dataset.from_tensor_slices(sequences).enumerate().map(mask).batch(16)
+  parts = list(ds.as_numpy_iterator())
+  features = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+  return features, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
+
+def random_sequences(count=200, length=64, vocab_size=50, seed=0):
+  """[CLS] + ordinary tokens with some [SEP]/[UNK], then padding of random length."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab_size, size=(count, length)).astype(np.int32)
+  ids[:, 0] = text.CLS_ID
+  ids[rng.random((count, length)) < 0.05] = text.SEP_ID
+  ids[rng.random((count, length)) < 0.02] = text.UNK_ID
+  ids[:, 0] = text.CLS_ID
+  for row, pad_from in enumerate(rng.integers(length // 2, length + 1, size=count)):
+    ids[row, pad_from:] = text.PAD_ID
+  return ids
+
+
+def test_mask_tokens_is_a_function_of_seed_epoch_and_index():
+  tf = pytest.importorskip("tensorflow")
+  sequences = random_sequences(count=40)
+  features, labels, weights = masked_examples(sequences)
+  again, _, _ = masked_examples(sequences)
+  for key in features:
+    np.testing.assert_array_equal(features[key], again[key])
+  # Example 5 alone (as another worker would see it) gets the masks it got in a batch.
+  alone, alone_labels, alone_weights = text.mask_tokens(
+      tf.constant(sequences[5]), text.example_seed(1, 0, 5), 50, SPECIAL)
+  for key in features:
+    np.testing.assert_array_equal(alone[key].numpy(), features[key][5])
+  np.testing.assert_array_equal(alone_labels.numpy(), labels[5])
+  np.testing.assert_array_equal(alone_weights.numpy(), weights[5])
+  next_epoch, _, _ = masked_examples(sequences, epoch=1)
+  other_seed, _, _ = masked_examples(sequences, seed=2)
+  for other in (next_epoch, other_seed):
+    same = [np.array_equal(a, b) for a, b in zip(features["mask_positions"], other["mask_positions"])]
+    assert sum(same) <= 2, sum(same)
+
+
+def test_mask_tokens_proportions_and_what_may_be_chosen():
+  sequences = random_sequences(count=300)
+  features, labels, weights = masked_examples(sequences)
+  positions, masked = features["mask_positions"], features["token_ids"]
+  slots = text.max_predictions_for(64)
+  assert positions.shape == labels.shape == weights.shape == (len(sequences), slots)
+  candidates = ~np.isin(sequences, list(SPECIAL.values()))
+  np.testing.assert_array_equal(features["padding_mask"], (sequences != text.PAD_ID).astype(int))
+  assert (features["segment_ids"] == 0).all()
+  chosen_count = weights.sum(axis=1).astype(int)
+  np.testing.assert_array_equal(chosen_count, np.round(0.15 * candidates.sum(axis=1)).astype(int))
+  originals, replaced = [], []
+  for row in range(len(sequences)):
+    real = positions[row, :chosen_count[row]]
+    assert (weights[row, :chosen_count[row]] == 1).all() and (weights[row, chosen_count[row]:] == 0).all()
+    assert (positions[row, chosen_count[row]:] == 0).all() and (labels[row, chosen_count[row]:] == 0).all()
+    assert (np.diff(real) > 0).all()  # distinct, sorted
+    assert candidates[row, real].all()  # never [CLS], [SEP], [UNK], [PAD] or [MASK]
+    np.testing.assert_array_equal(labels[row, :chosen_count[row]], sequences[row, real])
+    untouched = np.ones(64, bool)
+    untouched[real] = False
+    np.testing.assert_array_equal(masked[row, untouched], sequences[row, untouched])
+    originals.extend(sequences[row, real])
+    replaced.extend(masked[row, real])
+  originals, replaced = np.asarray(originals), np.asarray(replaced)
+  assert len(originals) > 1500
+  assert abs(candidates.sum() * 0.15 / len(originals) - 1) < 0.01
+  to_mask = np.mean(replaced == text.MASK_ID)
+  kept = np.mean(replaced == originals)
+  to_random = np.mean((replaced != text.MASK_ID) & (replaced != originals))
+  assert abs(to_mask - 0.8) < 0.03 and abs(kept - 0.1) < 0.03 and abs(to_random - 0.1) < 0.03, \
+      (to_mask, kept, to_random)
+  random_ids = replaced[(replaced != text.MASK_ID) & (replaced != originals)]
+  assert ((random_ids >= 5) & (random_ids < 50)).all()  # random tokens are ordinary tokens
+
+
+def test_tiny_bert_masked_lm_takes_a_batch():
+  tf = pytest.importorskip("tensorflow")
+  keras_hub = pytest.importorskip("keras_hub")
+  tokenizer = text.load_tokenizer(text.SHIPPED_VOCAB)
+  vocab_size, sequence_length = tokenizer.vocabulary_size(), 32
+  text.check_sequence_length(sequence_length, 32, "task.sequence_length")
+  docs = ["Now is the winter of our discontent", "Made glorious summer by this sun of York;",
+          "And all the clouds that lour'd upon our house", "In the deep bosom of the ocean buried."]
+  token_ids = tf.data.Dataset.from_tensor_slices(docs).map(tokenizer.tokenize)
+  special = text.special_token_ids(tokenizer)
+
+  def mask(index, ids):
+    return text.mask_tokens(ids, text.example_seed(7, 0, index), vocab_size, special)
+
+  batch = next(iter(text.pack_tokens(token_ids, sequence_length).enumerate().map(mask).batch(8)))
+  features, labels, weights = batch
+  backbone = keras_hub.models.BertBackbone(
+      vocabulary_size=vocab_size, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
+      max_sequence_length=sequence_length)
+  model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+  logits = model(features)
+  batch_size = features["token_ids"].shape[0]
+  assert batch_size == 2  # 4 short lines pack into two sequences of 32
+  assert tuple(logits.shape) == (batch_size, text.max_predictions_for(sequence_length), vocab_size)
+  loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+  loss = float(tf.reduce_sum(loss * weights) / tf.reduce_sum(weights))
+  assert abs(loss - np.log(vocab_size)) < 1.0  # random weights: close to a uniform guess
+
+
+@pytest.mark.parametrize("length, limit, words", [
+    (600, 512, "task.sequence_length=600 is longer than the model's max_sequence_length 512"),
+    (1, 512, "leaves no room"),
+])
+def test_check_sequence_length(length, limit, words):
+  with pytest.raises(ConfigError) as excinfo:
+    text.check_sequence_length(length, limit, "task.sequence_length")
+  assert words in one_line_error(excinfo)
+
+
+# ---- tfdp-vocab ------------------------------------------------------------------------------
+
+
+def run_vocab(*args):
+  return subprocess.run([sys.executable, VOCAB_APP, *args], capture_output=True, text=True,
+                        timeout=300, env=helpers.env(PYTHONPATH=helpers.REPO),
+                        cwd=str(helpers.REPO))
+
+
+def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
+  (tmp_path / "corpus").mkdir()
+  for i, line in enumerate(TINY_CORPUS):
+    (tmp_path / "corpus" / f"{i}.txt").write_text(line, encoding="utf-8")
+  output = tmp_path / "out" / "vocab.txt"
+  proc = run_vocab(f"--input={tmp_path / 'corpus'}", "--vocab_size=80", f"--output={output}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  _, learned_here = tiny_vocab  # the same corpus and size through text.learn_vocabulary
+  assert f"wrote {len(learned_here)} tokens" in proc.stdout and "from 3 file(s)" in proc.stdout, \
+      proc.stdout
+  assert output.read_text(encoding="utf-8").splitlines() == learned_here
+
+
+@pytest.mark.parametrize("make_input, words", [
+    (lambda tmp: tmp / "empty", "holds no .txt/.md files"),
+    (lambda tmp: tmp / "nowhere", "neither a folder nor a glob"),
+    (lambda tmp: tmp / "binary", "is binary"),
+])
+def test_vocab_app_errors_in_one_line(tmp_path, make_input, words):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "binary").mkdir()
+  (tmp_path / "binary" / "a.txt").write_bytes(b"\0\1\2")
+  proc = run_vocab(f"--input={make_input(tmp_path)}", f"--output={tmp_path / 'v.txt'}")
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1 and lines[0].startswith("tfdp-vocab: error:") and words in lines[0], \
+      proc.stderr
+  assert not (tmp_path / "v.txt").exists()

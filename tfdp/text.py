@@ -1,0 +1,411 @@
+"""Text inputs: text folders, Shakespeare's speeches, WordPiece vocabularies, masked-LM examples.
+
+Like tfdp/data.py, importing this module starts no TensorFlow: the checks that name a broken file
+run first, and TensorFlow / keras_hub load inside the functions that need them.
+
+Masked-LM examples are pure functions of (seed, epoch, example index) and the packed token ids,
+so N workers that each read a shard see exactly the masks one process would have drawn.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import re
+
+from absl import logging
+
+from tfdp.errors import ConfigError, DataError
+
+TEXT_EXTENSIONS = (".txt", ".md")
+# Order fixes the ids of every vocabulary tfdp learns: [PAD] must be 0 (padding_mask is ids != 0).
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(RESERVED_TOKENS))
+VOCAB_COMMAND = "tfdp-vocab --input=<folder or glob> --vocab_size=8000 --output=FILE"
+SHIPPED_VOCAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "configs", "vocab", "shakespeare_wordpiece.txt")
+
+
+# ---- files (no TensorFlow) -------------------------------------------------------------------
+
+
+def read_text_file(path: str) -> str:
+  """The file's text; a file that is not UTF-8 text is named before any training starts."""
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise DataError(f"text file '{path}' cannot be read ({e.strerror}); fix its permissions or "
+                    "remove it.") from None
+  if b"\0" in raw:
+    raise DataError(f"text file '{path}' is binary (it holds a NUL byte); remove it or convert it "
+                    "to UTF-8 text.")
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start}); convert it, e.g. "
+                    f"`iconv -t UTF-8`, or remove it.") from None
+
+
+def _is_text_file(name: str) -> bool:
+  return name.lower().endswith(TEXT_EXTENSIONS) and not name.startswith(".")
+
+
+def _warn_empty(where: str, texts: list[str], paths: list[str]) -> None:
+  empty = [p for p, t in zip(paths, texts) if not t.strip()]
+  if empty:
+    logging.warning("text %s: %d of %d file(s) are empty (kept), e.g. %s", where, len(empty),
+                    len(paths), empty[0])
+
+
+def list_text_folder(root: str) -> tuple[list[str], list[int], list[str]]:
+  """Returns (paths, labels, class_names) for root/<class>/*.txt|*.md, sorted; reads every file
+  once so a binary or non-UTF-8 file is reported by name before training starts."""
+  if not os.path.isdir(root):
+    raise DataError(f"text folder '{root}' is not a folder; point it at root/<class>/*.txt.")
+  classes = sorted(d for d in os.listdir(root)
+                   if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+  if not classes:
+    raise DataError(f"text folder '{root}' has no class subfolders; lay it out as "
+                    "root/<class>/*.txt.")
+  paths, labels, texts = [], [], []
+  for label, name in enumerate(classes):
+    for file in sorted(os.listdir(os.path.join(root, name))):
+      path = os.path.join(root, name, file)
+      if not _is_text_file(file) or not os.path.isfile(path):
+        continue
+      texts.append(read_text_file(path))
+      paths.append(path)
+      labels.append(label)
+  if not paths:
+    raise DataError(f"text folder '{root}' holds no {'/'.join(TEXT_EXTENSIONS)} files in its class "
+                    "subfolders; lay it out as root/<class>/*.txt.")
+  _warn_empty(f"folder '{root}'", texts, paths)
+  return paths, labels, classes
+
+
+def find_text_files(pattern: str) -> list[str]:
+  """A folder (every *.txt|*.md beneath it) or a glob, sorted."""
+  if os.path.isdir(pattern):
+    found = []
+    for folder, subfolders, files in os.walk(pattern):
+      subfolders[:] = [d for d in subfolders if not d.startswith(".")]  # .git, .ipynb_checkpoints
+      found.extend(os.path.join(folder, f) for f in files if _is_text_file(f))
+    if not found:
+      raise DataError(f"text folder '{pattern}' holds no {'/'.join(TEXT_EXTENSIONS)} files; "
+                      "point it at a folder of text files or a glob such as 'corpus/*.txt'.")
+    return sorted(found)
+  found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+  if not found:
+    raise DataError(f"'{pattern}' is neither a folder nor a glob that matches files; fix the path.")
+  return found
+
+
+def read_text_files(paths: str | list[str]) -> list[str]:
+  """Texts of plain text files given as a list (kept in order), or a folder or glob (sorted)."""
+  if isinstance(paths, str):
+    paths = find_text_files(paths)
+  if not paths:
+    raise DataError("no text files given; pass a folder, a glob or a list of paths.")
+  texts = []
+  for path in paths:
+    if not os.path.isfile(path):
+      raise DataError(f"text file '{path}' does not exist (or is not a file); fix the path.")
+    texts.append(read_text_file(path))
+  _warn_empty(f"files ({len(paths)})", texts, list(paths))
+  return texts
+
+
+# ---- Shakespeare's plays (Markdown: **NAME** speaker lines, _..._ stage directions) ----------
+
+_SPEAKER = re.compile(r"^\*\*([^*]+)\*\*\s*$")
+# `_[Aside]_` within a line, and `\[Within]_` (the opening `_` missing) at its start.
+_INLINE_DIRECTION = re.compile(r"_*\\?\[[^\]]*\]_|(?<!\w)_[^_]*_(?!\w)")
+_MARKDOWN_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|])")  # \[ → [, \- → -
+
+
+def _direction_opens(line: str) -> str | None:
+  """The closing mark of a stage direction that starts on this line (`_` or `*`), else None."""
+  if line.startswith("_"):
+    return "_"
+  if line.startswith("*") and not line.startswith("**"):
+    return "*"
+  return None
+
+
+def split_speeches(markdown_text: str) -> list[str]:
+  """One string per speech: the spoken lines after a **NAME** line up to the next speaker (or
+  heading), stage directions (`_..._` or `*...*`, possibly over several lines) and headings
+  dropped, whitespace collapsed to single spaces. Speeches with no words are dropped."""
+  speeches, current, direction_end = [], None, None
+
+  def finish():
+    if current:
+      text = " ".join(" ".join(current).split())
+      if text:
+        speeches.append(text)
+
+  for raw in markdown_text.splitlines():
+    line = raw.strip()
+    if direction_end:  # inside a stage direction that spans lines
+      if line.endswith(direction_end):
+        direction_end = None
+      continue
+    if not line:
+      continue
+    if line.startswith("#"):
+      finish()
+      current = None
+      continue
+    if _SPEAKER.match(line):
+      finish()
+      current = []
+      continue
+    mark = _direction_opens(line)
+    if mark:
+      if not (len(line) > 1 and line.endswith(mark)):
+        direction_end = mark
+      continue
+    if current is not None:
+      current.append(_MARKDOWN_ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub(" ", line)))
+  finish()
+  return speeches
+
+
+@dataclasses.dataclass(frozen=True)
+class Speech:
+  text: str
+  label: int  # index into GenreSplit.class_names
+  play: str  # file name without extension, e.g. "hamlet"
+
+
+@dataclasses.dataclass
+class GenreSplit:
+  train: list[Speech]
+  eval: list[Speech]
+  class_names: list[str]  # the genre folders, sorted
+  eval_plays: list[str]
+
+
+def default_eval_plays(root: str) -> list[str]:
+  """The held-out plays when none are named: the first play (by sorted file name) of every
+  genre, so each genre is evaluated on one play no training speech came from. For the shipped
+  corpus: a-midsummer-night-s-dream, edward-iii, all-s-well-that-ends-well, antony-and-cleopatra,
+  a-winter-s-tale, hamlet."""
+  paths, labels, _ = list_text_folder(root)
+  first = {}
+  for path, label in zip(paths, labels):
+    first.setdefault(label, _play_name(path))
+  return [first[label] for label in sorted(first)]
+
+
+def _play_name(path: str) -> str:
+  return os.path.splitext(os.path.basename(path))[0]
+
+
+def genre_split(root: str, eval_plays: list[str] | None = None) -> GenreSplit:
+  """Speeches labelled by genre folder, with whole plays held out for evaluation (a speech of an
+  evaluated play never trains the model: lines of one play share names and phrasing)."""
+  paths, labels, class_names = list_text_folder(root)
+  plays = [_play_name(p) for p in paths]
+  held_out = list(eval_plays) if eval_plays is not None else default_eval_plays(root)
+  unknown = sorted(set(held_out) - set(plays))
+  if unknown:
+    raise DataError(f"eval plays {unknown} are not in '{root}'; name plays by file name without "
+                    f"extension, e.g. {plays[0]}.")
+  split = GenreSplit([], [], class_names, held_out)
+  for path, label, play in zip(paths, labels, plays):
+    side = split.eval if play in held_out else split.train
+    side.extend(Speech(text, label, play) for text in split_speeches(read_text_file(path)))
+  for name, side in (("training", split.train), ("evaluation", split.eval)):
+    if not side:
+      raise DataError(f"text folder '{root}' gives no {name} speeches with eval plays {held_out}; "
+                      "hold out fewer plays, and check the files use **NAME** speaker lines.")
+  return split
+
+
+# ---- vocabulary ------------------------------------------------------------------------------
+
+
+def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bool = True
+                     ) -> list[str]:
+  """Learns a WordPiece vocabulary (reserved tokens first, [PAD] = 0) and writes it to `path`, one
+  token per line; returns it. vocab_size is an upper bound: keras_hub's learner keeps only pieces
+  seen at least 10 times. Learning takes minutes on a large corpus: learn once, ship the file."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  if vocab_size <= len(RESERVED_TOKENS):
+    raise DataError(f"vocab_size {vocab_size} leaves no room beside the {len(RESERVED_TOKENS)} "
+                    "reserved tokens; use a few thousand.")
+  texts = [t for t in texts if t.strip()]
+  if not texts:
+    raise DataError(f"no text to learn a vocabulary for '{path}' from; the input files are empty.")
+  vocab = keras_hub.tokenizers.compute_word_piece_vocabulary(
+      tf.data.Dataset.from_tensor_slices(texts), vocab_size, lowercase=lowercase,
+      reserved_tokens=list(RESERVED_TOKENS))
+  folder = os.path.dirname(os.path.abspath(path))
+  partial = path + ".partial"
+  try:
+    os.makedirs(folder, exist_ok=True)
+    with open(partial, "w", encoding="utf-8") as f:
+      f.writelines(token + "\n" for token in vocab)
+    os.replace(partial, path)  # a stopped run leaves no half-written vocabulary behind
+  except OSError as e:
+    raise DataError(f"vocabulary file '{path}' cannot be written ({e.strerror}); choose another "
+                    "--output.") from None
+  return list(vocab)
+
+
+def read_vocabulary(path: str) -> list[str]:
+  """The tokens of a vocabulary file, checked for the reserved tokens tfdp's examples use."""
+  learn = f"learn one with `{VOCAB_COMMAND.replace('FILE', path)}`"
+  if not os.path.isfile(path):
+    raise DataError(f"vocabulary file '{path}' does not exist; {learn}.")
+  tokens = [line.strip() for line in read_text_file(path).splitlines() if line.strip()]
+  if not tokens:
+    raise DataError(f"vocabulary file '{path}' is empty; {learn}.")
+  missing = [t for t in RESERVED_TOKENS if t not in tokens]
+  if missing:
+    raise DataError(f"vocabulary file '{path}' lacks the reserved token(s) {missing}; {learn}.")
+  seen = set()
+  repeated = next((t for t in tokens if t in seen or seen.add(t)), None)
+  if repeated is not None:
+    raise DataError(f"vocabulary file '{path}' lists {repeated!r} twice (ids would be ambiguous); "
+                    f"{learn}.")
+  if tokens[0] != "[PAD]":
+    raise DataError(f"vocabulary file '{path}' must start with [PAD] (id 0, the padding id), not "
+                    f"{tokens[0]!r}; {learn}.")
+  return tokens
+
+
+def load_tokenizer(path: str, sequence_length: int | None = None, lowercase: bool = True):
+  """keras_hub WordPieceTokenizer for a vocabulary file; `lowercase` must match how it was learned
+  (tfdp-vocab lowercases by default)."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  return keras_hub.tokenizers.WordPieceTokenizer(
+      vocabulary=read_vocabulary(path), sequence_length=sequence_length, lowercase=lowercase,
+      oov_token="[UNK]", special_tokens=list(RESERVED_TOKENS))
+
+
+def special_token_ids(tokenizer) -> dict[str, int]:
+  """{"[PAD]": 0, "[UNK]": ..., "[CLS]": ..., "[SEP]": ..., "[MASK]": ...} for a tokenizer."""
+  return {token: int(tokenizer.token_to_id(token)) for token in RESERVED_TOKENS}
+
+
+# ---- masked-LM examples ----------------------------------------------------------------------
+
+
+def check_sequence_length(sequence_length: int, max_sequence_length: int, key: str) -> None:
+  """A longer sequence fails deep in the position embedding; say which key to change instead."""
+  if sequence_length > max_sequence_length:
+    raise ConfigError(f"{key}={sequence_length} is longer than the model's max_sequence_length "
+                      f"{max_sequence_length}; lower {key} or raise max_sequence_length.")
+  if sequence_length < 2:
+    raise ConfigError(f"{key}={sequence_length} leaves no room for a token after [CLS]; use at "
+                      "least 2 (BERT uses 128 or 512).")
+
+
+def pack_tokens(token_ids_dataset, sequence_length: int, cls_id: int = CLS_ID,
+                sep_id: int = SEP_ID, pad_id: int = PAD_ID):
+  """tf.data transform: documents' 1-D token ids → fixed-length [sequence_length] int32 sequences.
+
+  Documents are concatenated with [SEP] between them and cut into pieces of sequence_length - 1
+  tokens, each behind a [CLS]; only the last sequence is padded. Packing wastes no compute on
+  padding for short documents (speeches) and loses no token.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  body = sequence_length - 1
+  if body < 1:
+    raise ConfigError(f"sequence_length {sequence_length} leaves no room for a token after [CLS].")
+
+  def with_separator(i, ids):
+    separator = tf.fill([tf.minimum(i, 1)], tf.constant(sep_id, tf.int32))  # none before the 1st
+    return tf.concat([separator, tf.cast(ids, tf.int32)], 0)
+
+  def as_sequence(piece):
+    ids = tf.concat([[cls_id], piece], 0)
+    ids = tf.pad(ids, [[0, sequence_length - tf.shape(ids)[0]]], constant_values=pad_id)
+    return tf.ensure_shape(ids, [sequence_length])
+
+  # Pieces of `body` tokens through a carried remainder: one element per piece, not per token.
+  def cut(carry, ids):
+    stream = tf.concat([carry, ids], 0)
+    full = tf.shape(stream)[0] // body * body
+    return stream[full:], tf.reshape(stream[:full], [-1, body])
+
+  ends = tf.data.Dataset.from_tensors(tf.fill([body], tf.constant(-1, tf.int32)))
+  pieces = (token_ids_dataset.enumerate().map(with_separator)
+            .concatenate(ends)  # flushes the remainder; -1 marks the tokens that are not real
+            .scan(tf.zeros([0], tf.int32), cut)
+            .unbatch()
+            .map(lambda piece: tf.boolean_mask(piece, piece >= 0)))
+  return pieces.filter(lambda piece: tf.size(piece) > 0).map(as_sequence)
+
+
+def max_predictions_for(sequence_length: int, mask_rate: float = 0.15) -> int:
+  """Prediction slots that always fit mask_rate of a full sequence (BERT: 20 for 128)."""
+  return max(1, math.ceil(mask_rate * sequence_length))
+
+
+def example_seed(seed, epoch, index):
+  """Stateless seed of one example: the same (seed, epoch, index) gives the same draws wherever
+  the example lands (worker, replica, batch)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seed, epoch, index = (tf.cast(x, tf.int64) for x in (seed, epoch, index))
+  return tf.stack([seed * 1000003 + epoch, index])
+
+
+def mask_tokens(token_ids, stateless_seed, vocab_size: int, special_ids: dict[str, int],
+                mask_rate: float = 0.15, max_predictions: int | None = None):
+  """BERT masking of one packed sequence → (features, labels, sample_weights) for BertMaskedLM.
+
+  round(mask_rate * n) of the n tokens that are not special ids are chosen (at least one when
+  n > 0; [PAD], [UNK], [CLS], [SEP] and [MASK] never are); of them 80% become [MASK], 10% a
+  random non-special token, 10% stay. features holds token_ids,
+  padding_mask, segment_ids and mask_positions [max_predictions] (sorted, padded with 0); labels
+  are the original ids there (0 in padding slots) and sample_weights 1 for real predictions, 0 for
+  padding slots. special_ids: special_token_ids(tokenizer). stateless_seed: example_seed(seed,
+  epoch, index), as the input pipeline gives every example.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  token_ids = tf.cast(token_ids, tf.int32)
+  length = tf.shape(token_ids)[0]
+  if max_predictions is None and token_ids.shape[0] is None:
+    raise ValueError("mask_tokens: pass max_predictions for sequences of unknown length.")
+  slots = max_predictions or max_predictions_for(token_ids.shape[0], mask_rate)
+  pad_id, mask_id = special_ids["[PAD]"], special_ids["[MASK]"]
+  special = sorted(set(special_ids.values()))
+  choose_seed, kind_seed, random_seed = tf.unstack(
+      tf.random.experimental.stateless_split(stateless_seed, 3))
+
+  candidate = tf.reduce_all(token_ids[:, None] != tf.constant(special, tf.int32)[None, :], axis=1)
+  num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32))
+  wanted = tf.cast(tf.round(mask_rate * tf.cast(num_candidates, tf.float32)), tf.int32)
+  count = tf.minimum(tf.minimum(tf.maximum(wanted, 1), num_candidates), slots)
+  # A random order of the candidates (non-candidates score -1 and sort last).
+  score = tf.where(candidate, tf.random.stateless_uniform([length], choose_seed), -1.0)
+  order = tf.math.top_k(score, k=tf.minimum(slots, length)).indices
+  order = tf.pad(order, [[0, slots - tf.shape(order)[0]]])
+  real = tf.range(slots) < count
+  positions = tf.sort(tf.where(real, order, length))  # chosen positions first, ascending
+  real = positions < length
+  positions = tf.where(real, positions, 0)
+  labels = tf.where(real, tf.gather(token_ids, positions), 0)
+
+  kind = tf.random.stateless_uniform([slots], kind_seed)
+  excluded = set(special)
+  allowed = [i for i in range(vocab_size) if i not in excluded]  # random replacements
+  random_ids = tf.gather(tf.constant(allowed, tf.int32), tf.random.stateless_uniform(
+      [slots], random_seed, maxval=len(allowed), dtype=tf.int32))
+  replacement = tf.where(kind < 0.8, mask_id, tf.where(kind < 0.9, random_ids, labels))
+  chosen = tf.boolean_mask(positions, real)
+  masked = tf.tensor_scatter_nd_update(token_ids, chosen[:, None],
+                                       tf.boolean_mask(replacement, real))
+  features = {
+      "token_ids": masked,
+      "padding_mask": tf.cast(token_ids != pad_id, tf.int32),
+      "segment_ids": tf.zeros_like(token_ids),
+      "mask_positions": positions,
+  }
+  return features, labels, tf.cast(real, tf.float32)
