@@ -20,7 +20,8 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two replicas in float16 with dynamic loss scaling; only the second replica's batch overflows.
-# "upstream": Keras' LossScaleOptimizer alone. "tfdp": with compat.agree_on_finite_gradients.
+# "upstream": Keras' LossScaleOptimizer alone. "tfdp": as tfdp's trainer does it, the gradients
+# all-reduced first (compat.all_reduce_gradients, the optimizer's own all-reduce skipped).
 LOSS_SCALE = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
@@ -36,6 +37,8 @@ LOSS_SCALE = textwrap.dedent("""
       model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
       opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
       opt.build(model.trainable_variables)
+      if mode == "tfdp":
+        compat.skip_optimizer_all_reduce(opt)
     data = tf.data.Dataset.from_tensors(tf.constant([[1.0] * 4, [float("inf")] * 4]))
     batch = next(iter(strategy.experimental_distribute_dataset(data)))  # replica 1 gets the inf
     @tf.function
@@ -45,7 +48,7 @@ LOSS_SCALE = textwrap.dedent("""
           loss = opt.scale_loss(tf.reduce_sum(tf.cast(model(x), tf.float32)))
         grads = tape.gradient(loss, model.trainable_variables)
         if mode == "tfdp":
-          grads = compat.agree_on_finite_gradients(grads)
+          grads = compat.all_reduce_gradients(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
       strategy.run(replica_step, args=(x,))
     before = float(opt.dynamic_scale.numpy())

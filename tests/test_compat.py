@@ -74,3 +74,41 @@ def test_coordination_heartbeat_timeout_is_ours():
     assert result.ok, output.getvalue()[-3000:]
     lines = [l for l in output.getvalue().splitlines() if "heartbeat_ms" in l]
     assert len(lines) == 2 and all(l.endswith(expected) for l in lines), lines
+
+
+ALL_REDUCE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from tfdp import compat
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+      w = keras.Variable(tf.zeros(2))
+      opt = keras.optimizers.SGD(1.0)
+      opt.build([w])
+    if sys.argv[1] == "fixed":
+      compat.skip_optimizer_all_reduce(opt)
+    @tf.function
+    def step():
+      def replica_step():
+        grad = tf.ones(2)  # each replica's gradient: 1
+        grads = compat.all_reduce_gradients([grad])  # tfdp reduces first: 2
+        opt.apply_gradients(zip(grads, [w]))
+      strategy.run(replica_step)
+    step()
+    print(json.dumps([c.numpy().tolist() for c in w.value.values]))
+""")
+
+
+def test_optimizer_all_reduce_is_skipped_after_tfdp_reduced():
+  """keras-team/keras#19308: Keras 3's optimizer all-reduces inside apply_gradients, so
+  gradients tfdp already reduced are summed a second time unless its all-reduce is skipped."""
+  def weights(mode):
+    proc = subprocess.run([sys.executable, "-c", ALL_REDUCE_SCRIPT, mode], capture_output=True,
+                          text=True, env=helpers.env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+  assert weights("upstream") == [[-4.0, -4.0]] * 2  # reduced twice: 2 replicas x 2
+  assert weights("fixed") == [[-2.0, -2.0]] * 2  # the sum of the two replicas' gradients, once

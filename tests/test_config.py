@@ -2,6 +2,8 @@
 import dataclasses
 
 import pytest
+
+import helpers
 import yaml
 
 from tfdp import config as config_lib
@@ -87,10 +89,20 @@ def test_batch_must_split_over_replicas():
   assert config_lib.expected_replicas(config.runtime, 2) is None  # multi-worker: known at run time
 
 
-def test_shipped_configs_load():
-  from tfdp import cli
-  for name in ("cifar10_quick.yaml", "runlocal.yaml"):
-    config_lib.load_config([cli.find_config(f"configs/{name}")])
+def test_shipped_configs_load_alone_and_with_their_smoke_layer():
+  configs = sorted(p.name for p in (helpers.REPO / "configs").glob("*.yaml"))
+  assert {"cifar10_quick.yaml", "shakespeare_mlm.yaml", "shakespeare_genre.yaml",
+          "bert_base.yaml"} <= set(configs)
+  for name in configs:
+    layers = [str(helpers.REPO / "configs" / name)]
+    if name.startswith("runlocal"):
+      continue  # overlays, loaded on their base below
+    if name.startswith("shakespeare"):
+      layers.append(str(helpers.REPO / "configs" / "runlocal_text.yaml"))
+    elif name.startswith("cifar10"):
+      layers.append(str(helpers.REPO / "configs" / "runlocal.yaml"))
+    config = config_lib.load_config(layers[:1])
+    assert config_lib.load_config(layers).task.name == config.task.name
 
 
 def test_model_module_registers_a_users_model(tmp_path, monkeypatch):

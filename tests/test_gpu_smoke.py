@@ -12,7 +12,7 @@ SMOKE = str(helpers.REPO / "benchmarks" / "gpu_smoke.py")
 
 @pytest.mark.parametrize("check", [
     # Keras 3 LossScaleOptimizer._tf_apply takes "finite?" from the first replica before the
-    # all-reduce (keras-team/keras#18691); tfdp: compat.agree_on_finite_gradients.
+    # all-reduce (keras-team/keras#18691); tfdp all-reduces first (compat.all_reduce_gradients).
     "loss_scale_agreement",
     # optimizer.iterations stops on skipped float16 steps (keras-team/keras#20878); tfdp counts
     # its own global step.

@@ -676,11 +676,11 @@ def train_cell(spec: dict) -> dict:
     iterator = iter(dataset_fn(ctx))
 
     def pull(n: int) -> None:
-      for _ in range(n * plan.replicas_per_pipeline):
+      for _ in range(n * plan.replicas_per_pipeline * plan.accumulation_steps):
         next(iterator)
 
     seconds = _time_blocks(pull, warmup, steps, repeats)
-    out["pipeline_images_per_sec"] = steps * plan.pipeline_batch / statistics.median(seconds)
+    out["pipeline_images_per_sec"] = steps * plan.step_batch / statistics.median(seconds)
   seconds = time_training(dataset_fn)
   out.update(step_ms=_median_ms(seconds, steps), step_ms_min=min(seconds) / steps * 1000,
              step_ms_max=max(seconds) / steps * 1000,

@@ -57,36 +57,34 @@ def coordination_heartbeat_timeout_ms() -> int:
   return context.context().config.experimental.coordination_config.heartbeat_timeout_in_ms
 
 
-def agree_on_finite_gradients(grads):
-  """Call in replica context, before `LossScaleOptimizer.apply_gradients`.
-
-  Keras 3's LossScaleOptimizer (TF backend, `_tf_apply`) decides "gradients finite?" from the
-  *first local replica's* gradients, before they are all-reduced (its comment assumes they
-  already were, as tf.keras 2's were). A NaN on another replica is then applied to every
-  replica's weights, and under MultiWorkerMirroredStrategy workers can disagree on skipping a
-  step, after which the next all-reduce waits forever. Here every replica's verdict is summed
-  in one scalar all-reduce; when any replica saw a non-finite value, every replica's gradients
-  are made NaN, so every first replica skips the step and lowers the loss scale alike.
-  Shown in tests/test_compat.py."""
+def all_reduce_gradients(grads):
+  """Call in replica context: SUM-all-reduces the gradients (None stays None) the way Keras'
+  optimizer does inside apply_gradients, so that tfdp can act on the *reduced* gradient first:
+  clip it by global norm (Keras' clipnorm clips per replica, before the reduction) and let the
+  loss-scale optimizer judge it (LossScaleOptimizer._tf_apply reads the first replica's
+  gradients only, assuming they are reduced; they are not in Keras 3). Pair with
+  `skip_optimizer_all_reduce`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  local_bad = tf.cast(tf.logical_not(tf.reduce_all(
-      [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None])), tf.float32)
-  bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
-  poison = tf.where(bad > 0, float("nan"), 0.0)
-  return [None if g is None else _add_to_values(g, poison) for g in grads]
+  present = [g for g in grads if g is not None]
+  if not present:
+    return list(grads)
+  reduced = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                present))
+  return [None if g is None else next(reduced) for g in grads]
 
 
-def _values(grad):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return grad.values if isinstance(grad, tf.IndexedSlices) else grad
-
-
-def _add_to_values(grad, scalar):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(grad.values + tf.cast(scalar, grad.values.dtype), grad.indices,
-                            grad.dense_shape)
-  return grad + tf.cast(scalar, grad.dtype)
+def skip_optimizer_all_reduce(optimizer) -> None:
+  """Keras 3's TF optimizer all-reduces (SUM) the gradients inside apply_gradients with no
+  switch to skip it (keras-team/keras#19308): gradients tfdp already reduced would be summed
+  again (x replicas). Replaces the optimizer's private `_all_reduce_sum_gradients` on this
+  instance (and on a loss-scale optimizer's inner one) with a pass-through; tested in
+  test_compat.py."""
+  inner = getattr(optimizer, "inner_optimizer", None)
+  for opt in (optimizer, inner) if inner is not None else (optimizer,):
+    if not hasattr(opt, "_all_reduce_sum_gradients"):
+      raise RuntimeError("keras changed: the optimizer has no _all_reduce_sum_gradients to "
+                         "replace; see tfdp/compat.py")
+    opt._all_reduce_sum_gradients = list  # pylint: disable=protected-access
 
 
 def exchange_between_workers(rank: int, num_workers: int, value: str,

@@ -16,13 +16,13 @@ import yaml
 
 from tfdp.errors import ConfigError
 
-DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
+DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic", "text_folder", "text_files")
 SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split")
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 ALL_REDUCE = ("auto", "ring", "nccl")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-LR_SCHEDULES = ("constant", "cosine", "step", "linear")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+LR_SCHEDULES = ("constant", "cosine", "step", "linear", "polynomial")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 MODES = ("train", "eval", "train_and_eval")
 
@@ -32,9 +32,12 @@ class DataConfig:
   """Where examples come from and how they are prepared."""
   source: str = "tfds"  # one of DATA_SOURCES
   name: str = "cifar10"  # TFDS dataset name
-  split: str = "train"  # TFDS split, slicing allowed: "train[:5000]"
+  split: str = "train"  # TFDS split, slicing allowed: "train[:5000]"; text: all | train | holdout
   data_dir: str = ""  # TFDS data_dir; empty: $TFDS_DATA_DIR, then ~/tensorflow_datasets
-  path: str = ""  # image_folder root, or tfrecord file glob
+  path: str = ""  # image_folder / text_folder root, or a tfrecord / text file glob
+  text_unit: str = "document"  # text: document (a file) or speech (plays: one per speaker turn)
+  holdout: list[str] = dataclasses.field(default_factory=list)  # text: files (no extension) of
+  # split holdout and left out of split train, e.g. whole plays held out for evaluation
   image_key: str = "image"  # tfrecord feature names
   label_key: str = "label"
   image_size: int = 0  # resize to this square size; 0 keeps the source size
@@ -59,6 +62,16 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class TextConfig:
+  """Tokenization and masking for the text tasks."""
+  vocab_path: str = ""  # WordPiece vocabulary; empty: configs/vocab/shakespeare_wordpiece.txt
+  lowercase: bool = True
+  sequence_length: int = 128
+  mask_rate: float = 0.15  # masked_lm: tokens chosen per sequence (80% [MASK], 10% random, 10% kept)
+  max_predictions: int = 0  # masked_lm: prediction slots; 0: ceil(mask_rate * sequence_length)
+
+
+@dataclasses.dataclass
 class TaskConfig:
   """What is learned: the workload (a registered task), its model, data and loss."""
   name: str = "image_classification"  # one of tfdp.tasks.registered_tasks()
@@ -67,6 +80,9 @@ class TaskConfig:
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(augment=True))
   eval_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(split="test"))
   label_smoothing: float = 0.0
+  text: TextConfig = dataclasses.field(default_factory=TextConfig)
+  init_checkpoint: str = ""  # warm start: a run's model_dir (or checkpoint prefix) to take the
+  # encoder from; the task's new head starts fresh
 
 
 @dataclasses.dataclass
@@ -77,6 +93,7 @@ class OptimizerConfig:
   weight_decay: float = 5e-4  # decoupled, applied by the optimizer on every replica alike
   beta_1: float = 0.9
   beta_2: float = 0.999
+  epsilon: float = 1e-7  # adam/adamw/lamb (BERT uses 1e-6)
 
 
 @dataclasses.dataclass
@@ -88,14 +105,18 @@ class LearningRateConfig:
   warmup_epochs: float = 0.0
   decay_epochs: list[float] = dataclasses.field(default_factory=list)  # "step" boundaries
   decay_rate: float = 0.1  # "step" factor
-  final_lr_fraction: float = 0.0  # "cosine"/"linear" end value, as a fraction of the peak
+  final_lr_fraction: float = 0.0  # "cosine"/"linear"/"polynomial" end, as a fraction of the peak
+  power: float = 1.0  # "polynomial": (1 - progress) ** power; 1 is linear
 
 
 @dataclasses.dataclass
 class TrainerConfig:
   """How it is learned: batch, epochs, schedule, checkpoints."""
-  global_batch_size: int = 128
+  global_batch_size: int = 128  # examples per optimizer step, over all replicas and micro-steps
   eval_batch_size: int = 0  # 0: global_batch_size
+  gradient_accumulation_steps: int = 1  # micro-batches per optimizer step: the same global batch
+  # (and trajectory) on fewer replicas, as NVIDIA's BERT recipes keep it fixed
+  gradient_clip_norm: float = 0.0  # >0: clip the all-reduced gradient to this global norm
   epochs: int = 1
   max_steps: int = 0  # >0 stops after this many steps in all (smoke runs)
   steps_per_loop: int = 50  # steps per compiled call (tf.function with a tf.range loop)
@@ -325,9 +346,10 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
 def _validate_data(prefix: str, data: DataConfig) -> None:
   _check_choice(prefix + "source", data.source, DATA_SOURCES)
   _check_choice(prefix + "shard_policy", data.shard_policy, SHARD_POLICIES)
+  _check_choice(prefix + "text_unit", data.text_unit, ("document", "speech"))
   if data.source == "tfds" and not data.name:
     raise ConfigError(f"config key '{prefix}name' is empty; name a TFDS dataset such as cifar10.")
-  if data.source in ("image_folder", "tfrecord") and not data.path:
+  if data.source in ("image_folder", "tfrecord", "text_folder", "text_files") and not data.path:
     raise ConfigError(f"config key '{prefix}path' is empty; {data.source} needs a path.")
   if data.source == "synthetic":
     _check_positive(prefix + "num_examples", data.num_examples)
@@ -342,7 +364,7 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
 def validate(config: ExperimentConfig) -> None:
   """Raises ConfigError for impossible values. Replica-count checks are in expected_replicas."""
   task, trainer, runtime = config.task, config.trainer, config.runtime
-  from tfdp import models, tasks  # pylint: disable=g-import-not-at-top  (no TensorFlow there)
+  from tfdp import tasks  # pylint: disable=g-import-not-at-top  (no TensorFlow there)
   for key, module in (("task.module", task.module), ("task.model.module", task.model.module)):
     if module:
       import importlib  # pylint: disable=g-import-not-at-top
@@ -352,20 +374,23 @@ def validate(config: ExperimentConfig) -> None:
         raise ConfigError(f"config key '{key}' names '{module}', which cannot be imported ({e}); "
                           "put it on PYTHONPATH.") from None
   _check_choice("task.name", task.name, tasks.registered_tasks())
-  if task.model.name not in models.registered_models():
-    close = difflib.get_close_matches(task.model.name, models.registered_models(), n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ConfigError(f"config key 'task.model.name' is '{task.model.name}'; use one of "
-                      f"{', '.join(models.registered_models())}.{hint}")
+  tasks.task_class(task.name).validate(task)
   _validate_data("task.train_data.", task.train_data)
   _validate_data("task.eval_data.", task.eval_data)
   if not 0.0 <= task.label_smoothing < 1.0:
     raise ConfigError("config key 'task.label_smoothing' must be in [0, 1).")
+  _check_positive("task.text.sequence_length", task.text.sequence_length)
+  _check_positive("task.text.max_predictions", task.text.max_predictions, allow_zero=True)
+  if not 0.0 < task.text.mask_rate < 1.0:
+    raise ConfigError("config key 'task.text.mask_rate' must be in (0, 1), e.g. 0.15.")
   _check_positive("trainer.global_batch_size", trainer.global_batch_size)
   _check_positive("trainer.eval_batch_size", trainer.eval_batch_size, allow_zero=True)
   _check_positive("trainer.epochs", trainer.epochs, allow_zero=True)
   _check_positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
   _check_positive("trainer.steps_per_loop", trainer.steps_per_loop)
+  _check_positive("trainer.gradient_accumulation_steps", trainer.gradient_accumulation_steps)
+  _check_positive("trainer.gradient_clip_norm", trainer.gradient_clip_norm, allow_zero=True)
+  _check_positive("trainer.optimizer.epsilon", trainer.optimizer.epsilon)
   _check_positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
   _check_positive("trainer.checkpoint_every_steps", trainer.checkpoint_every_steps, allow_zero=True)
   _check_positive("trainer.max_checkpoints", trainer.max_checkpoints)
@@ -397,19 +422,23 @@ def validate(config: ExperimentConfig) -> None:
 
 
 def per_replica_batch(key: str, batch: int, num_replicas: int) -> int:
-  """The global batch is the user's number; every replica gets an equal share of it."""
+  """The global batch is the user's number; every replica (and micro-step) gets an equal share.
+  `num_replicas` here counts replicas x gradient accumulation steps."""
   if batch % num_replicas:
     lower = batch - batch % num_replicas
     raise ConfigError(
         f"config key '{key}' is {batch}, which does not split evenly over {num_replicas} "
-        f"replicas; use a multiple of {num_replicas} such as {lower or num_replicas}.")
+        f"replicas x accumulation steps; use a multiple of {num_replicas} such as "
+        f"{lower or num_replicas}.")
   return batch // num_replicas
 
 
 def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
   """Before TensorFlow starts, where the replica count is known from the config alone (the
   input plan divides, with the same check, once the strategy is made)."""
-  per_replica_batch("trainer.global_batch_size", config.trainer.global_batch_size, num_replicas)
+  steps = config.trainer.gradient_accumulation_steps
+  per_replica_batch("trainer.global_batch_size", config.trainer.global_batch_size,
+                    num_replicas * steps)
   per_replica_batch("trainer.eval_batch_size",
                     config.trainer.eval_batch_size or config.trainer.global_batch_size, num_replicas)
 

@@ -52,6 +52,12 @@ def check_source(data: DataConfig, key: str) -> None:
   elif data.source == "tfrecord":
     if not sorted(glob.glob(data.path)):
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
+  elif data.source == "text_folder":
+    if not os.path.isdir(data.path):
+      raise DataError(f"{key}.path '{data.path}' is not a folder; point it at root/<label>/*.txt.")
+  elif data.source == "text_files":
+    if not glob.glob(data.path, recursive=True):
+      raise DataError(f"{key}.path '{data.path}' matches no text files; fix the glob.")
 
 
 def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
@@ -291,29 +297,37 @@ class InputPlan:
   num_pipelines: int
   per_replica_batch: int
   replicas_per_pipeline: int
-  steps_per_epoch: int
+  steps_per_epoch: int  # optimizer steps
   counts: list[int]
+  accumulation_steps: int = 1  # per-replica batches (micro-steps) per optimizer step
 
   @property
   def pipeline_batch(self) -> int:
     return self.per_replica_batch * self.replicas_per_pipeline
 
   @property
+  def step_batch(self) -> int:
+    """Examples one pipeline gives per optimizer step."""
+    return self.pipeline_batch * self.accumulation_steps
+
+  @property
   def global_batch(self) -> int:
-    return self.pipeline_batch * self.num_pipelines
+    return self.step_batch * self.num_pipelines
 
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
-               num_pipelines: int, batch_key: str = "trainer.global_batch_size") -> InputPlan:
+               num_pipelines: int, batch_key: str = "trainer.global_batch_size",
+               accumulation_steps: int = 1) -> InputPlan:
   """Decides once how one split is batched and sharded; the trainer takes its global batch and
   steps per epoch from the plan that shaped the batches."""
   policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
   counts = shard_counts(policy, source, num_pipelines)
-  per_replica = config_lib.per_replica_batch(batch_key, global_batch, num_replicas)
+  per_replica = config_lib.per_replica_batch(batch_key, global_batch,
+                                             num_replicas * accumulation_steps)
   replicas_per_pipeline = num_replicas // num_pipelines
-  steps = math.ceil(max(counts) / (per_replica * replicas_per_pipeline))
+  steps = math.ceil(max(counts) / (per_replica * replicas_per_pipeline * accumulation_steps))
   return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline, max(steps, 1),
-                   counts)
+                   counts, accumulation_steps)
 
 
 def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> bool:
@@ -349,7 +363,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   source, policy = plan.source, plan.policy
-  padded_len = plan.steps_per_epoch * plan.pipeline_batch
+  padded_len = plan.steps_per_epoch * plan.step_batch
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
   buffer = data.shuffle_buffer or (source.num_examples if use_cache else 10000)
@@ -382,7 +396,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
       ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
       if policy == "data":
         ds = ds.shard(n, pipeline)
-      skip = tf.where(epoch == start_epoch, tf.constant(skip_steps * plan.pipeline_batch, tf.int64),
+      skip = tf.where(epoch == start_epoch, tf.constant(skip_steps * plan.step_batch, tf.int64),
                       tf.constant(0, tf.int64))
       ds = ds.skip(skip).map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=data.deterministic)

@@ -30,6 +30,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     data_lib.check_source(config.task.train_data, "task.train_data")
   if check_data and mode != "train":
     data_lib.check_source(config.task.eval_data, "task.eval_data")
+  if config.task.init_checkpoint:
+    tasks.find_init_checkpoint(config.task.init_checkpoint)
   replicas = config_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:
     config_lib.check_batch_divides(config, replicas)
@@ -142,7 +144,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   if mode != "eval":
     train_source = train_source or task.build_source(data_cfg.train_data)
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
-                                     trainer_cfg.global_batch_size, replicas, num_pipelines)
+                                     trainer_cfg.global_batch_size, replicas, num_pipelines,
+                                     accumulation_steps=trainer_cfg.gradient_accumulation_steps)
     data_lib.log_plan("train", train_plan)
   if mode != "train":
     eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
@@ -165,8 +168,12 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 model_fn or (lambda: task.build_model(source)), task,
                                 global_batch=batch_plan.global_batch,
                                 steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
+                                accumulation_steps=batch_plan.accumulation_steps,
                                 verbose=verbose)
-  trainer.restore()
+  if trainer.restore() == 0 and config.task.init_checkpoint:  # a fresh run: warm start
+    init = tasks.find_init_checkpoint(config.task.init_checkpoint)
+    task.warm_start(init)
+    logging.info("warm start: encoder restored from %s", init)
   return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
                     train_plan, eval_plan, eval_dataset, trainer)
 

@@ -20,6 +20,7 @@ Every batch is a dict with a "weight" entry: 0 for padding examples, 1 otherwise
 """
 from __future__ import annotations
 
+import difflib
 from typing import Callable
 
 from tfdp import models
@@ -41,11 +42,33 @@ def registered_tasks() -> list[str]:
   return sorted(_REGISTRY)
 
 
-def make_task(config: TaskConfig) -> "Task":
-  if config.name not in _REGISTRY:
-    raise ConfigError(f"config key 'task.name' is '{config.name}'; use one of "
+def find_init_checkpoint(path: str) -> str:
+  """task.init_checkpoint as given: a run's model_dir, its checkpoints/ folder, or a checkpoint
+  prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(os.path.expanduser(path))
+  for folder in (os.path.join(path, "checkpoints"), path):
+    indexes = glob.glob(os.path.join(folder, "ckpt-*.index"))
+    steps = [int(m.group(1)) for p in indexes if (m := re.search(r"ckpt-(\d+)\.index$", p))]
+    if steps:
+      return os.path.join(folder, f"ckpt-{max(steps)}")
+  if os.path.exists(path + ".index"):
+    return path
+  raise ConfigError(f"task.init_checkpoint '{path}' holds no checkpoint (ckpt-N.index); give the "
+                    "model_dir of a finished run, or a checkpoint prefix.")
+
+
+def task_class(name: str) -> type:
+  if name not in _REGISTRY:
+    raise ConfigError(f"config key 'task.name' is '{name}'; use one of "
                       f"{', '.join(registered_tasks())}.")
-  return _REGISTRY[config.name](config)
+  return _REGISTRY[name]
+
+
+def make_task(config: TaskConfig) -> "Task":
+  return task_class(config.name)(config)
 
 
 class Task:
@@ -55,6 +78,10 @@ class Task:
 
   def __init__(self, config: TaskConfig):
     self.config = config
+
+  @classmethod
+  def validate(cls, config: TaskConfig) -> None:
+    """Checks that need no TensorFlow (config.validate calls it): raise ConfigError/DataError."""
 
   def build_source(self, data: DataConfig):
     from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -66,6 +93,11 @@ class Task:
 
   def build_model(self, source):
     raise NotImplementedError
+
+  def warm_start(self, checkpoint_path: str) -> None:
+    """Called after build_model, before training from step 0, with task.init_checkpoint."""
+    raise ConfigError(f"task '{self.config.name}' has no encoder to warm-start; remove "
+                      "task.init_checkpoint.")
 
   def model_inputs(self, batch: dict):
     raise NotImplementedError
@@ -100,6 +132,19 @@ class ImageClassificationTask(Task):
   """Images → one of num_classes: cross-entropy on logits, accuracy."""
 
   metric_names = ("loss", "accuracy")
+  SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
+
+  @classmethod
+  def validate(cls, config):
+    for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
+      if data.source not in cls.SOURCES:
+        raise ConfigError(f"config key '{key}.source' is '{data.source}', but task "
+                          f"'image_classification' reads images: use one of {', '.join(cls.SOURCES)}.")
+    if config.model.name not in models.registered_models():
+      close = difflib.get_close_matches(config.model.name, models.registered_models(), n=1)
+      hint = f" Did you mean '{close[0]}'?" if close else ""
+      raise ConfigError(f"config key 'task.model.name' is '{config.model.name}'; use one of "
+                        f"{', '.join(models.registered_models())}.{hint}")
 
   def preprocess(self, example, data, training, seed):
     image = example["image"]
@@ -131,3 +176,6 @@ class ImageClassificationTask(Task):
     count = tf.reduce_sum(weight)
     return {"loss": (tf.reduce_sum(per_example_loss * weight), count),
             "accuracy": (tf.reduce_sum(correct * weight), count)}
+
+
+from tfdp import text_tasks  # pylint: disable=wrong-import-position,unused-import  (registers them)

@@ -23,7 +23,7 @@ class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
   """Linear warmup to `peak_lr`, then constant, cosine, linear or step decay."""
 
   def __init__(self, peak_lr, warmup_steps, total_steps, schedule="cosine", boundaries=(),
-               decay_rate=0.1, final_lr_fraction=0.0):
+               decay_rate=0.1, final_lr_fraction=0.0, power=1.0):
     self.peak_lr = float(peak_lr)
     self.warmup_steps = int(warmup_steps)
     self.total_steps = max(int(total_steps), 1)
@@ -31,6 +31,7 @@ class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
     self.boundaries = [int(b) for b in boundaries]
     self.decay_rate = float(decay_rate)
     self.final_lr_fraction = float(final_lr_fraction)
+    self.power = float(power) if schedule == "polynomial" else 1.0
 
   def __call__(self, step):
     step = tf.cast(step, tf.float32)
@@ -40,8 +41,8 @@ class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
     progress = tf.clip_by_value((step - self.warmup_steps) / decay_len, 0.0, 1.0)
     if self.schedule == "cosine":
       lr = final + (peak - final) * 0.5 * (1.0 + tf.cos(math.pi * progress))
-    elif self.schedule == "linear":
-      lr = peak + (final - peak) * progress
+    elif self.schedule in ("linear", "polynomial"):
+      lr = final + (peak - final) * tf.pow(1.0 - progress, self.power)
     elif self.schedule == "step":
       passed = tf.add_n([tf.cast(step >= b, tf.float32) for b in self.boundaries])
       lr = peak * tf.pow(self.decay_rate, passed)
@@ -55,7 +56,7 @@ class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
     return {"peak_lr": self.peak_lr, "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps, "schedule": self.schedule,
             "boundaries": self.boundaries, "decay_rate": self.decay_rate,
-            "final_lr_fraction": self.final_lr_fraction}
+            "final_lr_fraction": self.final_lr_fraction, "power": self.power}
 
 
 def scaled_learning_rate(base_lr: float, global_batch_size: int, base_batch_size: int) -> float:
@@ -69,7 +70,7 @@ def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: in
       scaled_learning_rate(lr.base_lr, global_batch, lr.base_batch_size),
       warmup_steps=round(lr.warmup_epochs * steps_per_epoch), total_steps=total_steps,
       schedule=lr.schedule, boundaries=[round(e * steps_per_epoch) for e in lr.decay_epochs],
-      decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction)
+      decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction, power=lr.power)
 
 
 def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False):
@@ -80,17 +81,30 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
                                      weight_decay=wd)
   elif opt.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
-                                       beta_1=opt.beta_1, beta_2=opt.beta_2)
+                                       beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon)
+  elif opt.name == "lamb":  # layer-wise trust ratio: large-batch BERT (You et al. 2019)
+    optimizer = keras.optimizers.Lamb(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
+                                      epsilon=opt.epsilon, weight_decay=wd)
   else:
     optimizer = keras.optimizers.Adam(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
-                                      weight_decay=wd)
+                                      epsilon=opt.epsilon, weight_decay=wd)
   if wd or opt.name == "adamw":
     optimizer.exclude_from_weight_decay(
         var_list=[v for v in model.trainable_variables if len(v.shape) <= 1])
   if mixed_float16:
     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
   optimizer.build(model.trainable_variables)
+  compat.skip_optimizer_all_reduce(optimizer)  # the trainer all-reduces, then clips and applies
   return optimizer
+
+
+def _add_gradients(a, b):
+  if a is None or b is None:
+    return a if b is None else b
+  if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):  # embeddings stay sparse
+    return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                            tf.concat([a.indices, b.indices], 0), a.dense_shape)
+  return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 class MetricSums:
@@ -126,7 +140,8 @@ class Trainer:
   """
 
   def __init__(self, config: ExperimentConfig, strategy, write_plan: outputs.WritePlan,
-               model_fn, task, global_batch: int, steps_per_epoch: int, verbose: bool = True):
+               model_fn, task, global_batch: int, steps_per_epoch: int,
+               accumulation_steps: int = 1, verbose: bool = True):
     self.config = config
     self.strategy = strategy
     self.write_plan = write_plan
@@ -135,6 +150,7 @@ class Trainer:
     self.verbose = verbose and write_plan.is_chief
     trainer = config.trainer
     self.global_batch = global_batch
+    self.accumulation_steps = accumulation_steps
     self.total_steps = trainer.epochs * steps_per_epoch
     if trainer.max_steps:
       self.total_steps = min(self.total_steps, trainer.max_steps)
@@ -189,13 +205,24 @@ class Trainer:
     grads = tape.gradient(scaled, self.model.trainable_variables)
     return grads, self._sums(batch, outputs, per_example)
 
-  def _train_step(self, batch, totals):
-    grads, sums = self._forward_backward(batch)
-    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-      grads = compat.agree_on_finite_gradients(grads)
-    # Keras' TF optimizer all-reduces (SUM) the gradients across replicas in apply_gradients.
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-    return totals + sums
+  def _train_step(self, batches, totals):
+    """One optimizer step from `gradient_accumulation_steps` micro-batches on this replica."""
+    grads = None
+    for batch in batches:  # a Python loop: the micro-steps are unrolled in the graph
+      micro_grads, sums = self._forward_backward(batch)
+      totals += sums
+      grads = micro_grads if grads is None else [_add_gradients(a, b)
+                                                 for a, b in zip(grads, micro_grads)]
+    # tfdp all-reduces (SUM) itself, so the global-norm clip and the loss scale's finite check
+    # see the gradient of the whole global batch; the optimizer's own all-reduce is off
+    # (compat.skip_optimizer_all_reduce).
+    grads = compat.all_reduce_gradients(grads)
+    if self.config.trainer.gradient_clip_norm:
+      grads, _ = tf.clip_by_global_norm(grads, self.config.trainer.gradient_clip_norm)
+    # Variables the loss does not reach (BertMaskedLM's unused pooler) have no gradient.
+    self.optimizer.apply_gradients(
+        [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None])
+    return totals
 
   def _eval_step(self, batch, totals):
     outputs = self.model(self.task.model_inputs(batch), training=False)
@@ -210,7 +237,8 @@ class Trainer:
     def train_loop(iterator, num_steps, stop_flag):
       totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
       for _ in tf.range(num_steps):
-        totals = strategy.run(self._train_step_with_flag, args=(next(iterator), totals))
+        batches = tuple(next(iterator) for _ in range(self.accumulation_steps))
+        totals = strategy.run(self._train_step_with_flag, args=(batches, totals))
       self._step.assign_add(tf.cast(num_steps, tf.int64))
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
@@ -221,8 +249,8 @@ class Trainer:
 
     return train_loop
 
-  def _train_step_with_flag(self, batch, totals):
-    return tf.concat([self._train_step(batch, totals[:-1]), totals[-1:]], axis=0)
+  def _train_step_with_flag(self, batches, totals):
+    return tf.concat([self._train_step(batches, totals[:-1]), totals[-1:]], axis=0)
 
   def _make_eval_loop(self):
     strategy = self.strategy

@@ -1,0 +1,154 @@
+"""The BERT workloads end to end: masked-LM equivalence across topologies (ring all-reduce over
+real worker processes, logical replicas, gradient accumulation), warm start, bad input."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+VOCAB = helpers.REPO / "configs" / "vocab" / "shakespeare_wordpiece.txt"
+
+
+def words_of_vocabulary():
+  tokens = VOCAB.read_text().split("\n")
+  return [t for t in tokens if t.isalpha() and t.islower() and len(t) > 2]
+
+
+def write_corpus(root, documents_per_class=12, words_per_document=160, classes=("plays", "poems"),
+                 seed=0):
+  """root/<class>/<name>.txt of words the vocabulary knows; returns root."""
+  rng = np.random.default_rng(seed)
+  words = words_of_vocabulary()
+  for label, name in enumerate(classes):
+    (root / name).mkdir(parents=True, exist_ok=True)
+    # Each class repeats 20 five-word phrases of its own 40 words: a language with structure
+    # to learn, and a learnable class.
+    pool = words[label::len(classes)][:40]
+    phrases = [" ".join(rng.choice(pool, size=5)) for _ in range(20)]
+    for d in range(documents_per_class):
+      chosen = rng.choice(phrases, size=words_per_document // 5)
+      (root / name / f"{name}-{d:02d}.txt").write_text(". ".join(chosen) + ".\n")
+  return root
+
+
+def mlm_overrides(corpus, extra=""):
+  return ",".join([
+      "task.name=masked_lm", "task.model.name=bert",
+      "task.model.kwargs={num_layers: 1, num_heads: 2, hidden_dim: 32, intermediate_dim: 64, "
+      "dropout: 0.0, max_sequence_length: 32}",
+      f"task.text.vocab_path={VOCAB}", "task.text.sequence_length=32",
+      "task.train_data.source=text_folder", f"task.train_data.path={corpus}",
+      "task.train_data.split=all", "task.train_data.shard_policy=data",
+      "task.eval_data.source=text_folder", f"task.eval_data.path={corpus}",
+      "task.eval_data.split=all",
+      "trainer.global_batch_size=16", "trainer.epochs=1", "trainer.max_steps=20",
+      "trainer.steps_per_loop=5", "trainer.export_model=false",
+      "trainer.optimizer.name=adamw", "trainer.optimizer.weight_decay=0.01",
+      "trainer.gradient_clip_norm=0.5", "trainer.learning_rate.base_lr=0.002",
+      "trainer.learning_rate.base_batch_size=16", "trainer.learning_rate.schedule=linear",
+      "trainer.learning_rate.warmup_epochs=0.1",
+  ]) + extra
+
+
+def test_masked_lm_four_workers_equal_four_replicas_equal_four_accumulation_steps(tmp_path):
+  corpus = write_corpus(tmp_path / "corpus", words_per_document=450)  # > 20 x 16 sequences
+  (tmp_path / "mw").mkdir()
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=4", "--", sys.executable, helpers.PROBE,
+       str(tmp_path / "run_mw"), mlm_overrides(corpus), str(tmp_path / "mw"), "train"],
+      env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  assert "all_reduce=ring" in proc.stdout
+  workers = [helpers.load_probe(tmp_path / "mw", rank) for rank in range(4)]
+  replicas = helpers.run_probe(tmp_path, "replicas", mlm_overrides(
+      corpus, ",runtime.strategy=mirrored,runtime.cpu_replicas=4"))
+  accumulated = helpers.run_probe(tmp_path, "accumulated", mlm_overrides(
+      corpus, ",runtime.strategy=default,trainer.gradient_accumulation_steps=4"))
+  one = workers[0]
+  for run in (*workers, replicas, accumulated):
+    assert run["info"]["step"] == 20
+    assert helpers.max_relative_difference(run["initial"], one["initial"]) == 0.0
+  assert helpers.max_relative_difference(one["final"], one["initial"]) > 1e-3  # it trained
+  assert all(np.array_equal(w["final"][k], one["final"][k]) for w in workers for k in one["final"])
+  # The attention key bias has an exactly zero gradient (softmax ignores a shift shared by a
+  # row): it moves only by round-off (~1e-10), and a relative measure of it means nothing. The
+  # pooler gets no gradient at all in masked-LM training.
+  moved = {k for k in one["final"] if np.abs(one["final"][k] - one["initial"][k]).max() > 1e-6}
+  assert set(one["final"]) - moved == {"transformer_layer_0/self_attention_layer/key/bias",
+                                       "pooled_dense/kernel", "pooled_dense/bias"}
+  for other in (replicas, accumulated):
+    assert helpers.max_relative_difference({k: other["final"][k] for k in moved},
+                                           {k: one["final"][k] for k in moved}) <= 1e-5
+    assert max(np.abs(other["final"][k] - one["final"][k]).max()
+               for k in one["final"] if k not in moved) <= 1e-8
+
+
+def test_masked_lm_learns_and_a_classifier_warm_starts_from_its_encoder(tmp_path):
+  corpus = write_corpus(tmp_path / "corpus")
+  pre = helpers.run_probe(tmp_path, "mlm", mlm_overrides(
+      corpus, ",trainer.max_steps=0,trainer.epochs=6,runtime.cpu_replicas=2"), "train_and_eval")
+  before, after = pre["info"]["eval_before"], pre["info"]["eval_after"]
+  assert after["loss"] < before["loss"] - 1.0, (before, after)  # masked-token loss falls
+  classify = mlm_overrides(corpus).replace("task.name=masked_lm", "task.name=text_classification")
+  fine = helpers.run_probe(tmp_path, "genre", classify + f",task.init_checkpoint={tmp_path / 'mlm'}"
+                           ",trainer.max_steps=4,runtime.cpu_replicas=2")
+  encoder = [k for k in pre["final"] if not k.startswith("mlm_head/")]
+  assert len(encoder) > 20 and all(k in fine["initial"] for k in encoder)
+  for name in encoder:  # the classifier started from the pre-trained encoder, exactly
+    assert np.array_equal(fine["initial"][name], pre["final"][name]), name
+  head = [k for k in fine["initial"] if k.startswith("classifier/")]
+  assert head and not any(k in pre["final"] for k in head)  # the head is new
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+  return write_corpus(tmp_path_factory.mktemp("corpus"), documents_per_class=2,
+                      words_per_document=40)
+
+
+def bad_input_cases(corpus, tmp):
+  (tmp / "empty").mkdir(exist_ok=True)
+  (tmp / "binary" / "a").mkdir(parents=True, exist_ok=True)
+  (tmp / "binary" / "a" / "x.txt").write_bytes(b"\x00\x01\x02 not text")
+  (tmp / "other_run" / "checkpoints").mkdir(parents=True, exist_ok=True)
+  return {
+      "empty text folder": (f",task.train_data.path={tmp / 'empty'}", "has no class subfolders"),
+      "binary file": (f",task.train_data.path={tmp / 'binary'}", "x.txt"),
+      "missing vocabulary": (f",task.text.vocab_path={tmp / 'nope.txt'}", "nope.txt"),
+      "sequence beyond the model": (",task.text.sequence_length=64",
+                                    "task.text.sequence_length=64 is longer than"),
+      "missing init_checkpoint": (f",task.init_checkpoint={tmp / 'other_run'}",
+                                  "holds no checkpoint"),
+      "unknown task": (",task.name=masked_lmm", "did you mean 'masked_lm'"),
+  }
+
+
+@pytest.mark.parametrize("case", ["empty text folder", "binary file", "missing vocabulary",
+                                  "sequence beyond the model", "missing init_checkpoint",
+                                  "unknown task"])
+def test_bad_text_input_is_one_line(tmp_path, small_corpus, case):
+  extra, words = bad_input_cases(small_corpus, tmp_path)[case]
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}",
+                           f"--params_override={mlm_overrides(small_corpus, extra)}")
+  assert proc.returncode != 0
+  errors = helpers.error_lines(proc)
+  assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_corpus):
+  small = mlm_overrides(small_corpus, ",trainer.max_steps=1")
+  first = helpers.run_train(f"--model_dir={tmp_path / 'small'}", "--mode=train",
+                            f"--params_override={small}")
+  assert first.returncode == 0, first.stderr[-2000:]
+  wider = small.replace("hidden_dim: 32", "hidden_dim: 48") + \
+      f",task.init_checkpoint={tmp_path / 'small'}"
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'wide'}", "--mode=train",
+                           f"--params_override={wider}")
+  assert proc.returncode != 0
+  errors = helpers.error_lines(proc)
+  assert len(errors) == 1 and "does not fit this model's encoder" in errors[0], proc.stderr[-2000:]
+  assert "embeddings" in errors[0] and "Traceback" not in proc.stderr

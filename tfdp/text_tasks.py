@@ -1,0 +1,243 @@
+"""Text workloads on keras-hub's BERT: masked-LM pre-training and text classification.
+
+Both read text from a folder (`root/<label>/*.txt|*.md`) or files (a glob), tokenize it once
+with a WordPiece vocabulary (tfdp-vocab learns one; configs/vocab ships Shakespeare's) and
+keep the token ids in memory: every worker builds the same examples, and the input plan shards
+them like any other source. Models are built from config with random weights (keras-hub presets
+download from the internet); `task.init_checkpoint` warm-starts the encoder from another run.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+from tfdp import tasks
+from tfdp import text
+from tfdp.config import DataConfig, TaskConfig
+from tfdp.errors import ConfigError, DataError
+
+TEXT_SOURCES = ("text_folder", "text_files")
+BERT_KWARGS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout",
+               "max_sequence_length")
+
+
+def vocab_path(config: TaskConfig) -> str:
+  """As given, else (a relative path that is not there) from the repository, as configs are."""
+  path = config.text.vocab_path or text.SHIPPED_VOCAB
+  from tfdp import cli  # pylint: disable=g-import-not-at-top
+  return cli.find_config(path)
+
+
+def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
+  """(documents, labels, class names) of one split: files, or speeches of plays (text_unit)."""
+  if data.source == "text_folder":
+    paths, labels, classes = text.list_text_folder(data.path)
+  else:
+    paths = text.find_text_files(data.path)
+    labels, classes = [0] * len(paths), [""]
+  names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+  unknown = sorted(set(data.holdout) - set(names))
+  if unknown:
+    raise DataError(f"holdout names {unknown} match no file under '{data.path}'; use file names "
+                    "without extension, e.g. hamlet.")
+  keep = {"all": lambda n: True, "train": lambda n: n not in data.holdout,
+          "holdout": lambda n: n in data.holdout}[data.split]
+  documents, document_labels = [], []
+  for path, name, label in zip(paths, names, labels):
+    if not keep(name):
+      continue
+    content = text.read_text_file(path)
+    pieces = text.split_speeches(content) if data.text_unit == "speech" else [content]
+    documents.extend(pieces)
+    document_labels.extend([label] * len(pieces))
+  if not documents:
+    raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
+                    f"{list(data.holdout)}); check path, split and holdout.")
+  return documents, document_labels, classes
+
+
+def _check_text_task(config: TaskConfig) -> None:
+  for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
+    if data.source not in TEXT_SOURCES:
+      raise ConfigError(f"config key '{key}.source' is '{data.source}', but task '{config.name}' "
+                        f"reads text: use one of {', '.join(TEXT_SOURCES)}.")
+    if data.split not in ("all", "train", "holdout"):
+      raise ConfigError(f"config key '{key}.split' is '{data.split}'; text sources take all, "
+                        "train (files not in holdout) or holdout.")
+  if config.model.name != "bert":
+    raise ConfigError(f"config key 'task.model.name' is '{config.model.name}'; task "
+                      f"'{config.name}' builds keras-hub's BERT: set it to bert.")
+  unknown = sorted(set(config.model.kwargs) - set(BERT_KWARGS))
+  if unknown:
+    raise ConfigError(f"task.model.kwargs {unknown} are not BERT settings; use "
+                      f"{', '.join(BERT_KWARGS)}.")
+  max_length = config.model.kwargs.get("max_sequence_length", 512)
+  text.check_sequence_length(config.text.sequence_length, max_length, "task.text.sequence_length")
+  text.read_vocabulary(vocab_path(config))  # a missing or malformed file fails here, in a line
+
+
+class _BertTask(tasks.Task):
+  """What both text tasks share: the vocabulary, the tokenizer and the encoder."""
+
+  @classmethod
+  def validate(cls, config: TaskConfig) -> None:
+    _check_text_task(config)
+
+  def tokenizer(self):
+    return text.load_tokenizer(vocab_path(self.config), lowercase=self.config.text.lowercase)
+
+  @functools.cached_property
+  def _vocabulary(self) -> tuple[int, dict]:
+    tokenizer = self.tokenizer()
+    return tokenizer.vocabulary_size(), text.special_token_ids(tokenizer)
+
+  @property
+  def vocabulary_size(self) -> int:
+    return self._vocabulary[0]
+
+  def build_backbone(self, vocabulary_size: int):
+    import keras_hub  # pylint: disable=g-import-not-at-top
+    kwargs = {"num_layers": 2, "num_heads": 2, "hidden_dim": 128, "intermediate_dim": 512,
+              "dropout": 0.1, "max_sequence_length": 512, **self.config.model.kwargs}
+    try:
+      return keras_hub.models.BertBackbone(vocabulary_size=vocabulary_size, **kwargs)
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"task.model.kwargs do not fit BERT: {str(e).splitlines()[0]}") from None
+
+  def warm_start(self, checkpoint_path: str) -> None:
+    """Restores the encoder (`model.backbone` in the other run's checkpoint) into this run's."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    key = "task.init_checkpoint"
+    status = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=self.encoder))
+    try:
+      status.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
+    except ValueError as e:  # a shape differs: TF names the variable and both shapes
+      raise ConfigError(f"{key} '{checkpoint_path}' does not fit this model's encoder: "
+                        f"{str(e).splitlines()[0]}; use the same task.model.kwargs as the "
+                        "pre-training run.") from None
+    except AssertionError as e:  # variables the checkpoint has no value for
+      found = re.search(r"path=([^,]+), shape=\(([^)]*)\)", str(e))
+      missing = f"{found.group(1)} (shape {found.group(2)})" if found else "some variables"
+      raise ConfigError(f"{key} '{checkpoint_path}' has no value for encoder variable "
+                        f"{missing}; use the same task.model.kwargs as the pre-training "
+                        "run.") from None
+
+
+@tasks.register_task("masked_lm")
+class MaskedLMTask(_BertTask):
+  """BERT pre-training: 15% of the tokens of packed sequences chosen, predicted from context.
+  Loss and accuracy are per masked token (their denominators count predictions, not
+  sequences)."""
+
+  metric_names = ("loss", "accuracy")
+
+  def build_source(self, data):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    documents, _, _ = read_documents(data)
+    tokenizer = self.tokenizer()
+    length = self.config.text.sequence_length
+    ids = tf.data.Dataset.from_tensor_slices(documents).map(tokenizer)
+    sequences = np.stack(list(text.pack_tokens(ids, length).as_numpy_iterator()))
+    read = lambda files: tf.data.Dataset.from_tensor_slices({"token_ids": sequences})
+    return data_lib.Source([len(sequences)], read, "text")
+
+  def _max_predictions(self) -> int:
+    cfg = self.config.text
+    return cfg.max_predictions or text.max_predictions_for(cfg.sequence_length, cfg.mask_rate)
+
+  def preprocess(self, example, data, training, seed):
+    del data, training  # the same masking in evaluation: a fixed, comparable task
+    features, labels, weights = text.mask_tokens(
+        example["token_ids"], seed, *self._vocabulary,
+        self.config.text.mask_rate, self._max_predictions())
+    return {**features, "mask_labels": labels, "mask_weights": weights}
+
+  def build_model(self, source):
+    import keras_hub  # pylint: disable=g-import-not-at-top
+    self.encoder = self.build_backbone(self.vocabulary_size)
+    return keras_hub.models.BertMaskedLM(self.encoder, preprocessor=None)
+
+  def model_inputs(self, batch):
+    return {k: batch[k] for k in ("token_ids", "padding_mask", "segment_ids", "mask_positions")}
+
+  def _token_losses(self, batch, outputs):
+    import keras  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    losses = keras.losses.sparse_categorical_crossentropy(
+        batch["mask_labels"], tf.cast(outputs, tf.float32), from_logits=True)
+    return losses, batch["mask_weights"] * batch["weight"][:, None]
+
+  def per_example_loss(self, batch, outputs):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    losses, weights = self._token_losses(batch, outputs)
+    # Divided by the prediction slots, a constant: summed over the global batch this is the
+    # mean loss per masked token for full sequences, whatever the replica count.
+    return tf.reduce_sum(losses * batch["mask_weights"], axis=-1) / self._max_predictions()
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    losses, weights = self._token_losses(batch, outputs)
+    correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=tf.int32),
+                               tf.cast(batch["mask_labels"], tf.int32)), tf.float32)
+    tokens = tf.reduce_sum(weights)
+    return {"loss": (tf.reduce_sum(losses * weights), tokens),
+            "accuracy": (tf.reduce_sum(correct * weights), tokens)}
+
+
+@tasks.register_task("text_classification")
+class TextClassificationTask(_BertTask):
+  """Which class a text belongs to (e.g. the genre of a Shakespeare speech): the BERT encoder's
+  [CLS] output, dropout, a dense head. Texts are cut to sequence_length tokens."""
+
+  metric_names = ("loss", "accuracy")
+
+  def build_source(self, data):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    documents, labels, classes = read_documents(data)
+    length = self.config.text.sequence_length
+    tokenized = tf.data.Dataset.from_tensor_slices(documents).map(self.tokenizer())
+    sequences = np.full((len(documents), length), text.PAD_ID, np.int32)
+    sequences[:, 0] = text.CLS_ID
+    for row, piece in zip(sequences, tokenized.as_numpy_iterator()):
+      piece = piece[:length - 2]  # room for [CLS] and [SEP]
+      row[1:1 + len(piece)] = piece
+      row[1 + len(piece)] = text.SEP_ID
+    read = lambda files: tf.data.Dataset.from_tensor_slices(
+        {"token_ids": sequences, "label": np.asarray(labels, np.int64)})
+    return data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),
+                           info={"class_names": classes})
+
+  def preprocess(self, example, data, training, seed):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    del data, training, seed
+    ids = example["token_ids"]
+    return {"token_ids": ids, "padding_mask": tf.cast(ids != text.PAD_ID, tf.int32),
+            "segment_ids": tf.zeros_like(ids), "label": example["label"]}
+
+  def build_model(self, source):
+    import keras  # pylint: disable=g-import-not-at-top
+    backbone = self.build_backbone(self.vocabulary_size)
+    inputs = {k: keras.Input((None,), dtype="int32", name=k)
+              for k in ("token_ids", "padding_mask", "segment_ids")}
+    pooled = backbone(inputs)["pooled_output"]
+    pooled = keras.layers.Dropout(backbone.dropout)(pooled)
+    logits = keras.layers.Dense(source.num_classes, name="classifier")(pooled)
+    self.encoder = backbone
+    return keras.Model(inputs, logits, name="bert_classifier")
+
+  def model_inputs(self, batch):
+    return {k: batch[k] for k in ("token_ids", "padding_mask", "segment_ids")}
+
+  def per_example_loss(self, batch, outputs):
+    import keras  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return keras.losses.sparse_categorical_crossentropy(batch["label"], tf.cast(outputs, tf.float32),
+                                                        from_logits=True)
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    return tasks.ImageClassificationTask.metric_sums(self, batch, outputs, per_example_loss)
