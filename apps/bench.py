@@ -38,6 +38,8 @@ flags.DEFINE_integer("warmup_steps", DEFAULTS.warmup_steps, "Untimed steps befor
 flags.DEFINE_integer("repeats", DEFAULTS.repeats, "Timed blocks; the median is reported.")
 flags.DEFINE_enum("data", DEFAULTS.data, bench.DATA_CHOICES,
                   "synthetic (1024 cached 32x32 images) or cifar10 (TFDS, train split).")
+flags.DEFINE_multi_string("config_file", None, "Benchmark the job of these configs (e.g. "
+                          "configs/shakespeare_mlm.yaml) instead of the --models x --data grid.")
 flags.DEFINE_multi_string("params_override", None, "tfdp config overrides for every run: a.b=1,c.d=x.")
 flags.DEFINE_bool("baseline", DEFAULTS.baseline, "throughput: also time plain Keras model.fit.")
 flags.DEFINE_integer("workers", DEFAULTS.workers, "scaling: 1..N worker processes; allreduce: N.")
@@ -63,7 +65,8 @@ def main(argv):
         replicas=bench.parse_int_list(FLAGS.replicas, "replicas"),
         global_batch_sizes=bench.parse_int_list(FLAGS.global_batch_sizes, "global_batch_sizes"),
         steps=FLAGS.steps, warmup_steps=FLAGS.warmup_steps, repeats=FLAGS.repeats,
-        data=FLAGS.data, params_override=FLAGS.params_override or [], baseline=FLAGS.baseline,
+        data=FLAGS.data, config_files=FLAGS.config_file or [],
+        params_override=FLAGS.params_override or [], baseline=FLAGS.baseline,
         workers=FLAGS.workers, per_replica_batch=FLAGS.per_replica_batch,
         min_bytes=FLAGS.min_bytes, max_bytes=FLAGS.max_bytes, size_factor=FLAGS.size_factor,
         pack_tensors=FLAGS.pack_tensors, pack_tensor_bytes=FLAGS.pack_tensor_bytes,

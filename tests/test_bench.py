@@ -131,3 +131,21 @@ def test_allreduce_sizes_and_loopback_tcp():
   assert bench.ops_per_block(64 << 20, 20) == bench.MAX_BLOCK_BYTES // (64 << 20)
   assert bench.ops_per_block(4096, 20) == 20
   assert bench.loopback_tcp_seconds(8 << 20) > 0
+
+
+def test_a_masked_lm_config_is_benchmarked_in_tokens_per_second(tmp_path):
+  from test_text_tasks import mlm_overrides, write_corpus  # pylint: disable=g-import-not-at-top
+  corpus = write_corpus(tmp_path / "corpus", documents_per_class=4)
+  proc = run_bench(tmp_path / "out", "--mode=throughput", "--config_file=configs/shakespeare_mlm.yaml",
+                   "--nobaseline", "--replicas=1", "--global_batch_sizes=8", "--steps=2",
+                   "--warmup_steps=1", "--repeats=2", f"--params_override={mlm_overrides(corpus)},task.train_data.holdout=[],"
+                   "task.eval_data.holdout=[],task.train_data.text_unit=document,"
+                   "task.eval_data.text_unit=document")
+  frame = read_outputs(tmp_path / "out", proc, "throughput", ["model", "tokens_per_sec",
+                                                              "images_per_sec"])
+  assert frame["model"].tolist() == ["bert"]
+  # 32-token sequences (the test corpus' config): tokens/s is sequences/s x 32.
+  assert frame["tokens_per_sec"].tolist() == pytest.approx((frame["images_per_sec"] * 32).tolist())
+  refused = run_bench(tmp_path / "out2", "--mode=throughput",
+                      "--config_file=configs/shakespeare_mlm.yaml")
+  assert refused.returncode != 0 and "--nobaseline" in refused.stderr

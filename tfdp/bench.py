@@ -67,6 +67,8 @@ class BenchOptions:
   warmup_steps: int = 5
   repeats: int = 3  # timed blocks; the median is reported
   data: str = "synthetic"
+  config_files: list[str] = dataclasses.field(default_factory=list)  # a job from configs instead
+  # of the model x data grid (e.g. configs/shakespeare_mlm.yaml): its model, data and task
   params_override: list[str] = dataclasses.field(default_factory=list)
   baseline: bool = True  # throughput: also time plain Keras model.fit
   workers: int = 2  # scaling: 1..workers; allreduce: the group size
@@ -105,6 +107,13 @@ def check_options(mode: str, opts: BenchOptions) -> None:
     raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(MODES)}.")
   if opts.data not in DATA_CHOICES:
     raise ConfigError(f"--data '{opts.data}' is unknown; use one of {', '.join(DATA_CHOICES)}.")
+  if opts.config_files:
+    from tfdp import cli  # pylint: disable=g-import-not-at-top
+    opts.config_files = [cli.find_config(f) for f in opts.config_files]
+    opts.models = [config_lib.load_config(opts.config_files).task.model.name]
+  if opts.config_files and opts.baseline and mode == "throughput":
+    raise ConfigError("--baseline times the --models x --data grid in plain Keras, not a "
+                      "--config_file job; add --nobaseline.")
   if not opts.models:  # names are checked with each config (task.model.module may register more)
     raise ConfigError("--models is empty; name at least one model, e.g. resnet20.")
   for flag in ("steps", "repeats", "workers", "per_replica_batch", "min_bytes", "max_bytes",
@@ -156,10 +165,12 @@ def data_overrides(data: str) -> list[str]:
 
 
 def job_overrides(opts: BenchOptions, model: str, global_batch: int, extra: list[str]) -> list[str]:
-  """The benchmarked job: user overrides win over the grid, except what the setup step needs."""
-  base = [f"task.model.name={model}", *data_overrides(opts.data), "task.train_data.augment=true",
-          f"trainer.global_batch_size={global_batch}", "trainer.learning_rate.schedule=constant",
-          *extra]
+  """The benchmarked job: user overrides win over the grid, except what the setup step needs.
+  With --config_file the configs give model, data and task; the grid sets batch and replicas."""
+  grid = [] if opts.config_files else [f"task.model.name={model}", *data_overrides(opts.data),
+                                       "task.train_data.augment=true"]
+  base = [*grid, f"trainer.global_batch_size={global_batch}",
+          "trainer.learning_rate.schedule=constant", *extra]
   # The cell builds the experiment and times the trainer's own loop on fresh iterators.
   setup = ["trainer.epochs=1", "trainer.export_model=false"]
   return base + list(opts.params_override) + setup
@@ -169,9 +180,10 @@ def describe_data(data: config_lib.DataConfig) -> str:
   return data.source if data.source != "tfds" else f"{data.name}:{data.split}"
 
 
-def load_checked(overrides: list[str], replicas: int | None = None) -> config_lib.ExperimentConfig:
+def load_checked(overrides: list[str], replicas: int | None = None,
+                 config_files: list[str] = ()) -> config_lib.ExperimentConfig:
   """The checks a cell would fail on, made up front: one bad cell must not waste the others."""
-  config = config_lib.load_config([], overrides)
+  config = config_lib.load_config(list(config_files), overrides)
   if replicas:
     config_lib.check_batch_divides(config, replicas)
     if config.runtime.jit_compile and replicas > 1:  # experiment.run's rule
@@ -281,12 +293,13 @@ def replica_grid(opts: BenchOptions) -> dict[tuple[str, int, int], list[str]]:
       for replicas in opts.replicas:
         jobs[(model, batch, replicas)] = job_overrides(opts, model, batch,
                                                        [f"runtime.cpu_replicas={replicas}"])
-        load_checked(jobs[(model, batch, replicas)], replicas)
+        load_checked(jobs[(model, batch, replicas)], replicas, opts.config_files)
   return jobs
 
 
 def train_spec(opts: BenchOptions, overrides: list[str], model_dir: str, measure: list[str]) -> dict:
-  return {"kind": "train", "overrides": overrides, "model_dir": model_dir, "measure": measure,
+  return {"kind": "train", "config_files": opts.config_files, "overrides": overrides,
+          "model_dir": model_dir, "measure": measure,
           "warmup": opts.warmup_steps, "steps": opts.steps, "repeats": opts.repeats}
 
 
@@ -323,7 +336,9 @@ def _row_head(res: dict) -> dict:
 
 
 def _timing(res: dict) -> dict:
-  return {"images_per_sec": res["images_per_sec"], "step_ms": res["step_ms"],
+  return {"images_per_sec": res["images_per_sec"],  # examples/s: sequences for text tasks
+          **({"tokens_per_sec": res["tokens_per_sec"]} if "tokens_per_sec" in res else {}),
+          "step_ms": res["step_ms"],
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
           "steps": res["steps"], "repeats": res["repeats"]}
 
@@ -359,7 +374,7 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   jobs = {(m, n): job_overrides(opts, m, opts.per_replica_batch * n, threads)
           for m in opts.models for n in range(1, opts.workers + 1)}
   for (_, n), overrides in jobs.items():
-    load_checked(overrides, n)  # one CPU replica per worker
+    load_checked(overrides, n, opts.config_files)  # one CPU replica per worker
   rows = []
   for (model, n), overrides in jobs.items():
     load = load_average()
@@ -639,7 +654,7 @@ def train_cell(spec: dict) -> dict:
   """Times Trainer.run_steps on the real pipeline, on one cached batch, and the pipeline alone."""
   from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from tfdp import experiment  # pylint: disable=g-import-not-at-top
-  config = config_lib.load_config([], spec["overrides"])
+  config = config_lib.load_config(spec.get("config_files", []), spec["overrides"])
   cluster = cluster_lib.resolve_cluster()
   # tfdp's whole flow, built once: strategy, data plan, task, model, trainer. The cell times
   # the trainer's own compiled loop on the experiment's own input pipeline.
@@ -666,7 +681,8 @@ def train_cell(spec: dict) -> dict:
     return _time_blocks(run, warmup, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
-         "image_size": source.image_shape[0], "strategy": exp.strategy_plan.kind,
+         "image_size": source.image_shape[0] if source.image_shape else 0,
+         "strategy": exp.strategy_plan.kind,
          "replicas": replicas, "global_batch": batch,
          "num_workers": cluster.num_workers, "rank": cluster.rank, "steps": steps,
          "repeats": repeats}
@@ -685,6 +701,8 @@ def train_cell(spec: dict) -> dict:
   out.update(step_ms=_median_ms(seconds, steps), step_ms_min=min(seconds) / steps * 1000,
              step_ms_max=max(seconds) / steps * 1000,
              images_per_sec=steps * batch / statistics.median(seconds))
+  if config.task.name in ("masked_lm", "text_classification"):  # examples are sequences
+    out["tokens_per_sec"] = out["images_per_sec"] * config.task.text.sequence_length
   if "cached" in spec["measure"]:
     # The same loop fed one cached batch: what a step costs when input never waits.
     cached = time_training(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())

@@ -141,6 +141,8 @@ class RuntimeConfig:
   bytes_per_pack: int = 0  # 0: TF's default gradient packing
   collective_timeout_seconds: float = 0.0  # 0: no timeout
   heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
+  dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
+  # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)
   mixed_precision: str = "float32"
   jit_compile: bool = False
   intra_op_threads: int = 0  # 0: TensorFlow's default

@@ -216,6 +216,8 @@ class Trainer:
     # tfdp all-reduces (SUM) itself, so the global-norm clip and the loss scale's finite check
     # see the gradient of the whole global batch; the optimizer's own all-reduce is off
     # (compat.skip_optimizer_all_reduce).
+    if self.config.runtime.dense_embedding_gradients:
+      grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     grads = compat.all_reduce_gradients(grads)
     if self.config.trainer.gradient_clip_norm:
       grads, _ = tf.clip_by_global_norm(grads, self.config.trainer.gradient_clip_norm)
