@@ -152,3 +152,12 @@ def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_
   errors = helpers.error_lines(proc)
   assert len(errors) == 1 and "does not fit this model's encoder" in errors[0], proc.stderr[-2000:]
   assert "embeddings" in errors[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_masked_lm_trains_in_mixed_precision(tmp_path, small_corpus, precision):
+  run = helpers.run_probe(tmp_path, "mixed", mlm_overrides(
+      small_corpus, f",trainer.max_steps=3,runtime.mixed_precision={precision}"), "train_and_eval")
+  assert run["info"]["step"] == 3
+  assert np.isfinite(run["info"]["eval_after"]["loss"])
+  assert helpers.max_relative_difference(run["final"], run["initial"]) > 0  # it applied updates

@@ -88,7 +88,7 @@ def skip_optimizer_all_reduce(optimizer) -> None:
 
 
 def exchange_between_workers(rank: int, num_workers: int, value: str,
-                             timeout_seconds: float) -> list[str]:
+                             timeout_seconds: float, topic: str = "plan") -> list[str]:
   """Every worker's `value`, in rank order, through the coordination service's key-value store
   (a private TF API). Unlike a collective, this works when workers disagree on their device
   counts, which is exactly what it is used to detect (TF calls unequal counts undefined)."""
@@ -97,11 +97,11 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
   from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
   ctx, timeout_ms = context.context(), int(timeout_seconds * 1000)
   try:
-    ctx.set_config_key_value(f"tfdp/plan/{rank}", value)
-    values = [ctx.get_config_key_value(f"tfdp/plan/{i}", timeout_in_ms=timeout_ms)
+    ctx.set_config_key_value(f"tfdp/{topic}/{rank}", value)
+    values = [ctx.get_config_key_value(f"tfdp/{topic}/{i}", timeout_in_ms=timeout_ms)
               for i in range(num_workers)]
     # Nobody leaves (worker 0 hosts the service) before every worker has read every value.
-    ctx.wait_at_barrier("tfdp/plan/read", timeout_ms)
+    ctx.wait_at_barrier(f"tfdp/{topic}/read", timeout_ms)
   except tf.errors.OpError as e:
     raise ClusterError(f"the start-up check between workers failed ({type(e).__name__}: "
                        f"{e.message.splitlines()[0][:200]}); a peer stopped early: see its "

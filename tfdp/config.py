@@ -16,8 +16,9 @@ import yaml
 
 from tfdp.errors import ConfigError
 
-DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic", "text_folder", "text_files")
-SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split")
+DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic", "text_folder", "text_files",
+                "interactions")
+SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split", "local")
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 ALL_REDUCE = ("auto", "ring", "nccl")
@@ -38,6 +39,12 @@ class DataConfig:
   text_unit: str = "document"  # text: document (a file) or speech (plays: one per speaker turn)
   holdout: list[str] = dataclasses.field(default_factory=list)  # text: files (no extension) of
   # split holdout and left out of split train, e.g. whole plays held out for evaluation
+  user_column: str = "user"  # interactions (CSV columns or TFRecord features)
+  item_column: str = "item"
+  label_column: str = ""  # a rating; empty: implicit feedback (every row a positive)
+  weight_column: str = ""
+  holdout_fraction: float = 0.0  # interactions: rows (by a stable hash of user and item) of split
+  # holdout, left out of split train; all: every row
   image_key: str = "image"  # tfrecord feature names
   label_key: str = "label"
   image_size: int = 0  # resize to this square size; 0 keeps the source size
@@ -49,7 +56,8 @@ class DataConfig:
   shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000
   mean: list[float] = dataclasses.field(default_factory=lambda: [0.5, 0.5, 0.5])
   std: list[float] = dataclasses.field(default_factory=lambda: [0.25, 0.25, 0.25])
-  shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers
+  shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers; local: each
+  # worker reads only its own files (a path with {worker}), never another's
   deterministic: bool = True  # tf.data element order; False may be faster
   threadpool_size: int = 0  # tf.data private thread pool; 0: TF's shared pool
 
@@ -72,6 +80,16 @@ class TextConfig:
 
 
 @dataclasses.dataclass
+class RecommenderConfig:
+  """How user and item ids become embedding rows, the same on every worker."""
+  user_vocab_path: str = ""  # one id per line (apps/split_interactions.py writes them); empty:
+  item_vocab_path: str = ""  # hash ids into *_buckets rows instead
+  user_buckets: int = 4096
+  item_buckets: int = 4096
+  oov_buckets: int = 8  # with a vocabulary: rows for ids first seen while fine-tuning
+
+
+@dataclasses.dataclass
 class TaskConfig:
   """What is learned: the workload (a registered task), its model, data and loss."""
   name: str = "image_classification"  # one of tfdp.tasks.registered_tasks()
@@ -81,6 +99,7 @@ class TaskConfig:
   eval_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(split="test"))
   label_smoothing: float = 0.0
   text: TextConfig = dataclasses.field(default_factory=TextConfig)
+  recommender: RecommenderConfig = dataclasses.field(default_factory=RecommenderConfig)
   init_checkpoint: str = ""  # warm start: a run's model_dir (or checkpoint prefix) to take the
   # encoder from; the task's new head starts fresh
 
@@ -349,9 +368,12 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
   _check_choice(prefix + "source", data.source, DATA_SOURCES)
   _check_choice(prefix + "shard_policy", data.shard_policy, SHARD_POLICIES)
   _check_choice(prefix + "text_unit", data.text_unit, ("document", "speech"))
+  if not 0.0 <= data.holdout_fraction < 1.0:
+    raise ConfigError(f"config key '{prefix}holdout_fraction' must be in [0, 1), e.g. 0.1.")
   if data.source == "tfds" and not data.name:
     raise ConfigError(f"config key '{prefix}name' is empty; name a TFDS dataset such as cifar10.")
-  if data.source in ("image_folder", "tfrecord", "text_folder", "text_files") and not data.path:
+  if data.source in ("image_folder", "tfrecord", "text_folder", "text_files",
+                     "interactions") and not data.path:
     raise ConfigError(f"config key '{prefix}path' is empty; {data.source} needs a path.")
   if data.source == "synthetic":
     _check_positive(prefix + "num_examples", data.num_examples)

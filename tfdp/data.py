@@ -52,6 +52,10 @@ def check_source(data: DataConfig, key: str) -> None:
   elif data.source == "tfrecord":
     if not sorted(glob.glob(data.path)):
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
+  elif data.source == "interactions":
+    if "{worker" not in data.path and not os.path.isfile(data.path):  # {worker}: the task checks
+      raise DataError(f"{key}.path '{data.path}' is not a file; give a CSV/TFRecord file, or a "
+                      "path with {worker} for per-worker shards.")
   elif data.source == "text_folder":
     if not os.path.isdir(data.path):
       raise DataError(f"{key}.path '{data.path}' is not a folder; point it at root/<label>/*.txt.")
@@ -265,7 +269,13 @@ def make_source(data: DataConfig) -> Source:
 
 
 def resolve_shard_policy(policy: str, source: Source, num_pipelines: int) -> str:
-  """TF's AUTO rule made explicit: shard files when every pipeline gets one, else elements."""
+  """TF's AUTO rule made explicit: shard files when every pipeline gets one, else elements.
+  A source that holds only this worker's own data (a {worker} path) is `local`."""
+  if source.kind == "local" or policy == "local":
+    if source.kind != "local":
+      raise DataError("shard_policy 'local' needs a source each worker reads alone: a path with "
+                      "{worker}; use shard_policy auto or data.")
+    return "local"
   if num_pipelines == 1:
     return "off"
   num_files = len(source.file_counts)
@@ -282,7 +292,7 @@ def resolve_shard_policy(policy: str, source: Source, num_pipelines: int) -> str
 def shard_counts(policy: str, source: Source, num_pipelines: int) -> list[int]:
   """Real examples each input pipeline reads per epoch under the policy."""
   n = source.num_examples
-  if policy == "off":
+  if policy in ("off", "local"):  # local: this worker's own count (the others' are exchanged)
     return [n] * num_pipelines
   if policy == "file":
     return [sum(source.file_counts[i::num_pipelines]) for i in range(num_pipelines)]
@@ -317,11 +327,14 @@ class InputPlan:
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
                num_pipelines: int, batch_key: str = "trainer.global_batch_size",
-               accumulation_steps: int = 1) -> InputPlan:
+               accumulation_steps: int = 1, local_counts: list[int] | None = None) -> InputPlan:
   """Decides once how one split is batched and sharded; the trainer takes its global batch and
-  steps per epoch from the plan that shaped the batches."""
+  steps per epoch from the plan that shaped the batches. `local_counts`: every worker's example
+  count of a local source (exchanged between workers), so all agree on the steps per epoch and
+  pad the shorter shards instead of hanging in a collective."""
   policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
-  counts = shard_counts(policy, source, num_pipelines)
+  counts = (list(local_counts) if policy == "local" and local_counts is not None
+            else shard_counts(policy, source, num_pipelines))
   per_replica = config_lib.per_replica_batch(batch_key, global_batch,
                                              num_replicas * accumulation_steps)
   replicas_per_pipeline = num_replicas // num_pipelines
@@ -366,7 +379,8 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   padded_len = plan.steps_per_epoch * plan.step_batch
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
-  buffer = data.shuffle_buffer or (source.num_examples if use_cache else 10000)
+  buffer = max(data.shuffle_buffer or (source.num_examples if use_cache else 10000), 1)  # an
+  # empty local shard still takes part: every step is padding for it
 
   def prepare(example, epoch):
     stateless_seed = tf.stack([seed * 1000003 + epoch, example["index"]])
@@ -383,7 +397,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     base = source.read_slice(pipeline, n) if policy == "tfds_split" else source.read(files)
     if use_cache:
       base = base.cache()
-    real = plan.counts[pipeline]
+    real = plan.counts[pipeline] if policy != "local" else source.num_examples
     spec = base.enumerate().map(
         lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
     pad = tf.data.Dataset.from_tensors(tf.nest.map_structure(_zeros_like_spec, spec))

@@ -137,7 +137,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
   logging.info("%s", strategy_lib.describe(plan, replicas))
 
-  task = tasks.make_task(config.task)
+  task = tasks.make_task(config.task, max(cluster.rank, 0), max(cluster.num_workers, 1))
   data_cfg, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
   train_plan = eval_plan = eval_dataset = None
@@ -145,13 +145,17 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     train_source = train_source or task.build_source(data_cfg.train_data)
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
                                      trainer_cfg.global_batch_size, replicas, num_pipelines,
-                                     accumulation_steps=trainer_cfg.gradient_accumulation_steps)
+                                     accumulation_steps=trainer_cfg.gradient_accumulation_steps,
+                                     local_counts=_local_counts(train_source, cluster, config,
+                                                                "train_counts"))
     data_lib.log_plan("train", train_plan)
   if mode != "train":
     eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
     eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,
                                     trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
-                                    replicas, num_pipelines, batch_key="trainer.eval_batch_size")
+                                    replicas, num_pipelines, batch_key="trainer.eval_batch_size",
+                                    local_counts=_local_counts(eval_source, cluster, config,
+                                                               "eval_counts"))
     data_lib.log_plan("eval", eval_plan)
     eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
@@ -181,6 +185,19 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:
   """Builds the experiment and runs it: see `build` for the arguments."""
   return build(config, model_dir, mode, **kwargs).run()
+
+
+def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,
+                  topic: str) -> list[int] | None:
+  """Every worker's example count of a source each reads alone, in rank order."""
+  if source.kind != "local" or not cluster.is_multi_worker:
+    return None
+  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  counts = [int(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, str(source.num_examples), timeout, topic=topic)]
+  logging.info("data: examples per worker %s (%s)", counts, topic)
+  return counts
 
 
 def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: cluster_lib.Cluster,

@@ -67,8 +67,11 @@ def task_class(name: str) -> type:
   return _REGISTRY[name]
 
 
-def make_task(config: TaskConfig) -> "Task":
-  return task_class(config.name)(config)
+def make_task(config: TaskConfig, worker: int = 0, num_workers: int = 1) -> "Task":
+  """`worker`/`num_workers`: which worker builds it (a task may read only its own data)."""
+  task = task_class(config.name)(config)
+  task.worker, task.num_workers = worker, num_workers
+  return task
 
 
 class Task:
@@ -78,6 +81,7 @@ class Task:
 
   def __init__(self, config: TaskConfig):
     self.config = config
+    self.worker, self.num_workers = 0, 1  # make_task sets them
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:
@@ -109,6 +113,11 @@ class Task:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     weight = batch["weight"]
     return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+
+  def finalize_metric(self, name: str, value: float) -> float:
+    """The reported value from numerator / denominator (e.g. a square root for an RMSE)."""
+    del name
+    return value
 
 
 def _normalize(image, mean, std):
@@ -178,4 +187,5 @@ class ImageClassificationTask(Task):
             "accuracy": (tf.reduce_sum(correct * weight), count)}
 
 
+from tfdp import recommender_tasks  # pylint: disable=wrong-import-position,unused-import  (registers)
 from tfdp import text_tasks  # pylint: disable=wrong-import-position,unused-import  (registers them)

@@ -111,8 +111,9 @@ class MetricSums:
   """A task's metrics as named weighted sums, each with its own denominator, summed over
   replicas and steps and divided only when read; `examples` counts real (weight > 0) examples."""
 
-  def __init__(self, names, vector=None):
+  def __init__(self, names, vector=None, finalize=lambda name, value: value):
     self.names = tuple(names)
+    self.finalize = finalize
     vector = [0.0] * (1 + 2 * len(self.names)) if vector is None else [float(v) for v in vector]
     self.examples = vector[0]
     self.sums = {n: (vector[1 + 2 * i], vector[2 + 2 * i]) for i, n in enumerate(self.names)}
@@ -125,7 +126,7 @@ class MetricSums:
 
   def value(self, name: str) -> float:
     numerator, denominator = self.sums[name]
-    return numerator / denominator if denominator else 0.0
+    return self.finalize(name, numerator / denominator) if denominator else 0.0
 
   def values(self) -> dict:
     return {n: self.value(n) for n in self.names}
@@ -292,8 +293,9 @@ class Trainer:
     their summed metrics and whether any worker asked to stop (agreed by the all-reduce)."""
     sums = self._train_loop(iterator, tf.constant(num_steps),
                             tf.constant(float(stop_requested))).numpy()
-    return MetricSums(self.task.metric_names, sums[:-1]), bool(sums[-1] > 0)
+    return (MetricSums(self.task.metric_names, sums[:-1], self.task.finalize_metric),
+            bool(sums[-1] > 0))
 
   def evaluate(self, dist_dataset, steps: int) -> MetricSums:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
-    return MetricSums(self.task.metric_names, sums)
+    return MetricSums(self.task.metric_names, sums, self.task.finalize_metric)

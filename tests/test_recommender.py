@@ -1,0 +1,152 @@
+"""Matrix factorization on interaction shards that each worker holds alone: real worker
+processes on loopback, uneven shards, the noise floor of planted data, bad input."""
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import helpers
+from tfdp import config as config_lib
+from tfdp import data as data_lib
+from tfdp import interactions
+from tfdp import tasks
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+SIGMA = 0.3
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+  """200 users x 200 items, rank 3, 150 ratings a user, noise sigma 0.3; 10% held out by hash;
+  training shards of 50% / 30% / 20% of the users; id vocabularies."""
+  root = tmp_path_factory.mktemp("planted")
+  frame, _ = interactions.planted_interactions(200, 200, 3, SIGMA, 150, seed=0)
+  frame.to_csv(root / "all.csv", index=False)
+  interactions.write_shards(frame, str(root / "train-{worker}.csv"), 3, fractions=[0.5, 0.3, 0.2])
+  interactions.build_vocabulary(frame["user"].to_numpy(), str(root / "users.txt"))
+  interactions.build_vocabulary(frame["item"].to_numpy(), str(root / "items.txt"))
+  return root
+
+
+def job(root, train_path=None, extra=""):
+  data = ("source=interactions,user_column=user,item_column=item,label_column=label,"
+          "holdout_fraction=0.1")
+  return ",".join([
+      "task.name=matrix_factorization", "task.model.kwargs={embedding_dim: 3, global_mean: 3.5}",
+      f"task.recommender.user_vocab_path={root / 'users.txt'}",
+      f"task.recommender.item_vocab_path={root / 'items.txt'}",
+      *[f"task.train_data.{kv}" for kv in data.split(",")], "task.train_data.split=train",
+      f"task.train_data.path={train_path or root / 'all.csv'}",
+      *[f"task.eval_data.{kv}" for kv in data.split(",")], "task.eval_data.split=holdout",
+      f"task.eval_data.path={root / 'all.csv'}",
+      "trainer.global_batch_size=510", "trainer.epochs=15", "trainer.steps_per_loop=50",
+      "trainer.export_model=false", "trainer.optimizer.name=adam",
+      "trainer.optimizer.weight_decay=0", "trainer.learning_rate.base_lr=0.02",
+      "trainer.learning_rate.base_batch_size=510", "trainer.learning_rate.schedule=cosine",
+      "runtime.strategy=auto", "runtime.cpu_replicas=0",
+  ]) + extra
+
+
+def final_eval(model_dir):
+  return pd.read_csv(model_dir / "metrics.csv").iloc[-1]
+
+
+def test_three_workers_with_their_own_uneven_shards_reach_the_noise_floor(planted, tmp_path):
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=3", "--", sys.executable, helpers.TRAIN_APP,
+       f"--model_dir={tmp_path / 'mw'}", "--mode=train_and_eval",
+       f"--params_override={job(planted, planted / 'train-{worker}.csv')}"],
+      env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  assert "shard policy local" in proc.stderr + proc.stdout
+  one = helpers.run_train(f"--model_dir={tmp_path / 'one'}", f"--params_override={job(planted)}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  mw, single = final_eval(tmp_path / "mw"), final_eval(tmp_path / "one")
+  assert mw["eval_examples"] == single["eval_examples"] > 2000  # the same held-out ratings
+  assert SIGMA <= 1.1 * mw["eval_rmse"] and mw["eval_rmse"] <= 1.05 * SIGMA, mw["eval_rmse"]
+  assert abs(mw["eval_rmse"] - single["eval_rmse"]) <= 0.01 * single["eval_rmse"]
+
+
+def test_every_interaction_of_every_shard_is_used_once_per_epoch(planted):
+  config = config_lib.load_config([], [job(planted, planted / "train-{worker}.csv")])
+  data = config.task.train_data
+  built = [tasks.make_task(config.task, worker, 3) for worker in range(3)]
+  sources = [task.build_source(data) for task in built]
+  counts = [s.num_examples for s in sources]
+  assert counts[0] > counts[1] > counts[2] > 0  # uneven: 50 / 30 / 20% of the users
+  seen, steps = [], set()
+  for worker, (task, source) in enumerate(zip(built, sources)):
+    plan = data_lib.plan_input(source, data, 30, 3, 3, local_counts=counts)
+    assert plan.policy == "local"
+    ctx = tf_input_context(worker)
+    batches = list(data_lib.make_dataset_fn(plan, data, task, training=True, seed=1)(ctx))
+    steps.add(len(batches))
+    for batch in batches:
+      real = batch["weight"].numpy() > 0
+      seen += list(zip(batch["user"].numpy()[real], batch["item"].numpy()[real]))
+  assert steps == {-(-counts[0] // 10)}  # every worker runs the largest shard's steps
+  users, items = (interactions.IdMapping.from_vocabulary_file(str(planted / f"{n}.txt"))
+                  for n in ("users", "items"))
+  frame = pd.read_csv(planted / "all.csv")
+  from tfdp import recommender_tasks  # pylint: disable=g-import-not-at-top
+  train = recommender_tasks.holdout_split(interactions.read_interactions(
+      str(planted / "all.csv"), "user", "item", "label"), data)
+  expected = list(zip(users.lookup(train["user"].to_numpy()), items.lookup(train["item"].to_numpy())))
+  assert sorted(seen) == sorted(expected) and len(frame) > len(seen)
+
+
+def tf_input_context(worker):
+  tf = pytest.importorskip("tensorflow")
+  return tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=worker,
+                                    num_replicas_in_sync=3)
+
+
+def test_an_empty_shard_takes_part_and_a_missing_shard_is_one_line(planted, tmp_path):
+  pd.read_csv(planted / "train-0.csv").to_csv(tmp_path / "part-0.csv", index=False)
+  pd.read_csv(planted / "train-0.csv").head(0).to_csv(tmp_path / "part-1.csv", index=False)
+  small = ",trainer.epochs=1"
+
+  def launch(path):
+    return subprocess.run(
+        [sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable, helpers.TRAIN_APP,
+         f"--model_dir={tmp_path / 'run'}", "--mode=train",
+         f"--params_override={job(planted, path, small)}"],
+        env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
+
+  ok = launch(tmp_path / "part-{worker}.csv")
+  assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
+  missing = launch(tmp_path / "gone-{worker}.csv")
+  assert missing.returncode != 0
+  lines = [l for l in (missing.stdout + missing.stderr).splitlines()
+           if "tfdp-train: error:" in l and l.startswith("[w")]
+  assert lines and all("gone-" in l and "worker" in l for l in lines), lines
+  assert "Traceback" not in missing.stdout + missing.stderr
+
+
+def bad_files(tmp):
+  good = "user,item,label\n1,2,3.0\n2,3,4.0\n"
+  (tmp / "nonnumeric.csv").write_text("user,item,label\n1,2,3.0\n2,3,abc\n")
+  (tmp / "negative.csv").write_text("user,item,label\n1,2,3.0\n-2,3,4.0\n")
+  (tmp / "good.csv").write_text(good)
+  (tmp / "empty.csv").write_text("user,item,label\n")
+  return {
+      "missing column": (f"{tmp / 'good.csv'}", ",task.train_data.label_column=rating", "rating"),
+      "non-numeric rating": (f"{tmp / 'nonnumeric.csv'}", "", "abc"),
+      "negative id": (f"{tmp / 'negative.csv'}", "", "-2"),
+      "{worker} path on one process": (f"{tmp / 'x-{worker}.csv'}", "", "{worker}"),
+      "empty file": (f"{tmp / 'empty.csv'}", "", "empty.csv"),
+  }
+
+
+@pytest.mark.parametrize("case", ["missing column", "non-numeric rating", "negative id",
+                                  "{worker} path on one process", "empty file"])
+def test_bad_interactions_are_one_line(planted, tmp_path, case):
+  path, extra, words = bad_files(tmp_path)[case]
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", "--mode=train",
+                           f"--params_override={job(planted, path, extra)}")
+  assert proc.returncode != 0
+  errors = helpers.error_lines(proc)
+  assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
