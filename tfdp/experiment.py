@@ -163,6 +163,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if mode != "eval":  # config.yaml describes the training run; an evaluation leaves it alone
     outputs.write_config(write_plan, config_lib.dump_yaml(config))
+    if cluster.is_chief:
+      for name, text in task.artifacts(train_plan.source).items():
+        outputs.atomic_write_text(write_plan.path(name), text)
   from tfdp import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(trainer_cfg.seed)

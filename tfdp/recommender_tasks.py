@@ -47,21 +47,23 @@ class MatrixFactorizationTask(tasks.Task):
   metric_names = ("loss", "rmse", "mae")
   KWARGS = ("embedding_dim", "l2", "global_mean")
 
+  NEEDS_LABELS = True  # explicit ratings
+
   @classmethod
   def validate(cls, config: TaskConfig) -> None:
     for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
       if data.source != "interactions":
         raise ConfigError(f"config key '{key}.source' is '{data.source}', but task "
-                          "'matrix_factorization' reads interactions: set it to interactions.")
+                          f"'{config.name}' reads interactions: set it to interactions.")
       if data.split not in ("all", "train", "holdout"):
         raise ConfigError(f"config key '{key}.split' is '{data.split}'; interactions take all, "
                           "train or holdout (with holdout_fraction).")
-      if not data.label_column:
-        raise ConfigError(f"config key '{key}.label_column' is empty; matrix_factorization needs "
+      if cls.NEEDS_LABELS and not data.label_column:
+        raise ConfigError(f"config key '{key}.label_column' is empty; {config.name} needs "
                           "explicit ratings (the rating column's name).")
     unknown = sorted(set(config.model.kwargs) - set(cls.KWARGS))
     if unknown:
-      raise ConfigError(f"task.model.kwargs {unknown} are not matrix_factorization settings; use "
+      raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "
                         f"{', '.join(cls.KWARGS)}.")
 
   def build_source(self, data: DataConfig):
@@ -90,7 +92,11 @@ class MatrixFactorizationTask(tasks.Task):
 
   def preprocess(self, example, data, training, seed):
     del data, training, seed
-    return {k: example[k] for k in ("user", "item", "label")}
+    return {k: example[k] for k in ("user", "item", "label")}  # label 1.0 for implicit data
+
+  def artifacts(self, source):
+    import json  # pylint: disable=g-import-not-at-top
+    return {"id_mapping.json": json.dumps(source.info["mappings"], indent=1)}
 
   def build_model(self, source):
     import keras  # pylint: disable=g-import-not-at-top
@@ -130,3 +136,99 @@ class MatrixFactorizationTask(tasks.Task):
 
   def finalize_metric(self, name, value):
     return math.sqrt(max(value, 0.0)) if name == "rmse" else value
+
+
+@tasks.register_task("retrieval")
+class RetrievalTask(MatrixFactorizationTask):
+  """Implicit feedback, two towers: user and item embeddings scored by their dot product,
+  trained with an in-batch softmax (the other items of the replica's batch are the negatives;
+  padding rows never are). Evaluated exactly over every item but the user's training items
+  (this worker's): recall@10 and NDCG@10 of each held-out (user, item) pair, summed over
+  workers and divided once."""
+
+  metric_names = ("loss", "recall_at_10", "ndcg_at_10")
+  KWARGS = ("embedding_dim", "l2", "temperature")
+  NEEDS_LABELS = False  # implicit feedback: every row is a positive
+  seen = None  # [users, items] bool: this worker's training pairs, left out of every ranking
+
+  def build_source(self, data: DataConfig):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    source = super().build_source(data)
+    if data.split != "holdout" and self.seen is None:  # the training split: built first
+      rows = next(iter(source.read([0]).batch(max(source.num_examples, 1))), None)
+      self.seen = np.zeros((source.info["users"], source.info["items"]), bool)
+      if rows is not None:
+        self.seen[rows["user"].numpy(), rows["item"].numpy()] = True
+    return source
+
+  def build_model(self, source):
+    kwargs = {"embedding_dim": 32, "l2": 0.0, **self.config.model.kwargs}
+    return _two_tower_class()(source.info["users"], source.info["items"],
+                              int(kwargs["embedding_dim"]), float(kwargs["l2"]))
+
+  def per_example_loss(self, batch, outputs):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    temperature = float(self.config.model.kwargs.get("temperature", 0.1))
+    user, item = (tf.cast(outputs[k], tf.float32) for k in ("user", "item"))
+    logits = tf.matmul(user, item, transpose_b=True) / temperature
+    # A padding row is nobody's negative: its column is masked out of every softmax.
+    logits += (1.0 - batch["weight"])[None, :] * -1e9
+    labels = tf.range(tf.shape(logits)[0])
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    weight = batch["weight"]
+    scores = tf.matmul(tf.cast(outputs["user"], tf.float32),
+                       tf.cast(outputs["all_items"], tf.float32), transpose_b=True)
+    own = tf.one_hot(batch["item"], tf.shape(scores)[1])
+    positives = own * weight[:, None]
+    # Rank each pair's item among the items its user did not train on (the usual protocol:
+    # a model that fits its training pairs would otherwise rank them first).
+    exclude = None
+    if self.seen is not None:
+      exclude = tf.logical_and(tf.gather(tf.constant(self.seen), batch["user"]), own < 0.5)
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight)),
+            **interactions.ranking_sums_tf(scores, positives, exclude, k=10)}
+
+  def finalize_metric(self, name, value):
+    return value
+
+
+def _two_tower_class():
+  """Defined on first use: Keras is imported only once TensorFlow may start."""
+  import keras  # pylint: disable=g-import-not-at-top
+  global _TWO_TOWER
+  if _TWO_TOWER is not None:
+    return _TWO_TOWER
+
+  @keras.saving.register_keras_serializable(package="tfdp")
+  class TwoTower(keras.Model):
+    """Outputs the batch's user and item embeddings and the whole item table (for exact
+    ranking over every item)."""
+
+    def __init__(self, num_users, num_items, dim, l2=0.0, **kwargs):
+      super().__init__(**{"name": "two_tower", **kwargs})
+      self.num_users, self.num_items, self.dim, self.l2 = num_users, num_items, dim, l2
+      reg = keras.regularizers.L2(l2) if l2 else None
+      init = keras.initializers.RandomNormal(stddev=1.0 / math.sqrt(dim))
+      self.user_tower = keras.layers.Embedding(num_users, dim, embeddings_initializer=init,
+                                               embeddings_regularizer=reg, name="user_tower")
+      self.item_tower = keras.layers.Embedding(num_items, dim, embeddings_initializer=init,
+                                               embeddings_regularizer=reg, name="item_tower")
+      self.user_tower.build((None,))
+      self.item_tower.build((None,))
+
+    def call(self, inputs):
+      return {"user": self.user_tower(inputs["user"]), "item": self.item_tower(inputs["item"]),
+              "all_items": keras.ops.convert_to_tensor(self.item_tower.embeddings)}
+
+    def get_config(self):
+      return {"num_users": self.num_users, "num_items": self.num_items, "dim": self.dim,
+              "l2": self.l2, "name": self.name}
+
+  _TWO_TOWER = TwoTower
+  return TwoTower
+
+
+_TWO_TOWER = None

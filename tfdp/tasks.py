@@ -114,6 +114,12 @@ class Task:
     weight = batch["weight"]
     return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
 
+  def artifacts(self, source) -> dict:
+    """Files the chief writes into model_dir beside the model: {file name: text} (e.g. the id
+    mapping a recommender's inference must use)."""
+    del source
+    return {}
+
   def finalize_metric(self, name: str, value: float) -> float:
     """The reported value from numerator / denominator (e.g. a square root for an RMSE)."""
     del name
