@@ -208,3 +208,29 @@ def test_padding_rows_are_never_negatives_in_the_in_batch_softmax():
   alone = task.per_example_loss({"weight": tf.ones(3)},
                                 {"user": tf.constant(user[:3]), "item": tf.constant(item[:3])}).numpy()
   np.testing.assert_allclose(padded[:3], alone, rtol=1e-5)
+
+
+def test_fine_tuning_from_a_pretrained_recommender_beats_scratch_at_the_same_budget(planted,
+                                                                                    tmp_path):
+  # Pre-train on 60% of the users; fine-tune on 2 workers' shards of the other 40%, whose
+  # held-out ratings are the test. The items (and the id vocabularies) are shared.
+  frame = pd.read_csv(planted / "all.csv")
+  pre_users = interactions.user_shards(frame["user"].to_numpy(), 2, fractions=[0.6, 0.4]) == 0
+  frame[pre_users].to_csv(tmp_path / "pre.csv", index=False)
+  frame[~pre_users].to_csv(tmp_path / "rest.csv", index=False)
+  interactions.write_shards(frame[~pre_users], str(tmp_path / "fine-{worker}.csv"), 2)
+  pre = helpers.run_train(f"--model_dir={tmp_path / 'pre'}", "--mode=train",
+                          f"--params_override={job(planted, tmp_path / 'pre.csv')}")
+  assert pre.returncode == 0, pre.stderr[-3000:]
+  short = f",trainer.epochs=2,task.eval_data.path={tmp_path / 'rest.csv'}"
+  results = {}
+  for name, init in (("fine", tmp_path / "pre"), ("scratch", "")):
+    proc = subprocess.run(
+        [sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable, helpers.TRAIN_APP,
+         f"--model_dir={tmp_path / name}",
+         f"--params_override={job(planted, tmp_path / 'fine-{worker}.csv', short)},"
+         f"task.init_checkpoint={init}"],
+        env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    results[name] = final_eval(tmp_path / name)["eval_rmse"]
+  assert results["fine"] < 0.9 * results["scratch"], results

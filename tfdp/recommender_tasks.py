@@ -94,6 +94,19 @@ class MatrixFactorizationTask(tasks.Task):
     del data, training, seed
     return {k: example[k] for k in ("user", "item", "label")}  # label 1.0 for implicit data
 
+  def warm_start(self, checkpoint_path: str) -> None:
+    """Every weight from a pre-trained run of the same id mapping (the same vocabularies and
+    OOV rows, or hash buckets): ids first seen now land in the OOV rows, which start as the
+    pre-training left them (fresh when no OOV id was seen there)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    try:
+      tf.train.Checkpoint(model=self.model).read(checkpoint_path).expect_partial() \
+          .assert_existing_objects_matched()
+    except (ValueError, AssertionError) as e:
+      raise ConfigError(f"task.init_checkpoint '{checkpoint_path}' does not fit this model "
+                        f"({str(e).splitlines()[0][:200]}); pre-train and fine-tune with the same "
+                        "task.recommender id mapping and task.model.kwargs.") from None
+
   def artifacts(self, source):
     import json  # pylint: disable=g-import-not-at-top
     return {"id_mapping.json": json.dumps(source.info["mappings"], indent=1)}
@@ -116,7 +129,8 @@ class MatrixFactorizationTask(tasks.Task):
     b_item = table(source.info["items"], 1, "item_bias", "zeros")(item)[:, 0]
     dot = keras.ops.sum(p * q, axis=-1)
     rating = keras.layers.Rescaling(1.0, offset=float(kwargs["global_mean"]))(dot + b_user + b_item)
-    return keras.Model({"user": user, "item": item}, rating, name="matrix_factorization")
+    self.model = keras.Model({"user": user, "item": item}, rating, name="matrix_factorization")
+    return self.model
 
   def model_inputs(self, batch):
     return {"user": batch["user"], "item": batch["item"]}
@@ -163,8 +177,9 @@ class RetrievalTask(MatrixFactorizationTask):
 
   def build_model(self, source):
     kwargs = {"embedding_dim": 32, "l2": 0.0, **self.config.model.kwargs}
-    return _two_tower_class()(source.info["users"], source.info["items"],
-                              int(kwargs["embedding_dim"]), float(kwargs["l2"]))
+    self.model = _two_tower_class()(source.info["users"], source.info["items"],
+                                    int(kwargs["embedding_dim"]), float(kwargs["l2"]))
+    return self.model
 
   def per_example_loss(self, batch, outputs):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
