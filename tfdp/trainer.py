@@ -82,6 +82,8 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   elif opt.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
                                        beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon)
+  elif opt.name == "adagrad":  # sparse-friendly: updates only the embedding rows a batch touches
+    optimizer = keras.optimizers.Adagrad(learning_rate, epsilon=opt.epsilon, weight_decay=wd)
   elif opt.name == "lamb":  # layer-wise trust ratio: large-batch BERT (You et al. 2019)
     optimizer = keras.optimizers.Lamb(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
                                       epsilon=opt.epsilon, weight_decay=wd)
