@@ -5,6 +5,7 @@ Each run is a fresh process (logical CPU devices must be set before TensorFlow s
 through tfdp.experiment.build by tests/scripts/probe.py, with a fixed seed and global batch.
 """
 import numpy as np
+import pytest
 
 import helpers
 
@@ -90,14 +91,17 @@ REFERENCE = ",".join([
 ])
 
 
-def test_training_matches_a_plain_tensorflow_reference(tmp_path):
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+def test_training_matches_a_plain_tensorflow_reference(tmp_path, accumulation_steps):
   """Catches what equivalence across replica counts cannot: a bug that is the same for every
-  count (padding counted in the loss, a wrong schedule or scaling rule, L2 scaled wrongly)."""
+  count (padding counted in the loss, a wrong schedule or scaling rule, L2 scaled wrongly, L2
+  counted once per micro-step)."""
   out = tmp_path / "out"
   out.mkdir()
+  job = f"{REFERENCE},trainer.gradient_accumulation_steps={accumulation_steps}"
   proc = helpers.subprocess.run(
       [helpers.sys.executable, str(helpers.SCRIPTS / "reference.py"), str(tmp_path / "run"),
-       REFERENCE, str(out)], capture_output=True, text=True, timeout=600, env=helpers.env(),
+       job, str(out)], capture_output=True, text=True, timeout=600, env=helpers.env(),
       cwd=str(helpers.REPO))
   assert proc.returncode == 0, proc.stderr[-3000:]
   tfdp_weights, reference = dict(np.load(out / "tfdp.npz")), dict(np.load(out / "reference.npz"))

@@ -202,8 +202,9 @@ class Trainer:
       # gradient of the mean loss over the whole batch, whatever the replica count.
       loss = tf.nn.compute_average_loss(per_example, sample_weight=batch["weight"],
                                         global_batch_size=self.global_batch)
-      if self.model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+      if self.model.losses:  # once per optimizer step, whatever the micro-steps
+        loss += (tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+                 / self.accumulation_steps)
       scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
     grads = tape.gradient(scaled, self.model.trainable_variables)
     return grads, self._sums(batch, outputs, per_example)
@@ -223,7 +224,10 @@ class Trainer:
       grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     grads = compat.all_reduce_gradients(grads)
     if self.config.trainer.gradient_clip_norm:
-      grads, _ = tf.clip_by_global_norm(grads, self.config.trainer.gradient_clip_norm)
+      clip = self.config.trainer.gradient_clip_norm
+      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+        clip = clip * tf.cast(self.optimizer.dynamic_scale, tf.float32)  # grads are still scaled
+      grads, _ = tf.clip_by_global_norm(grads, clip)
     # Variables the loss does not reach (BertMaskedLM's unused pooler) have no gradient.
     self.optimizer.apply_gradients(
         [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None])
