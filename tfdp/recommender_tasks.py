@@ -67,9 +67,18 @@ class MatrixFactorizationTask(tasks.Task):
                         f"{', '.join(cls.KWARGS)}.")
 
   def build_source(self, data: DataConfig):
-    import numpy as np  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    columns, local, users, items = self.read_rows(data)
+    read = lambda files: tf.data.Dataset.from_tensor_slices(columns)
+    return data_lib.Source([len(columns["user"])], read, "local" if local else "interactions",
+                           info={"users": users.num_rows, "items": items.num_rows,
+                                 "mappings": {"user": users.to_dict(), "item": items.to_dict()}})
+
+  def read_rows(self, data: DataConfig):
+    """This worker's rows of one split as numpy columns (ids mapped to rows), whether the path
+    is a per-worker shard, and the two id mappings."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
     local = "{worker" in data.path
     # One process with a {worker} path is refused: it would train on one shard of many.
     path = interactions.resolve_shard_path(data.path, self.worker if self.num_workers > 1 else None,
@@ -85,10 +94,7 @@ class MatrixFactorizationTask(tasks.Task):
                "item": items.lookup(frame["item"].to_numpy()).astype(np.int64),
                "label": frame["label"].to_numpy(np.float32),
                "weight": frame["weight"].to_numpy(np.float32)}
-    read = lambda files: tf.data.Dataset.from_tensor_slices(columns)
-    return data_lib.Source([len(frame)], read, "local" if local else "interactions",
-                           info={"users": users.num_rows, "items": items.num_rows,
-                                 "mappings": {"user": users.to_dict(), "item": items.to_dict()}})
+    return columns, local, users, items
 
   def preprocess(self, example, data, training, seed):
     del data, training, seed
@@ -99,13 +105,7 @@ class MatrixFactorizationTask(tasks.Task):
     OOV rows, or hash buckets): ids first seen now land in the OOV rows, which start as the
     pre-training left them (fresh when no OOV id was seen there)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    try:
-      tf.train.Checkpoint(model=self.model).read(checkpoint_path).expect_partial() \
-          .assert_existing_objects_matched()
-    except (ValueError, AssertionError) as e:
-      raise ConfigError(f"task.init_checkpoint '{checkpoint_path}' does not fit this model "
-                        f"({str(e).splitlines()[0][:200]}); pre-train and fine-tune with the same "
-                        "task.recommender id mapping and task.model.kwargs.") from None
+    tasks.restore_into(checkpoint_path, tf.train.Checkpoint(model=self.model), "this model")
 
   def artifacts(self, source):
     import json  # pylint: disable=g-import-not-at-top
@@ -165,15 +165,13 @@ class RetrievalTask(MatrixFactorizationTask):
   NEEDS_LABELS = False  # implicit feedback: every row is a positive
   seen = None  # [users, items] bool: this worker's training pairs, left out of every ranking
 
-  def build_source(self, data: DataConfig):
+  def read_rows(self, data: DataConfig):
     import numpy as np  # pylint: disable=g-import-not-at-top
-    source = super().build_source(data)
+    columns, local, users, items = super().read_rows(data)
     if data.split != "holdout" and self.seen is None:  # the training split: built first
-      rows = next(iter(source.read([0]).batch(max(source.num_examples, 1))), None)
-      self.seen = np.zeros((source.info["users"], source.info["items"]), bool)
-      if rows is not None:
-        self.seen[rows["user"].numpy(), rows["item"].numpy()] = True
-    return source
+      self.seen = np.zeros((users.num_rows, items.num_rows), bool)
+      self.seen[columns["user"], columns["item"]] = True
+    return columns, local, users, items
 
   def build_model(self, source):
     kwargs = {"embedding_dim": 32, "l2": 0.0, **self.config.model.kwargs}

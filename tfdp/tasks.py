@@ -60,6 +60,23 @@ def find_init_checkpoint(path: str) -> str:
                     "model_dir of a finished run, or a checkpoint prefix.")
 
 
+def restore_into(checkpoint_path: str, root, what: str) -> None:
+  """Restores `root` (a tf.train.Checkpoint tree naming where its objects sit in the other
+  run's checkpoint) for task.init_checkpoint; a mismatch is one line naming the variable."""
+  import re  # pylint: disable=g-import-not-at-top
+  key, fix = "task.init_checkpoint", "use the same task.model.kwargs (and id mapping) as that run"
+  try:
+    root.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
+  except ValueError as e:  # a shape differs: TF names the variable and both shapes
+    raise ConfigError(f"{key} '{checkpoint_path}' does not fit {what}: "
+                      f"{str(e).splitlines()[0]}; {fix}.") from None
+  except AssertionError as e:  # variables the checkpoint has no value for
+    found = re.search(r"path=([^,]+), shape=\(([^)]*)\)", str(e))
+    missing = f"{found.group(1)} (shape {found.group(2)})" if found else "some variables"
+    raise ConfigError(f"{key} '{checkpoint_path}' has no value for {what}'s variable {missing}; "
+                      f"{fix}.") from None
+
+
 def task_class(name: str) -> type:
   if name not in _REGISTRY:
     raise ConfigError(f"config key 'task.name' is '{name}'; use one of "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 
 from tfdp import tasks
 from tfdp import text
@@ -108,20 +107,8 @@ class _BertTask(tasks.Task):
   def warm_start(self, checkpoint_path: str) -> None:
     """Restores the encoder (`model.backbone` in the other run's checkpoint) into this run's."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    key = "task.init_checkpoint"
-    status = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=self.encoder))
-    try:
-      status.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
-    except ValueError as e:  # a shape differs: TF names the variable and both shapes
-      raise ConfigError(f"{key} '{checkpoint_path}' does not fit this model's encoder: "
-                        f"{str(e).splitlines()[0]}; use the same task.model.kwargs as the "
-                        "pre-training run.") from None
-    except AssertionError as e:  # variables the checkpoint has no value for
-      found = re.search(r"path=([^,]+), shape=\(([^)]*)\)", str(e))
-      missing = f"{found.group(1)} (shape {found.group(2)})" if found else "some variables"
-      raise ConfigError(f"{key} '{checkpoint_path}' has no value for encoder variable "
-                        f"{missing}; use the same task.model.kwargs as the pre-training "
-                        "run.") from None
+    tasks.restore_into(checkpoint_path, tf.train.Checkpoint(
+        model=tf.train.Checkpoint(backbone=self.encoder)), "this model's encoder")
 
 
 @tasks.register_task("masked_lm")
@@ -166,20 +153,20 @@ class MaskedLMTask(_BertTask):
   def _token_losses(self, batch, outputs):
     import keras  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    losses = keras.losses.sparse_categorical_crossentropy(
+    return keras.losses.sparse_categorical_crossentropy(
         batch["mask_labels"], tf.cast(outputs, tf.float32), from_logits=True)
-    return losses, batch["mask_weights"] * batch["weight"][:, None]
 
   def per_example_loss(self, batch, outputs):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    losses, weights = self._token_losses(batch, outputs)
+    losses = self._token_losses(batch, outputs)
     # Divided by the prediction slots, a constant: summed over the global batch this is the
     # mean loss per masked token for full sequences, whatever the replica count.
     return tf.reduce_sum(losses * batch["mask_weights"], axis=-1) / self._max_predictions()
 
   def metric_sums(self, batch, outputs, per_example_loss):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    losses, weights = self._token_losses(batch, outputs)
+    losses = self._token_losses(batch, outputs)
+    weights = batch["mask_weights"] * batch["weight"][:, None]  # padding examples count nothing
     correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=tf.int32),
                                tf.cast(batch["mask_labels"], tf.int32)), tf.float32)
     tokens = tf.reduce_sum(weights)
