@@ -26,6 +26,7 @@ flags.DEFINE_string(
     "GPUs split evenly; a CPU run stays as it is), 0 (CPU only) or N.")
 flags.DEFINE_string("host", "127.0.0.1", "Address written into TF_CONFIG.")
 flags.DEFINE_bool("allow_remote", False, "Allow a non-loopback --host.")
+flags.DEFINE_bool("allow_many_workers", False, "Allow more than 4 local workers per CPU core.")
 flags.DEFINE_float("stop_grace_seconds", launcher.DEFAULT_STOP_GRACE_SECONDS,
                    "Wait between SIGTERM and SIGKILL when stopping workers.")
 FLAGS = flags.FLAGS
@@ -41,7 +42,8 @@ def main(argv: list[str]) -> int:
         command, FLAGS.num_workers, max_restarts=FLAGS.max_restarts,
         host=FLAGS.host, allow_remote=FLAGS.allow_remote,
         stop_grace_seconds=FLAGS.stop_grace_seconds,
-        gpus_per_worker=FLAGS.gpus_per_worker)
+        gpus_per_worker=FLAGS.gpus_per_worker,
+        allow_many_workers=FLAGS.allow_many_workers)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
 

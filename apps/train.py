@@ -27,6 +27,8 @@ flags.DEFINE_string("model_dir", None, "Checkpoints, metrics.csv, summaries, con
                     "Default: runs/<name of the last config file>.")
 flags.DEFINE_enum("mode", "train_and_eval", config_lib.MODES, "What to run.")
 flags.DEFINE_bool("print_config", False, "Print the final config and exit.")
+flags.DEFINE_bool("start_over", False, "Train from step 0 even if model_dir holds a run: the "
+                  "earlier run moves to model_dir/previous-<time>/ (nothing is deleted).")
 FLAGS = flags.FLAGS
 
 
@@ -44,7 +46,7 @@ def main(argv):
     cli.quiet_tensorflow()
     from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
     try:
-      result = experiment.run(config, model_dir, FLAGS.mode)
+      result = experiment.run(config, model_dir, FLAGS.mode, start_over=FLAGS.start_over)
     except Preempted as stop:
       cli.exit_with_error(PROG, stop, code=stop.exit_code)
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
-"""Time from a worker's death (SIGKILL) or freeze (SIGSTOP) to the exit of the whole group.
+"""Time from a worker's death (SIGKILL) or freeze (SIGSTOP) to the exit of the whole group,
+and from the launcher's own SIGKILL to the exit of its orphaned workers.
 
   python benchmarks/worker_death.py --repeats 3
 Runs `tfdp-launch --num_workers 2` (no restarts) on a small synthetic job, waits until training
-is under way, hits worker 1, and measures until the launcher has exited with no process left.
+is under way, hits worker 1 (or the launcher), and measures until no process is left.
 """
 import argparse
 import os
@@ -20,7 +21,7 @@ JOB = ("task.model.name=small_cnn,task.train_data.source=synthetic,task.train_da
        "runtime.inter_op_threads=1,trainer.checkpoint_every_steps=20")
 
 
-def one_run(model_dir: str, signum: int) -> tuple[float, int, bool]:
+def one_run(model_dir: str, signum: int, target: str = "worker") -> tuple[float, int, bool]:
   os.makedirs(os.path.dirname(model_dir), exist_ok=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   log = open(model_dir + ".log", "w")
@@ -37,13 +38,25 @@ def one_run(model_dir: str, signum: int) -> tuple[float, int, bool]:
              for p in psutil.Process(launcher.pid).children()}
   pids = [p.pid for p in workers.values()]
   hit_at = time.monotonic()
-  os.kill(workers[1].pid, signum)
+  if target == "launcher":
+    launcher.kill()
+    while any(alive(pid) for pid in pids) and time.monotonic() - hit_at < 120:
+      time.sleep(0.05)
+  else:
+    os.kill(workers[1].pid, signum)
   launcher.wait()
   log.close()
+  while any(alive(pid) for pid in pids) and time.monotonic() - hit_at < 120:
+    time.sleep(0.05)
   seconds = time.monotonic() - hit_at
-  left = any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-             for pid in pids)
-  return seconds, launcher.returncode, left
+  return seconds, launcher.returncode, any(alive(pid) for pid in pids)
+
+
+def alive(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
 
 
 def main():
@@ -51,12 +64,14 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--work_dir", default="/tmp/tfdp-worker-death")
   args = parser.parse_args()
-  print("signal   run  seconds_to_group_exit  launcher_exit_code  processes_left")
-  for name, signum in (("SIGKILL", signal.SIGKILL), ("SIGSTOP", signal.SIGSTOP)):
+  print("hit                run  seconds_to_no_worker_left  launcher_exit_code  processes_left")
+  for name, signum, target in (("worker SIGKILL", signal.SIGKILL, "worker"),
+                               ("worker SIGSTOP", signal.SIGSTOP, "worker"),
+                               ("launcher SIGKILL", signal.SIGKILL, "launcher")):
     for run in range(args.repeats):
-      model_dir = os.path.join(args.work_dir, f"{name}-{run}-{time.time_ns()}")
-      seconds, code, left = one_run(model_dir, signum)
-      print(f"{name:8} {run:3}  {seconds:21.1f}  {code:18}  {left}", flush=True)
+      model_dir = os.path.join(args.work_dir, f"{target}-{signum}-{run}-{time.time_ns()}")
+      seconds, code, left = one_run(model_dir, signum, target)
+      print(f"{name:17} {run:3}  {seconds:25.1f}  {code:18}  {left}", flush=True)
 
 
 if __name__ == "__main__":

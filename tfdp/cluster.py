@@ -97,6 +97,11 @@ class Cluster:
 # --------------------------------------------------------------------------
 
 
+def is_ascii_number(text: str) -> bool:
+  """Digits 0-9 only: str.isdigit() takes '²' and '٣', which int() or TensorFlow then reject."""
+  return bool(re.fullmatch(r"[0-9]+", text))
+
+
 def _fail(message: str) -> ClusterError:
   return ClusterError(f"TF_CONFIG: {message}")
 
@@ -131,7 +136,7 @@ def address_problem(address: Any) -> str | None:
               "e.g. '[::1]:12345'")
   if not host:
     return f"{address!r} has an empty host; write it as host:port"
-  if not port.isdigit():
+  if not is_ascii_number(port):
     return (f"{address!r} has port {port!r}, which is not a number; use a "
             "numeric port, e.g. 'host:12345'")
   if not 1 <= int(port) <= 65535:
@@ -289,20 +294,23 @@ def parse_tf_config(text: str | None) -> Cluster:
 # --------------------------------------------------------------------------
 
 
+NODELIST_FIX = "; check SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (srun and sbatch set them)."
+
+
 def _expand_bracket(body: str, nodelist: str) -> list[str]:
   """'01-03,07' -> ['01', '02', '03', '07'], keeping zero padding."""
   values = []
   for part in body.split(","):
     low, dash, high = part.partition("-")
-    if not low.isdigit() or (dash and not high.isdigit()):
+    if not is_ascii_number(low) or (dash and not is_ascii_number(high)):
       raise ClusterError(
           f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} is not "
-          "N or N-M; check SLURM_STEP_NODELIST / SLURM_JOB_NODELIST.")
+          f"N or N-M{NODELIST_FIX}")
     high = high if dash else low
     if int(high) < int(low):
       raise ClusterError(
           f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} runs "
-          "backwards.")
+          f"backwards{NODELIST_FIX}")
     values.extend(
         str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
   return values
@@ -327,15 +335,15 @@ def expand_nodelist(nodelist: str) -> list[str]:
       start = position + 1
     if depth not in (0, 1):
       raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                         "unbalanced or nested brackets.")
+                         f"unbalanced or nested brackets{NODELIST_FIX}")
   if depth != 0:
     raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                       "unbalanced brackets.")
+                       f"unbalanced brackets{NODELIST_FIX}")
   for item in items:
     item = item.strip()
     if not item:
       raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                         "empty host name between commas.")
+                         f"empty host name between commas{NODELIST_FIX}")
     # Split into literal text and [ranges], then take the cartesian product.
     pieces = re.split(r"(\[[^\]]*\])", item)
     choices = [_expand_bracket(piece[1:-1], nodelist) if piece.startswith("[")
@@ -348,7 +356,7 @@ def expand_tasks_per_node(tasks_per_node: str) -> list[int]:
   """'2(x3),1' -> [2, 2, 2, 1] (the SLURM_TASKS_PER_NODE format)."""
   counts: list[int] = []
   for part in tasks_per_node.split(","):
-    match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+    match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
     if not match:
       raise ClusterError(
           f"Slurm: cannot parse tasks per node {tasks_per_node!r}: {part!r} is "
@@ -359,9 +367,10 @@ def expand_tasks_per_node(tasks_per_node: str) -> list[int]:
 
 def _slurm_int(env: Mapping[str, str], name: str) -> int:
   value = env[name]
-  if not value.strip().isdigit():
+  if not is_ascii_number(value.strip()):
     raise ClusterError(
-        f"Slurm: {name}={value!r} is not a non-negative integer.")
+        f"Slurm: {name}={value!r} is not a non-negative integer (ASCII digits); "
+        "launch with srun, which sets it.")
   return int(value)
 
 
@@ -419,11 +428,13 @@ def from_slurm(env: Mapping[str, str],
   if len(tasks_per_node) != len(hosts):
     raise ClusterError(
         f"Slurm: {nodelist_var} has {len(hosts)} nodes but {per_node_var} "
-        f"describes {len(tasks_per_node)}; they must match.")
+        f"describes {len(tasks_per_node)}; they must match: start tfdp-train "
+        "with srun inside the allocation, which sets both.")
   if sum(tasks_per_node) != num_tasks:
     raise ClusterError(
         f"Slurm: {per_node_var} adds up to {sum(tasks_per_node)} tasks but "
-        f"the task count is {num_tasks}; they must match.")
+        f"the task count is {num_tasks}; they must match: start tfdp-train "
+        "with srun inside the allocation, which sets both.")
   if max(tasks_per_node, default=0) and not (
       1 <= port_base and port_base + max(tasks_per_node) - 1 <= 65535):
     raise ClusterError(f"Slurm: port_base {port_base} leaves ports outside "
@@ -434,7 +445,8 @@ def from_slurm(env: Mapping[str, str],
   rank = _slurm_int(env, "SLURM_PROCID")
   if rank >= num_tasks:
     raise ClusterError(f"Slurm: SLURM_PROCID {rank} is out of range for "
-                       f"{num_tasks} tasks.")
+                       f"{num_tasks} tasks (0..{num_tasks - 1}); start tfdp-train "
+                       "with srun, which sets SLURM_PROCID and the task count together.")
   duplicates = sorted(a for a, n in collections.Counter(addresses).items()
                       if n > 1)
   if duplicates:
@@ -447,10 +459,7 @@ def from_slurm(env: Mapping[str, str],
 def _running_under_srun(env: Mapping[str, str]) -> bool:
   if "SLURM_PROCID" not in env:
     return False
-  try:
-    num_tasks = _slurm_num_tasks(env)
-  except ClusterError:
-    return False
+  num_tasks = _slurm_num_tasks(env)  # a garbled count fails: it is not a single process either
   return num_tasks is not None and num_tasks > 1
 
 
@@ -467,7 +476,7 @@ def _tasks_on_this_node(env: Mapping[str, str]) -> int | None:
   if len(set(counts)) == 1:
     return counts[0]
   node = env.get("SLURM_NODEID", "")
-  if node.isdigit() and int(node) < len(counts):
+  if is_ascii_number(node) and int(node) < len(counts):
     return counts[int(node)]
   return None
 
@@ -509,7 +518,7 @@ def slurm_task_gpus(env: Mapping[str, str]) -> str | None:
     return None
   tasks = _tasks_on_this_node(env)
   local_id = env.get("SLURM_LOCALID", "")
-  if tasks is None or tasks < 2 or not local_id.isdigit():
+  if tasks is None or tasks < 2 or not is_ascii_number(local_id):
     return None
   if int(local_id) >= tasks or len(ids) < tasks:
     return None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
+import re
 import typing
 from typing import Any, Sequence
 
@@ -26,6 +28,10 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lamb")
 LR_SCHEDULES = ("constant", "cosine", "step", "linear", "polynomial")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 MODES = ("train", "eval", "train_and_eval")
+MAX_INT = 2**31 - 1  # what TensorFlow's int32 shapes and counters hold
+MAX_NESTING = 32  # configs are a few levels deep; deeper is a mistake (or an attack)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
 
 
 @dataclasses.dataclass
@@ -143,6 +149,8 @@ class TrainerConfig:
   checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
   max_checkpoints: int = 3
   export_model: bool = True
+  stop_on_nan: bool = True  # a non-finite loss or metric stops the run, keeping the last good
+  # checkpoint (no weights are saved after it)
   seed: int = 42
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   learning_rate: LearningRateConfig = dataclasses.field(default_factory=LearningRateConfig)
@@ -179,6 +187,44 @@ class ExperimentConfig:
 # ---- building from dicts, with the key path in every error ---------------------------------
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+  """A value as an error message may show it: an alias bomb's repr is megabytes."""
+  import reprlib  # pylint: disable=g-import-not-at-top
+  shortener = reprlib.Repr()
+  shortener.maxlevel, shortener.maxstring, shortener.maxother = 3, limit, limit
+  return shortener.repr(value)[:limit * 2]
+
+
+def check_nesting(data: Any, where: str) -> None:
+  """Rejects data nested deeper than MAX_NESTING; walks each shared node once (YAML aliases
+  can make a small file a huge tree)."""
+  seen: set[int] = set()
+  stack = [(data, 1)]
+  while stack:
+    node, depth = stack.pop()
+    if not isinstance(node, (dict, list, tuple)) or id(node) in seen:
+      continue
+    if depth > MAX_NESTING:
+      raise ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config "
+                        "is a few levels (task.model.kwargs...): flatten it.")
+    seen.add(id(node))
+    children = node.values() if isinstance(node, dict) else node
+    stack.extend((child, depth + 1) for child in children)
+  sizes: dict[int, int] = {}
+
+  def expanded_size(node) -> int:  # depth is bounded now: recursion is safe
+    if not isinstance(node, (dict, list, tuple)):
+      return 1
+    if id(node) not in sizes:
+      children = node.values() if isinstance(node, dict) else node
+      sizes[id(node)] = 1 + sum(expanded_size(child) for child in children)
+    return sizes[id(node)]
+  if expanded_size(data) > MAX_CONFIG_VALUES:
+    raise ConfigError(f"{where} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases "
+                      "repeat what they point to); a tfdp config is a few hundred: remove the "
+                      "repeated aliases.")
+
+
 def _type_name(tp: Any) -> str:
   return getattr(tp, "__name__", str(tp))
 
@@ -190,39 +236,49 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if value is None:
       value = {}
     if not isinstance(value, dict):
-      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {value!r}.")
+      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {short_repr(value)}.")
     return _from_dict(tp, value, key + ".")
   if origin is list:
     (item_tp,) = typing.get_args(tp)
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
       value = [value]  # `a.b=x` on the command line means a one-item list
     if not isinstance(value, (list, tuple)):
-      raise ConfigError(f"config key '{key}' must be a list of {_type_name(item_tp)}, got {value!r}.")
+      raise ConfigError(f"config key '{key}' must be a list of {_type_name(item_tp)}, got "
+                        f"{short_repr(value)}.")
     return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
   if tp is dict or origin is dict:
     if not isinstance(value, dict):
-      raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}.")
+      raise ConfigError(f"config key '{key}' must be a mapping, got {short_repr(value)}.")
     return dict(value)
   if tp is bool:
     if isinstance(value, bool):
       return value
-    raise ConfigError(f"config key '{key}' must be true or false, got {value!r}.")
+    raise ConfigError(f"config key '{key}' must be true or false, got {short_repr(value)}.")
   if tp is int:
-    if isinstance(value, int) and not isinstance(value, bool):
-      return value
     if isinstance(value, float) and value.is_integer():
-      return int(value)
-    raise ConfigError(f"config key '{key}' must be a whole number, got {value!r}.")
+      value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+      if abs(value) > MAX_INT:
+        raise ConfigError(f"config key '{key}' is {value:.3g}, beyond what TensorFlow counts "
+                          f"(at most {MAX_INT}); use a realistic value.")
+      return value
+    raise ConfigError(f"config key '{key}' must be a whole number, got {short_repr(value)}.")
   if tp is float:
+    if isinstance(value, str) and re.fullmatch(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+",
+                                               value.strip()):
+      value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; YAML 1.2 and users don't
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+      if not math.isfinite(value):
+        raise ConfigError(f"config key '{key}' is {value}; it must be a finite number.")
       return float(value)
-    raise ConfigError(f"config key '{key}' must be a number, got {value!r}.")
+    raise ConfigError(f"config key '{key}' must be a number, got {short_repr(value)}.")
   if tp is str:
     if isinstance(value, str):
       return value
     if value is None:
       return ""
-    raise ConfigError(f"config key '{key}' must be a string, got {value!r}; quote it in YAML.")
+    raise ConfigError(f"config key '{key}' must be a string, got {short_repr(value)}; quote it "
+                      "in YAML.")
   raise ConfigError(f"config key '{key}' has an unsupported type {tp}.")  # a bug in tfdp
 
 
@@ -283,14 +339,15 @@ def parse_overrides(text: str) -> dict:
   text = text.strip()
   if not text:
     return {}
+  if len(text) > MAX_CONFIG_BYTES:
+    raise ConfigError(f"--params_override is {len(text)} characters long; put settings that "
+                      "large in a --config_file.")
   if text.startswith("{") or "\n" in text or (":" in text and "=" not in text):
-    try:
-      data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-      raise ConfigError(f"--params_override is not valid YAML/JSON ({str(e).splitlines()[0]}); "
-                        "use a.b=1,c.d=x or a quoted mapping.") from None
+    data = _safe_load(text, "--params_override")
     if not isinstance(data, dict):
-      raise ConfigError(f"--params_override must be a mapping or a.b=1 pairs, got {text!r}.")
+      raise ConfigError(f"--params_override must be a mapping or a.b=1 pairs, got "
+                        f"{short_repr(text)}.")
+    check_nesting(data, "--params_override")
     return data
   result: dict = {}
   for item in _split_top_level(text):
@@ -298,12 +355,16 @@ def parse_overrides(text: str) -> dict:
       raise ConfigError(f"--params_override item '{item}' has no '='; write it as key.path=value.")
     path, raw = item.split("=", 1)
     keys = path.strip().split(".")
+    if len(keys) > MAX_NESTING:
+      raise ConfigError(f"--params_override key '{short_repr(path)}' is nested more than "
+                        f"{MAX_NESTING} levels deep; tfdp keys are a few levels (a.b.c).")
     if not all(keys):
       raise ConfigError(f"--params_override key '{path}' is malformed; write it as a.b.c=value.")
     try:
-      value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-      value = raw
+      value = _safe_load(raw, f"--params_override value of '{path}'") if raw.strip() else ""
+    except ConfigError:
+      value = raw  # not YAML: the plain string
+    check_nesting(value, f"--params_override value of '{path}'")
     node = result
     for k in keys[:-1]:
       node = node.setdefault(k, {})
@@ -313,20 +374,48 @@ def parse_overrides(text: str) -> dict:
   return result
 
 
+def _safe_load(text: str, where: str) -> Any:
+  """yaml.safe_load with one-line errors; PyYAML recurses once per nesting level."""
+  try:
+    return yaml.safe_load(text)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    at = f" at line {mark.line + 1}" if mark else ""
+    raise ConfigError(f"{where} is not valid YAML{at} ({short_repr(str(e).splitlines()[0])}); "
+                      "fix its syntax.") from None
+  except RecursionError:
+    raise ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config is "
+                      "a few levels (task.model.kwargs...): flatten it.") from None
+
+
 def load_yaml(path: str) -> dict:
+  if os.path.isdir(path):
+    raise ConfigError(f"config file '{path}' is a directory; give the path of a YAML file in it, "
+                      "e.g. --config_file=configs/cifar10_quick.yaml.")
   if not os.path.isfile(path):
     raise ConfigError(f"config file '{path}' does not exist; check the --config_file path.")
   try:
-    with open(path) as f:
-      data = yaml.safe_load(f)
-  except yaml.YAMLError as e:
-    mark = getattr(e, "problem_mark", None)
-    where = f" at line {mark.line + 1}" if mark else ""
-    raise ConfigError(f"config file '{path}' is not valid YAML{where}; fix its syntax.") from None
+    with open(path, "rb") as f:
+      raw = f.read(MAX_CONFIG_BYTES + 1)
+  except OSError as e:
+    raise ConfigError(f"config file '{path}' cannot be read ({e.strerror}); check its "
+                      "permissions.") from None
+  if len(raw) > MAX_CONFIG_BYTES:
+    raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MB; a tfdp "
+                      "config is a few hundred lines: check that this is the right file.")
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {e.start} is "
+                      f"{raw[e.start]:#04x}); give a YAML file.") from None
+  if "\x00" in text:
+    raise ConfigError(f"config file '{path}' holds binary data (a NUL byte); give a YAML file.")
+  data = _safe_load(text, f"config file '{path}'")
   if data is None:
     return {}
   if not isinstance(data, dict):
     raise ConfigError(f"config file '{path}' must hold a mapping with task/trainer/runtime keys.")
+  check_nesting(data, f"config file '{path}'")
   return data
 
 
@@ -392,11 +481,20 @@ def validate(config: ExperimentConfig) -> None:
   for key, module in (("task.module", task.module), ("task.model.module", task.model.module)):
     if module:
       import importlib  # pylint: disable=g-import-not-at-top
+      if module.startswith("."):
+        raise ConfigError(f"config key '{key}' is '{module}', a relative module name; give the "
+                          "absolute name of a module on PYTHONPATH, e.g. my_models.")
       try:
         importlib.import_module(module)
       except ImportError as e:
         raise ConfigError(f"config key '{key}' names '{module}', which cannot be imported ({e}); "
                           "put it on PYTHONPATH.") from None
+      except SyntaxError as e:
+        raise ConfigError(f"config key '{key}' names '{module}', which has a syntax error "
+                          f"({e.msg}, {e.filename} line {e.lineno}); fix the module.") from None
+      except Exception as e:  # pylint: disable=broad-except  (the user's module raised on import)
+        raise ConfigError(f"config key '{key}' names '{module}', which failed on import "
+                          f"({type(e).__name__}: {short_repr(str(e), 200)}); fix the module.") from None
   _check_choice("task.name", task.name, tasks.registered_tasks())
   tasks.task_class(task.name).validate(task)
   _validate_data("task.train_data.", task.train_data)
@@ -420,11 +518,19 @@ def validate(config: ExperimentConfig) -> None:
   _check_positive("trainer.max_checkpoints", trainer.max_checkpoints)
   _check_choice("trainer.optimizer.name", trainer.optimizer.name, OPTIMIZERS)
   _check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
+  for key in ("momentum", "beta_1", "beta_2"):
+    if not 0.0 <= getattr(trainer.optimizer, key) < 1.0:
+      raise ConfigError(f"config key 'trainer.optimizer.{key}' is "
+                        f"{getattr(trainer.optimizer, key)}; it must be in [0, 1), e.g. 0.9.")
   lr = trainer.learning_rate
   _check_choice("trainer.learning_rate.schedule", lr.schedule, LR_SCHEDULES)
   _check_positive("trainer.learning_rate.base_lr", lr.base_lr)
   _check_positive("trainer.learning_rate.base_batch_size", lr.base_batch_size)
   _check_positive("trainer.learning_rate.warmup_epochs", lr.warmup_epochs, allow_zero=True)
+  _check_positive("trainer.learning_rate.decay_rate", lr.decay_rate)
+  _check_positive("trainer.learning_rate.power", lr.power)
+  if not 0.0 <= lr.final_lr_fraction <= 1.0:
+    raise ConfigError("config key 'trainer.learning_rate.final_lr_fraction' must be in [0, 1].")
   if lr.schedule == "step" and not lr.decay_epochs:
     raise ConfigError("config key 'trainer.learning_rate.decay_epochs' is empty; the step "
                       "schedule needs boundaries such as [30, 60].")

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import outputs
-from tfdp.errors import Preempted
+from tfdp.errors import Preempted, TrainingDiverged
 
 
 def memory_mb() -> dict:
@@ -52,6 +52,21 @@ class StopRequest:
   def restore(self):
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
+
+
+def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) -> None:
+  """Every worker sees the same all-reduced sums, so all stop together, before any save."""
+  bad = {name: value for name, value in sums.values().items() if not math.isfinite(value)}
+  if bad:
+    kept = (f"the last good checkpoint (step {saved_step}) is kept" if saved_step is not None
+            else "no checkpoint was saved")
+    shown = ", ".join(f"{name} {value}" for name, value in bad.items())
+    steps = (f"step {last_step}" if last_step == first_step + 1
+             else f"steps {first_step + 1}-{last_step}")
+    raise TrainingDiverged(
+        f"training diverged: {shown} in {steps}; stopped without "
+        f"saving, {kept}. Lower trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
+        "trainer.stop_on_nan=false to train on regardless.")
 
 
 class Controller:
@@ -125,6 +140,8 @@ class Controller:
           t0 = time.time()
           loop, stop_agreed = trainer.run_steps(iterator, n, stop.requested)
           seconds = time.time() - t0
+          if cfg.stop_on_nan:
+            check_finite(loop, step, step + n, trainer.last_saved_step)
           step += n
           if epoch_sums is None:
             epoch_sums = loop

@@ -104,6 +104,9 @@ class Source:
   num_classes: int = 0
   image_shape: tuple = ()
   info: dict = dataclasses.field(default_factory=dict)  # other facts (a vocabulary size, ...)
+  # After a decode error inside tf.data (whose message names no file): the first file that
+  # fails on its own, with TensorFlow's reason, or None.
+  find_unreadable: Callable[[], str | None] | None = None
 
   @property
   def num_examples(self) -> int:
@@ -124,9 +127,13 @@ def _tfds_source(data: DataConfig) -> Source:
   try:
     builder = tfds.builder(data.name, data_dir=tfds_data_dir(data))
     split = builder.info.splits[data.split]
-  except (KeyError, ValueError, tfds.core.registered.DatasetNotFoundError) as e:
-    raise DataError(f"TFDS dataset '{data.name}' split '{data.split}' cannot be read: "
-                    f"{str(e).splitlines()[0]}") from None
+  except Exception as e:  # pylint: disable=broad-except  (TFDS raises AssertionError, ParseError...)
+    detail = " ".join(str(e).split())
+    detail = detail.split("}\": ", 1)[-1] if "Failed to construct dataset" in detail else detail
+    raise DataError(f"TFDS dataset '{data.name}' split '{data.split}' in "
+                    f"{tfds_data_dir(data)} cannot be read ({type(e).__name__}: {detail[:300]}); "
+                    "fix the name, version or split, or prepare the dataset again with "
+                    "`tfds build`.") from None
   instructions = split.file_instructions
   features = builder.info.features
   num_classes = data.num_classes or features["label"].num_classes
@@ -179,7 +186,11 @@ def _image_folder_source(data: DataConfig) -> Source:
   paths, labels, classes = list_image_folder(data.path)
   size = data.image_size
   if not size:
-    first = _decode_file(paths[0], 0)
+    try:
+      first = _decode_file(paths[0], 0)
+    except tf.errors.OpError as e:
+      raise DataError(f"image '{paths[0]}' cannot be decoded ({e.message.splitlines()[0][:200]}); "
+                      "replace or remove it.") from None
     size = int(first.shape[0])
     if first.shape[0] != first.shape[1]:
       raise DataError(f"image folder '{data.path}' has non-square images ({paths[0]} is "
@@ -191,8 +202,16 @@ def _image_folder_source(data: DataConfig) -> Source:
     return ds.map(lambda p, l: {"image": _decode_file(p, size), "label": tf.cast(l, tf.int64)},
                   num_parallel_calls=tf.data.AUTOTUNE)
 
+  def find_unreadable():
+    for path in paths:
+      try:
+        _decode_file(path, size)
+      except tf.errors.OpError as e:
+        return f"'{path}': {e.message.splitlines()[0][:200]}"
+    return None
+
   return Source([1] * len(paths), read, "image_folder", num_classes=data.num_classes or len(classes),
-                image_shape=(size, size, 3))
+                image_shape=(size, size, 3), find_unreadable=find_unreadable)
 
 
 def _tfrecord_source(data: DataConfig) -> Source:

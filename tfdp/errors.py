@@ -4,8 +4,13 @@
 class TfdpError(Exception):
   """A user-fixable problem. str(error) is one line that names the fix."""
 
+  MAX_LENGTH = 1000  # an error line stays readable whatever value it quotes
+
   def __init__(self, message: str):
-    super().__init__(" ".join(str(message).split()))
+    line = " ".join(str(message).split())
+    if len(line) > self.MAX_LENGTH:
+      line = line[:self.MAX_LENGTH - 25] + " ... (message shortened)"
+    super().__init__(line)
 
 
 class ConfigError(TfdpError):
@@ -22,6 +27,10 @@ class DataError(TfdpError):
 
 class OutputError(TfdpError):
   """model_dir cannot be written or holds an incompatible run."""
+
+
+class TrainingDiverged(TfdpError):
+  """The loss became non-finite; nothing was saved after the last good checkpoint."""
 
 
 class Preempted(Exception):

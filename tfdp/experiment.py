@@ -17,15 +17,26 @@ from tfdp import outputs
 from tfdp import strategy as strategy_lib
 from tfdp import tasks
 from tfdp.config import ExperimentConfig
-from tfdp.errors import ClusterError, DataError
+from tfdp.errors import ClusterError, DataError, OutputError
 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
-              cluster: cluster_lib.Cluster, check_data: bool = True) -> str:
+              cluster: cluster_lib.Cluster, check_data: bool = True,
+              start_over: bool = False) -> str:
   """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
+  if cluster.task_type == "evaluator":
+    raise ClusterError("TF_CONFIG makes this task an evaluator, but tfdp has no side-car "
+                       "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
+                       "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
+  if not model_dir:
+    raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
+  resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
+  if mode == "eval" and resume_from is None:
+    raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
+                      "first, or point --model_dir at a trained run.")
   if check_data and mode != "eval":
     data_lib.check_source(config.task.train_data, "task.train_data")
   if check_data and mode != "train":
@@ -104,22 +115,35 @@ class Experiment:
                          "the group must restart: tfdp-launch --max_restarts does, or re-run every "
                          "worker to resume from the last checkpoint.") from None
     except _decode_errors() as e:
-      raise DataError(f"an input example could not be decoded ({e.message.splitlines()[0]}); "
-                      "check the dataset files, then re-run to resume from the last checkpoint.") from None
+      raise DataError(f"an input example could not be decoded: {self._name_unreadable(e)}; "
+                      "replace or remove it, then re-run to resume from the last checkpoint.") from None
     finally:
       self.write_plan.cleanup()
     result["trainer"] = trainer
     return result
 
 
+  def _name_unreadable(self, error) -> str:
+    """tf.data's decode errors name no file: ask the sources which one fails on its own."""
+    for plan in (self.train_plan, self.eval_plan):
+      if plan is not None and plan.source.find_unreadable is not None:
+        culprit = plan.source.find_unreadable()
+        if culprit:
+          return culprit
+    return f"{type(error).__name__}: {error.message.splitlines()[0][:200]}"
+
+
 def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
-          verbose: bool = True) -> Experiment:
+          verbose: bool = True, start_over: bool = False) -> Experiment:
   """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn and
-  strategy may be given directly (the library API); otherwise the task builds them."""
+  strategy may be given directly (the library API); otherwise the task builds them.
+  `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
+  resuming it. Nothing in model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
-  model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None)
+  model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None,
+                        start_over=start_over)
 
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
@@ -161,11 +185,12 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
-  if mode != "eval":  # config.yaml describes the training run; an evaluation leaves it alone
-    outputs.write_config(write_plan, config_lib.dump_yaml(config))
-    if cluster.is_chief:
-      for name, text in task.artifacts(train_plan.source).items():
-        outputs.atomic_write_text(write_plan.path(name), text)
+  if cluster.is_chief:  # every input is checked: the run's folder may now exist
+    outputs.create_model_dir(model_dir)
+  if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
+    moved = outputs.move_run_aside(model_dir)
+    if moved:
+      logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
   from tfdp import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(trainer_cfg.seed)
@@ -177,10 +202,16 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
                                 accumulation_steps=batch_plan.accumulation_steps,
                                 verbose=verbose)
-  if trainer.restore() == 0 and config.task.init_checkpoint:  # a fresh run: warm start
+  restored_step = 0 if start_over else trainer.restore()
+  if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
     init = tasks.find_init_checkpoint(config.task.init_checkpoint)
     task.warm_start(init)
     logging.info("warm start: encoder restored from %s", init)
+  if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
+    outputs.write_config(write_plan, config_lib.dump_yaml(config))  # config.yaml alone)
+    if cluster.is_chief:
+      for name, text in task.artifacts(train_plan.source).items():
+        outputs.atomic_write_text(write_plan.path(name), text)
   return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
                     train_plan, eval_plan, eval_dataset, trainer)
 

@@ -50,6 +50,12 @@ DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
 # After a worker died its peers cannot finish a step (the all-reduce lacks a member), so there is
 # no checkpoint to wait for; TF may take its heartbeat timeout to notice. Do not wait that long.
 PEER_FAILURE_GRACE_SECONDS = 3.0
+# A worker stopped (SIGSTOP, a debugger, job control) this long counts as failed. The process
+# state says "stopped" only then, never for a busy or slow worker, so a short wait is safe.
+FROZEN_WORKER_SECONDS = 5.0
+_STATE_POLL_SECONDS = 0.5
+# More local workers than this per core is a typo, not a job (each is a TensorFlow process).
+WORKERS_PER_CORE_LIMIT = 4
 _POLL_SECONDS = 0.05
 _DRAIN_SECONDS = 2.0  # How long to wait for output after every worker exited.
 _MAX_PARTIAL_LINE = 64 * 1024  # Emit over-long lines rather than buffer them.
@@ -68,8 +74,12 @@ def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     for _ in range(n):
       sock = socket.socket(family, socket.SOCK_STREAM)
       sockets.append(sock)
-      sock.bind((host, 0))  # Port 0: the OS picks; never a fixed port.
+      sock.bind((host.strip("[]"), 0))  # Port 0: the OS picks; never a fixed port.
     return [sock.getsockname()[1] for sock in sockets]
+  except OSError as error:  # socket.gaierror for an unknown name, EADDRNOTAVAIL for another's
+    raise ClusterError(
+        f"cannot open ports on host {host!r} ({error.strerror or error}); --host must be an "
+        "address of this machine, e.g. 127.0.0.1 or this machine's IP.") from None
   finally:
     for sock in sockets:
       sock.close()
@@ -140,10 +150,11 @@ class GroupResult:
   duration_seconds: float = 0.0
   stop_seconds: float | None = None
   gpus: list[str] | None = None
+  frozen: int | None = None  # the worker found stopped for FROZEN_WORKER_SECONDS
 
   @property
   def ok(self) -> bool:
-    return self.interrupted_by is None and all(
+    return self.interrupted_by is None and self.frozen is None and all(
         code == 0 for code in self.returncodes)
 
   def failure_summary(self) -> str:
@@ -153,6 +164,9 @@ class GroupResult:
               "stopped all workers")
     if self.first_failed is None:
       return ""
+    if self.frozen is not None:
+      return (f"worker {self.frozen} was frozen (stopped for "
+              f"{FROZEN_WORKER_SECONDS:.0f}s or more)")
     code = self.returncodes[self.first_failed]
     return f"worker {self.first_failed} {describe_returncode(code)}"
 
@@ -168,6 +182,7 @@ class _Worker:
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     self.output_closed = False
     self.returncode: int | None = None
+    self.stopped_since: float | None = None
 
 
 def _signal_group(worker: _Worker, signum: int) -> None:
@@ -188,6 +203,44 @@ class _StopRequest:
     self.signals.append(signum)
 
 
+def _die_with_parent(parent_pid: int):
+  """A worker gets SIGTERM (it checkpoints and exits) when the launcher dies, even by SIGKILL,
+  instead of training on as an orphan until TF's heartbeat ends it. Linux only (prctl)."""
+  if not sys.platform.startswith("linux"):
+    return None
+
+  def set_parent_death_signal():
+    import ctypes  # pylint: disable=g-import-not-at-top
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+      os.kill(os.getpid(), signal.SIGTERM)
+  return set_parent_death_signal
+
+
+def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
+  """Running workers whose process tree has a stopped process (state T), with when it was
+  first seen stopped; a worker that runs again is forgiven."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  stopped = []
+  for worker in workers:
+    if worker.returncode is not None:
+      continue
+    try:
+      root = psutil.Process(worker.popen.pid)
+      tree = [root, *root.children(recursive=True)]
+      is_stopped = any(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+                       for p in tree)
+    except psutil.Error:
+      is_stopped = False  # exited meanwhile: the exit code will tell
+    if not is_stopped:
+      worker.stopped_since = None
+      continue
+    worker.stopped_since = worker.stopped_since or now
+    stopped.append(worker)
+  return stopped
+
+
 def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
                    base_env: Mapping[str, str],
                    gpus: Sequence[str] | None) -> list[_Worker]:
@@ -206,7 +259,8 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
       popen = subprocess.Popen(
           list(command), env=worker_env, stdin=subprocess.DEVNULL,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-          start_new_session=True)  # Own group: we can kill its children too.
+          start_new_session=True,  # Own group: we can kill its children too.
+          preexec_fn=_die_with_parent(os.getpid()))
       workers.append(_Worker(index, popen))
   except OSError as error:
     for worker in workers:
@@ -332,6 +386,7 @@ def _supervise(workers: list[_Worker], ports: list[int],
   kill_at: float | None = None
   all_exited_at: float | None = None
   killed = False  # SIGKILL was sent after the grace period (or a 2nd signal).
+  next_state_check = time.monotonic() + _STATE_POLL_SECONDS
 
   def begin_stop(now: float, grace_seconds: float) -> None:
     nonlocal stop_started, kill_at
@@ -372,6 +427,16 @@ def _supervise(workers: list[_Worker], ports: list[int],
         if worker.returncode not in (None, 0) and stop_started is None:
           result.first_failed = worker.index
           begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
+      if stop_started is None and now >= next_state_check:
+        next_state_check = now + _STATE_POLL_SECONDS
+        for worker in _stopped_workers(workers, now):
+          if now - worker.stopped_since >= FROZEN_WORKER_SECONDS:
+            _log(f"worker {worker.index} has been stopped (frozen, e.g. by SIGSTOP) for "
+                 f"{now - worker.stopped_since:.0f}s; stopping the group.")
+            result.first_failed = worker.index
+            result.frozen = worker.index
+            begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
+            break
       if kill_at is not None and now >= kill_at and not killed:
         for worker in workers:
           if worker.returncode is None:
@@ -406,7 +471,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            env: Mapping[str, str] | None = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
            output: TextIO | None = None,
-           gpus_per_worker: int | str = gpus_lib.AUTO) -> int:
+           gpus_per_worker: int | str = gpus_lib.AUTO,
+           allow_many_workers: bool = False) -> int:
   """Runs the worker group, rerunning it up to `max_restarts` times.
 
   Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The
@@ -423,6 +489,13 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
   """
   if num_workers < 1:
     raise TfdpError(f"--num_workers must be at least 1, got {num_workers}.")
+  cores = os.cpu_count() or 1
+  if num_workers > WORKERS_PER_CORE_LIMIT * cores and not allow_many_workers:
+    raise TfdpError(
+        f"--num_workers {num_workers} would start {num_workers} TensorFlow processes on "
+        f"{cores} CPU cores (each takes hundreds of MB and needs a core to keep up with the "
+        f"all-reduce); use at most {WORKERS_PER_CORE_LIMIT * cores}, or pass "
+        "--allow_many_workers if you mean it.")
   if max_restarts < 0:
     raise TfdpError(f"--max_restarts must be 0 or more, got {max_restarts}.")
   gpus_lib.parse_gpus_per_worker(gpus_per_worker)  # A typo fails first.

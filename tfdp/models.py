@@ -29,8 +29,10 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     raise ConfigError(f"model '{name}' is not registered; use one of {', '.join(registered_models())}.")
   try:
     return _REGISTRY[name](input_shape, num_classes, **kwargs)
-  except TypeError as e:
-    raise ConfigError(f"task.model.kwargs do not fit model '{name}': {e}") from None
+  except (TypeError, ValueError) as e:  # Keras rejects e.g. filters=-4 with a ValueError
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise ConfigError(f"task.model.kwargs {kwargs} do not fit model '{name}' ({first_line}); fix "
+                      "task.model.kwargs.") from None
 
 
 def _cifar_resnet(input_shape, num_classes, depth=20, width=16, l2=0.0):

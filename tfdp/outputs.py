@@ -3,6 +3,7 @@ workers write the checkpoints they must take part in to a private temp dir they 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 import shutil
@@ -18,20 +19,83 @@ EXPORT_FILE = "model.keras"
 
 
 def prepare_model_dir(model_dir: str) -> str:
-  """Creates model_dir if needed and proves it is writable, touching nothing already in it."""
+  """Proves model_dir can be created and written, creating and touching nothing: a start that
+  fails a later check leaves the file system as it was (create_model_dir makes it)."""
   if not model_dir:
     raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
   model_dir = os.path.abspath(os.path.expanduser(model_dir))
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
+  existing = model_dir
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise OutputError(f"--model_dir '{model_dir}' cannot be created: '{existing}' is a file; "
+                      "choose a folder path.")
   try:
-    os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".tfdp-write-test-"):
+    with tempfile.NamedTemporaryFile(dir=existing, prefix=".tfdp-write-test-"):
       pass
   except OSError as e:
-    raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror}); choose a folder "
-                      "you can write to.") from None
+    raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror} in "
+                      f"'{existing}'); choose a folder you can write to.") from None
   return model_dir
+
+
+def create_model_dir(model_dir: str) -> None:
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+  except OSError as e:
+    raise OutputError(f"--model_dir '{model_dir}' cannot be created ({e.strerror}); choose a "
+                      "folder you can write to.") from None
+
+
+START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier run aside "
+                   "(nothing is deleted) and train from step 0")
+
+
+def latest_checkpoint(model_dir: str) -> str | None:
+  """The checkpoint a run in model_dir resumes from, or None for a fresh model_dir. Reads
+  TensorFlow's `checkpoint` state file itself: tf.train.latest_checkpoint takes an unreadable
+  state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
+  directory = os.path.join(os.path.abspath(os.path.expanduser(model_dir)), CHECKPOINT_DIR)
+  state = os.path.join(directory, "checkpoint")
+  indexes = sorted(glob.glob(os.path.join(directory, "*.index")))
+  if not os.path.exists(state):
+    if indexes:
+      raise OutputError(f"'{directory}' holds checkpoints ({os.path.basename(indexes[-1])}) but "
+                        f"no 'checkpoint' state file naming the latest; {START_OVER_HINT}.")
+    return None
+  try:
+    with open(state, "rb") as f:
+      text = f.read(1 << 20).decode("utf-8")
+  except (OSError, UnicodeDecodeError) as e:
+    raise OutputError(f"checkpoint state '{state}' cannot be read ({e}); "
+                      f"{START_OVER_HINT}.") from None
+  match = re.search(r'^model_checkpoint_path:\s*"([^"\n]+)"\s*$', text, re.MULTILINE)
+  if not match:
+    raise OutputError(f"checkpoint state '{state}' is not a TensorFlow checkpoint state (no "
+                      f"model_checkpoint_path line); {START_OVER_HINT}.")
+  prefix = os.path.join(directory, match.group(1))
+  missing = [p for p in (f"{prefix}.index",) if not os.path.isfile(p)]
+  if not glob.glob(glob.escape(prefix) + ".data-*"):
+    missing.append(f"{prefix}.data-*")
+  if missing:
+    raise OutputError(f"checkpoint state '{state}' names '{match.group(1)}' but "
+                      f"'{missing[0]}' is missing; {START_OVER_HINT}.")
+  return prefix
+
+
+def move_run_aside(model_dir: str) -> str | None:
+  """--start_over: the earlier run's state goes to model_dir/previous-<time>/, never deleted."""
+  names = [n for n in (CHECKPOINT_DIR, METRICS_FILE, "train", "eval", "eval.json", EXPORT_FILE,
+                       "metrics.png") if os.path.exists(os.path.join(model_dir, n))]
+  if not names:
+    return None
+  attic = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+  os.makedirs(attic, exist_ok=True)
+  for name in names:
+    os.replace(os.path.join(model_dir, name), os.path.join(attic, name))
+  return attic
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 
 from absl import logging
@@ -17,6 +18,7 @@ import tensorflow as tf
 from tfdp import compat
 from tfdp import outputs
 from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
+from tfdp.errors import OutputError
 
 
 class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -107,6 +109,22 @@ def _add_gradients(a, b):
     return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
                             tf.concat([a.indices, b.indices], 0), a.dense_shape)
   return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def describe_restore_error(error: Exception) -> str:
+  """TensorFlow's restore errors, as the one fact a user needs: which variable does not fit."""
+  text = " ".join((getattr(error, "message", None) or str(error) or type(error).__name__).split())
+  keras_shapes = re.search(r"variable\.shape=(\(.*?\)), Received: value\.shape=(\(.*?\))\. "
+                           r"Target variable: <Variable path=([^,]+),", text)
+  if keras_shapes:
+    here, saved, name = keras_shapes.groups()
+    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
+  tf_shapes = re.search(r"incompatible tensor with shape (\S+) when attempting to restore "
+                        r"variable with shape (\S+) and name (\S+?)\.?(?: |$)", text)
+  if tf_shapes:
+    saved, here, name = tf_shapes.groups()
+    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
+  return f"{type(error).__name__}: {text[:300]}"
 
 
 class MetricSums:
@@ -281,11 +299,23 @@ class Trainer:
 
   def restore(self) -> int:
     """Restores the newest checkpoint in model_dir (every worker reads the chief's)."""
-    latest = tf.train.latest_checkpoint(self.write_plan.restore_dir)
+    latest = outputs.latest_checkpoint(self.write_plan.model_dir)
     if latest:
-      self.checkpoint.restore(latest).assert_existing_objects_matched()
+      try:
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+      except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
+        raise OutputError(
+            f"checkpoint '{latest}' cannot be resumed by this run "
+            f"({describe_restore_error(e)}); if it is another model's or config's, use "
+            "another --model_dir; if it is damaged, remove it (older ones stay in checkpoints/) "
+            "or pass --start_over to move the earlier run aside.") from None
       logging.info("resumed from %s at step %d", latest, self.global_step)
     return self.global_step
+
+  @property
+  def last_saved_step(self) -> int | None:
+    latest = self.manager.latest_checkpoint
+    return int(latest.rsplit("-", 1)[1]) if latest else None
 
   def save(self) -> None:
     # Every worker saves (variables may need collectives); only the chief's copy is kept.

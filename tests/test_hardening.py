@@ -1,0 +1,367 @@
+"""Bad input, table-driven: every case a real `tfdp-train` / `tfdp-launch` process that must
+exit non-zero with exactly one `error:` line naming the field or file and the fix, print no
+traceback, and leave model_dir byte-identical (an earlier run in it is never discarded)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+import helpers
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
+        "task.train_data.image_size=8,task.train_data.num_classes=2,"
+        "task.eval_data.source=synthetic,task.eval_data.num_examples=32,"
+        "task.eval_data.image_size=8,task.eval_data.num_classes=2,trainer.global_batch_size=16,"
+        "task.model.name=small_cnn,runtime.cpu_replicas=2,trainer.epochs=2")
+TWO_WORKERS = {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]}
+SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[1-2]",
+         "SLURM_TASKS_PER_NODE": "1(x2)"}
+
+
+@dataclasses.dataclass
+class Case:
+  id: str
+  words: tuple[str, ...]  # the error line names these (the field or file, and the fix)
+  args: tuple[str, ...] = ()  # tfdp-train arguments besides --model_dir
+  override: str = ""  # appended to TINY
+  env: dict = dataclasses.field(default_factory=dict)
+  setup: Callable[[Path], None] | None = None  # makes files in the case's folder
+  launch: bool = False  # a tfdp-launch case (args are its arguments)
+  trained: bool = False  # model_dir holds a real checkpointed run (else an earlier run's files)
+  spoil: Callable[[Path], None] | None = None  # damages the trained model_dir
+  started: bool = False  # found only once training ran: the earlier run is kept, not untouched
+
+
+def tf_config(task: dict, cluster: dict | None = None) -> dict:
+  return {"TF_CONFIG": json.dumps({"cluster": cluster or TWO_WORKERS, "task": task})}
+
+
+def write(name: str, content: str | bytes):
+  def setup(folder: Path):
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+  return setup
+
+
+def alias_bomb() -> str:
+  lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+  lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+  return "task:\n  model:\n    kwargs:\n" + "".join(f"      {line}\n" for line in lines)
+
+
+def image_folder(corrupt_name: str | None):
+  """A two-class image folder; corrupt_name gets a valid PNG signature followed by garbage."""
+  def setup(folder: Path):
+    helpers.write_image_folder(folder / "images", per_class=8, size=8)
+    if corrupt_name:
+      (folder / "images" / "cat" / corrupt_name).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+  return setup
+
+
+def broken_tfds_info(folder: Path):
+  """cifar10 with every file linked from the real one except a broken dataset_info.json."""
+  real = helpers.CIFAR_DIR / "cifar10" / "3.0.2"
+  copy = folder / "tfds" / "cifar10" / "3.0.2"
+  copy.mkdir(parents=True)
+  for item in real.iterdir():
+    (copy / item.name).symlink_to(item)
+  (copy / "dataset_info.json").unlink()
+  (copy / "dataset_info.json").write_text("{ not json")
+
+
+def truncate_data(model_dir: Path):
+  data = next((model_dir / "checkpoints").glob("ckpt-8.data-*"))
+  data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+
+
+FOLDER = "{folder}"  # replaced by the case's own folder in args and overrides
+IMAGES = "task.train_data.source=image_folder,task.train_data.path={folder}/images,task.train_data.image_size=0"
+
+CASES = [
+    # ---- TF_CONFIG ---------------------------------------------------------------------------
+    Case("tf_config_not_json", ("TF_CONFIG", "JSON"), env={"TF_CONFIG": "{cluster: oops"}),
+    Case("tf_config_evaluator", ("evaluator", "--mode=eval"),
+         env=tf_config({"type": "evaluator", "index": 0})),
+    Case("tf_config_superscript_port", ("port", "numeric"),
+         env=tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:²³⁴⁵"]})),
+    Case("tf_config_arabic_indic_port", ("port", "numeric"),
+         env=tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:٢٣٤٥", "127.0.0.1:1"]})),
+    Case("tf_config_port_out_of_range", ("70000", "1..65535"),
+         env=tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:70000"]})),
+    Case("tf_config_index_out_of_range", ("task.index 5", "indices 0..1"),
+         env=tf_config({"type": "worker", "index": 5})),
+    Case("tf_config_ps", ("ps", "parameter-server"), env=tf_config({"type": "ps", "index": 0})),
+    Case("tf_config_no_task_type", ("task.type",), env=tf_config({"index": 0})),
+    Case("tf_config_index_as_string", ("task.index", "without quotes"),
+         env=tf_config({"type": "worker", "index": "0"})),
+    Case("tf_config_chief_missing", ("cluster.chief",), env=tf_config({"type": "chief", "index": 0})),
+    # ---- Slurm -------------------------------------------------------------------------------
+    Case("slurm_superscript_ntasks", ("SLURM_NTASKS", "srun"), env=dict(SLURM, SLURM_NTASKS="²")),
+    Case("slurm_procid_out_of_range", ("SLURM_PROCID 7", "srun"), env=dict(SLURM, SLURM_PROCID="7")),
+    Case("slurm_unbalanced_nodelist", ("nodelist", "SLURM_JOB_NODELIST"),
+         env=dict(SLURM, SLURM_JOB_NODELIST="node[1-2")),
+    Case("slurm_nodes_and_tasks_per_node_disagree", ("SLURM_TASKS_PER_NODE", "srun"),
+         env=dict(SLURM, SLURM_TASKS_PER_NODE="1(x3)", SLURM_NTASKS="3")),
+    Case("slurm_backwards_range", ("runs backwards",), env=dict(SLURM, SLURM_JOB_NODELIST="node[2-1]")),
+    # ---- config files and overrides ----------------------------------------------------------
+    Case("config_binary_file", ("bin.yaml", "UTF-8"),
+         args=("--config_file={folder}/bin.yaml",), setup=write("bin.yaml", bytes(range(128, 256)))),
+    Case("config_nul_bytes", ("nul.yaml", "binary"),
+         args=("--config_file={folder}/nul.yaml",), setup=write("nul.yaml", b"trainer:\x00 {}\n")),
+    Case("config_directory", ("is a directory", "YAML file"), args=("--config_file={folder}",)),
+    Case("config_missing_file", ("nope.yaml", "does not exist"), args=("--config_file={folder}/nope.yaml",)),
+    Case("config_bad_yaml", ("bad.yaml", "not valid YAML at line"),
+         args=("--config_file={folder}/bad.yaml",), setup=write("bad.yaml", "trainer:\n  epochs: [1,\n")),
+    Case("config_not_a_mapping", ("list.yaml", "mapping"),
+         args=("--config_file={folder}/list.yaml",), setup=write("list.yaml", "- 1\n- 2\n")),
+    Case("config_alias_bomb", ("bomb.yaml", "expands to more than"),
+         args=("--config_file={folder}/bomb.yaml",), setup=write("bomb.yaml", alias_bomb())),
+    Case("config_deeply_nested_file", ("deep.yaml", "nested"),
+         args=("--config_file={folder}/deep.yaml",),
+         setup=write("deep.yaml", "task: " + "[" * 3000 + "]" * 3000 + "\n")),
+    Case("override_nested_3000_levels", ("--params_override", "nested"),
+         args=("--params_override=" + '{"task": ' * 3000 + "1" + "}" * 3000,)),
+    Case("override_dotted_key_too_deep", ("nested",), args=("--params_override=" + "a." * 3000 + "b=1",)),
+    Case("override_without_equals", ("'='",), args=("--params_override=trainer",)),
+    Case("unknown_key", ("trainer.epochz", "trainer.epochs"), override="trainer.epochz=2"),
+    Case("wrong_type", ("trainer.epochs", "whole number"), override="trainer.epochs=two"),
+    Case("negative_epochs", ("trainer.epochs", ">= 0"), override="trainer.epochs=-3"),
+    Case("nan_learning_rate", ("trainer.learning_rate.base_lr", "finite"),
+         override="trainer.learning_rate.base_lr=.nan"),
+    Case("inf_weight_decay", ("trainer.optimizer.weight_decay", "finite"),
+         override="trainer.optimizer.weight_decay=.inf"),
+    Case("negative_momentum", ("trainer.optimizer.momentum", "[0, 1)"), override="trainer.optimizer.momentum=-5"),
+    Case("beta_2_above_one", ("trainer.optimizer.beta_2", "[0, 1)"),
+         override="trainer.optimizer.name=adam,trainer.optimizer.beta_2=1.5"),
+    Case("huge_global_batch", ("trainer.global_batch_size", "2147483647"),
+         override="trainer.global_batch_size=100000000000000000000"),
+    Case("final_lr_fraction_above_one", ("final_lr_fraction", "[0, 1]"),
+         override="trainer.learning_rate.final_lr_fraction=2"),
+    Case("label_smoothing_one", ("task.label_smoothing", "[0, 1)"), override="task.label_smoothing=1"),
+    Case("unknown_optimizer", ("trainer.optimizer.name", "adam"), override="trainer.optimizer.name=adan"),
+    Case("unknown_task", ("task.name", "masked_lm"), override="task.name=mlm"),
+    Case("unknown_model", ("task.model.name", "resnet20"), override="task.model.name=resnet21"),
+    Case("batch_does_not_split", ("global_batch_size", "multiple of 3"), override="runtime.cpu_replicas=3"),
+    Case("model_kwargs_rejected_by_keras", ("task.model.kwargs", "small_cnn"),
+         override="task.model.kwargs.filters=-4"),
+    Case("model_kwargs_unknown", ("task.model.kwargs", "small_cnn"), override="task.model.kwargs.widht=3"),
+    Case("model_module_syntax_error", ("task.model.module", "syntax error", "broken_mod.py"),
+         override="task.model.module=broken_mod", env={"PYTHONPATH": "{folder}"},
+         setup=write("broken_mod.py", "def f(:\n")),
+    Case("model_module_relative", ("task.model.module", "relative"), override="task.model.module=.foo"),
+    Case("model_module_raises", ("task.module", "failed on import", "ZeroDivisionError"),
+         override="task.module=raising_mod", env={"PYTHONPATH": "{folder}"},
+         setup=write("raising_mod.py", "1 / 0\n")),
+    Case("model_module_missing", ("task.model.module", "PYTHONPATH"), override="task.model.module=no_such_mod"),
+    Case("bad_mode_flag", ("--mode",), args=("--mode=fit",)),
+    Case("stray_argument", ("unexpected arguments",), args=("train",)),
+    # ---- data --------------------------------------------------------------------------------
+    Case("tfds_not_prepared", ("cifar10", "TFDS_DATA_DIR"),
+         override="task.train_data.source=tfds,task.train_data.data_dir={folder}/none"),
+    Case("tfds_version_not_prepared", ("cifar10:9.9.9", "9.9.9"),
+         override="task.train_data.source=tfds,task.train_data.name=cifar10:9.9.9"),
+    Case("tfds_broken_dataset_info", ("cifar10", "{folder}/tfds", "tfds build"),
+         override="task.train_data.source=tfds,task.train_data.data_dir={folder}/tfds",
+         setup=broken_tfds_info),
+    Case("image_folder_missing", ("task.train_data.path", "not a folder"),
+         override=IMAGES.replace("images", "nothing")),
+    Case("image_folder_without_classes", ("no class subfolders",), override=IMAGES,
+         setup=write("images/README.txt", "empty")),
+    Case("image_folder_first_image_corrupt", ("0-corrupt.png", "replace or remove it"),
+         override=IMAGES, setup=image_folder("0-corrupt.png")),
+    Case("image_folder_later_image_corrupt", ("7-corrupt.png", "replace or remove it"),
+         override=IMAGES, setup=image_folder("7-corrupt.png"), started=True),
+    Case("image_folder_not_an_image", ("x.png", "JPEG/PNG"), override=IMAGES,
+         setup=lambda folder: (image_folder(None)(folder),
+                               write("images/dog/x.png", "hello")(folder))),
+    Case("tfrecord_glob_matches_nothing", ("task.train_data.path", "no TFRecord files"),
+         override="task.train_data.source=tfrecord,task.train_data.path={folder}/*.tfrecord"),
+    Case("text_folder_empty", ("text",), override="task.name=masked_lm,task.model.name=bert,"
+         "task.train_data.source=text_folder,task.train_data.path={folder}/texts",
+         setup=write("texts/README", "")),
+    Case("interactions_missing", ("task.train_data.path", "{folder}/ratings.csv"),
+         override="task.name=matrix_factorization,task.model.name=matrix_factorization,"
+         "task.train_data.source=interactions,task.train_data.path={folder}/ratings.csv,"
+         "task.train_data.label_column=rating,task.eval_data.source=interactions,"
+         "task.eval_data.path={folder}/ratings.csv,task.eval_data.label_column=rating,"
+         "task.eval_data.split=all,task.train_data.split=all"),
+    Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
+         override="task.init_checkpoint={folder}/nowhere"),
+    # ---- model_dir and checkpoints -----------------------------------------------------------
+    Case("eval_without_checkpoint", ("--mode=eval", "train first"), args=("--mode=eval",)),
+    Case("model_dir_is_a_file", ("--model_dir", "file"), args=("--model_dir={folder}/afile",),
+         setup=write("afile", "x")),
+    Case("model_dir_inside_a_file", ("--model_dir", "afile"), args=("--model_dir={folder}/afile/run",),
+         setup=write("afile", "x")),
+    Case("checkpoint_state_garbage", ("checkpoints/checkpoint", "--start_over"), trained=True,
+         spoil=lambda d: (d / "checkpoints" / "checkpoint").write_bytes(b"\x00garbage\xff")),
+    Case("checkpoint_state_unparsable", ("checkpoints/checkpoint", "model_checkpoint_path", "--start_over"),
+         trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").write_text("hello\n")),
+    Case("checkpoint_index_missing", ("ckpt-8.index", "missing", "--start_over"), trained=True,
+         spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").unlink()),
+    Case("checkpoint_state_file_missing", ("no 'checkpoint' state file", "--start_over"), trained=True,
+         spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
+    Case("checkpoint_index_garbage", ("ckpt-8", "damaged", "--start_over"), trained=True,
+         spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").write_bytes(os.urandom(300))),
+    Case("checkpoint_data_truncated", ("ckpt-8", "damaged", "--start_over"), trained=True,
+         spoil=truncate_data),
+    Case("checkpoint_of_another_model", ("ckpt-8", "variable", "shape", "another --model_dir"),
+         trained=True, override="task.model.name=resnet8"),
+    Case("checkpoint_of_another_width", ("ckpt-8", "(8,)", "(32,)"), trained=True,
+         override="task.model.kwargs.filters=8"),
+    Case("eval_of_damaged_checkpoint", ("ckpt-8", "damaged"), args=("--mode=eval",), trained=True,
+         spoil=truncate_data),
+    # ---- tfdp-launch ---------------------------------------------------------------------------
+    Case("launch_too_many_workers", ("--num_workers 1000", "--allow_many_workers"), launch=True,
+         args=("--num_workers=1000", "--", "true")),
+    Case("launch_unknown_host", ("no-such-host.invalid", "--host"), launch=True,
+         args=("--host=no-such-host.invalid", "--allow_remote", "--", "true")),
+    Case("launch_remote_host_without_opt_in", ("10.1.2.3", "--allow_remote"), launch=True,
+         args=("--host=10.1.2.3", "--", "true")),
+    Case("launch_zero_workers", ("--num_workers", "at least 1"), launch=True,
+         args=("--num_workers=0", "--", "true")),
+    Case("launch_negative_restarts", ("--max_restarts",), launch=True,
+         args=("--max_restarts=-1", "--", "true")),
+    Case("launch_no_command", ("no worker command", "--"), launch=True, args=("--num_workers=2",)),
+    Case("launch_command_not_found", ("no-such-program",), launch=True,
+         args=("--", "no-such-program")),
+    Case("launch_bad_gpus_per_worker", ("--gpus_per_worker",), launch=True,
+         args=("--gpus_per_worker=lots", "--", "true")),
+    Case("launch_unknown_flag", ("'num_worker'", "Did you mean: num_workers"), launch=True, args=("--num_worker=2", "--", "true")),
+]
+NEEDS_CIFAR = {"tfds_version_not_prepared", "tfds_broken_dataset_info"}
+
+
+def snapshot(folder: Path) -> dict:
+  """Every file and folder under `folder` with its content hash: byte-identical or not."""
+  if not folder.exists():
+    return {}
+  return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file()
+                                       else "dir") for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+  """A real tiny run with checkpoints at steps 4 and 8."""
+  model_dir = tmp_path_factory.mktemp("trained") / "run"
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-8.index").exists()
+  return model_dir
+
+
+def earlier_run(model_dir: Path) -> None:
+  """What an earlier run leaves: a failed start must keep every byte of it."""
+  for name, text in {"config.yaml": "earlier: run\n", "metrics.csv": "epoch,step\n1,10\n",
+                     "notes/keep.txt": "mine\n"}.items():
+    (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    (model_dir / name).write_text(text)
+
+
+def test_there_are_at_least_sixty_cases():
+  assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path, request):
+  if case.id in NEEDS_CIFAR and not helpers.HAVE_CIFAR:
+    pytest.skip(helpers.NO_CIFAR_REASON)
+  fill = lambda text: text.replace(FOLDER, str(tmp_path))  # noqa: E731
+  model_dir = tmp_path / "run"
+  if case.trained:
+    shutil.copytree(request.getfixturevalue("trained_run"), model_dir)
+    if case.spoil:
+      case.spoil(model_dir)
+  else:
+    earlier_run(model_dir)
+  if case.setup:
+    case.setup(tmp_path)
+  env = {k: fill(v) for k, v in case.env.items()}
+  if "PYTHONPATH" in env:
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(helpers.REPO), str(helpers.SCRIPTS)])
+  args = [fill(a) for a in case.args]
+  before = snapshot(tmp_path)
+  if case.launch:
+    proc = subprocess.run([sys.executable, LAUNCH_APP, *args], capture_output=True, text=True,
+                          timeout=120, env=helpers.env(**env), cwd=str(helpers.REPO))
+  else:
+    if not any(a.startswith("--model_dir") for a in args):
+      args.insert(0, f"--model_dir={model_dir}")
+    override = ",".join(x for x in (TINY, fill(case.override)) if x)
+    if not any(a.startswith("--params_override") for a in args):
+      args.append(f"--params_override={override}")
+    proc = helpers.run_train(*args, timeout=300, **env)
+  assert proc.returncode != 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith(("tfdp-train: error: ", "tfdp-launch: error: ")), lines[0]
+  assert "tfdp-" not in proc.stdout, proc.stdout[-2000:]
+  assert len(lines[0]) <= 1100, len(lines[0])
+  for word in case.words:
+    assert fill(word) in lines[0], lines[0]
+  after = snapshot(tmp_path)
+  if case.started:  # the earlier run's files are all kept; its config.yaml beside the new one
+    moved = {k: v for k, v in after.items() if k.startswith("run/config.") and k != "run/config.yaml"}
+    assert list(moved.values()) == [before["run/config.yaml"]], sorted(after)
+    before = {k: v for k, v in before.items() if k != "run/config.yaml"}
+    after = {k: v for k, v in after.items() if k in before}
+  assert after == before  # nothing written, moved or removed
+
+
+def test_start_over_moves_an_unreadable_run_aside_and_trains_from_step_zero(trained_run, tmp_path):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  (model_dir / "checkpoints" / "checkpoint").write_text("hello\n")  # unreadable state
+  earlier = snapshot(model_dir)
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY}", "--mode=train",
+                           "--start_over", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (attic,) = model_dir.glob("previous-*")
+  kept = snapshot(attic)
+  for name, digest in earlier.items():  # every byte of the earlier run is still there
+    if name != "config.yaml":
+      assert kept[name] == digest, name
+  assert (model_dir / "config.yaml").exists()
+  assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index",
+                                                                                 "ckpt-8.index"]
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(trained_run, tmp_path):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  checkpoints, metrics = snapshot(model_dir / "checkpoints"), (model_dir / "metrics.csv").read_text()
+  diverge = (f"{TINY},trainer.epochs=4,trainer.steps_per_loop=1,trainer.learning_rate.base_lr=1e30,"
+             "trainer.learning_rate.schedule=constant")
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={diverge}",
+                           "--mode=train", timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  for word in ("diverged", "loss nan", "step 8) is kept", "base_lr", "stop_on_nan"):
+    assert word in lines[0], lines[0]
+  assert int(re.search(r"in step (\d+);", lines[0]).group(1)) > 8, lines[0]
+  assert snapshot(model_dir / "checkpoints") == checkpoints  # no NaN weights saved
+  assert (model_dir / "metrics.csv").read_text() == metrics
+
+
+def test_stop_on_nan_off_trains_on(trained_run, tmp_path):
+  model_dir = tmp_path / "run"
+  diverge = (f"{TINY},trainer.epochs=1,trainer.learning_rate.base_lr=1e30,"
+             "trainer.learning_rate.schedule=constant,trainer.stop_on_nan=false")
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={diverge}",
+                           "--mode=train", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-4.index").exists()
