@@ -42,7 +42,10 @@ def evaluation(exp) -> dict:
 def main():
   model_dir, overrides, out_dir = sys.argv[1:4]
   mode = sys.argv[4] if len(sys.argv) > 4 else "train"
-  exp = experiment.build(config_lib.load_config([], [overrides]), model_dir, mode)
+  # eval: the built model's weights as they are (tfdp-train --mode=eval would refuse a run
+  # without a checkpoint); building for training plans the same evaluation.
+  exp = experiment.build(config_lib.load_config([], [overrides]), model_dir,
+                         "train_and_eval" if mode == "eval" else mode)
   rank, model = exp.cluster.rank, exp.trainer.model
   np.savez(os.path.join(out_dir, f"initial-{rank}.npz"), **weights(model))
   info = {"eval_before": evaluation(exp)}
