@@ -99,6 +99,26 @@ def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path
   assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tfdp-worker")]
 
 
+def test_bfloat16_all_reduce_over_the_ring_between_worker_processes(tmp_path):
+  """The collective ring carries bfloat16 gradients between real worker processes: the workers
+  agree bitwise and stay close to (but not on) the float32 trajectory of one process."""
+  for name in ("mw", "one", "tmp"):
+    (tmp_path / name).mkdir()
+  halved = f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16"
+  proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
+                                      halved, str(tmp_path / "mw"), "train"], TMPDIR=tmp_path / "tmp")
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), EQUIVALENCE,
+                           str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
+                          text=True, timeout=300)
+  assert single.returncode == 0, single.stderr[-3000:]
+  w0, w1 = helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1)
+  exact = helpers.load_probe(tmp_path / "one")
+  assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
+  assert 1e-6 < helpers.max_relative_difference(w0["final"], exact["final"]) < 0.05
+
+
 def test_workers_started_with_different_configs_refuse_before_training(tmp_path):
   # Worker 1 reads another global batch: the start-up exchange finds it before any collective.
   script = ("import os, subprocess, sys; batch = 64 if os.environ['TFDP_WORKER_INDEX'] == '1' "

@@ -57,19 +57,29 @@ def coordination_heartbeat_timeout_ms() -> int:
   return context.context().config.experimental.coordination_config.heartbeat_timeout_in_ms
 
 
-def all_reduce_gradients(grads):
+def all_reduce_gradients(grads, wire_dtype=None):
   """Call in replica context: SUM-all-reduces the gradients (None stays None) the way Keras'
   optimizer does inside apply_gradients, so that tfdp can act on the *reduced* gradient first:
   clip it by global norm (Keras' clipnorm clips per replica, before the reduction) and let the
   loss-scale optimizer judge it (LossScaleOptimizer._tf_apply reads the first replica's
   gradients only, assuming they are reduced; they are not in Keras 3). Pair with
-  `skip_optimizer_all_reduce`."""
+  `skip_optimizer_all_reduce`. `wire_dtype` (e.g. tf.bfloat16) casts dense float32 gradients
+  for the reduction only, halving the bytes between replicas (Horovod's Compression.fp16); the
+  variables and the optimizer stay float32. One replica sends nothing and is left exact."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   present = [g for g in grads if g is not None]
   if not present:
     return list(grads)
-  reduced = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                                present))
+  context = tf.distribute.get_replica_context()
+  compress = wire_dtype is not None and context.num_replicas_in_sync > 1
+
+  def on_wire(g):
+    if compress and not isinstance(g, tf.IndexedSlices) and g.dtype == tf.float32:
+      return tf.cast(g, wire_dtype)
+    return g
+  reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [on_wire(g) for g in present])
+  reduced = iter([r if isinstance(r, tf.IndexedSlices) or r.dtype == g.dtype else tf.cast(r, g.dtype)
+                  for r, g in zip(reduced, present)])
   return [None if g is None else next(reduced) for g in grads]
 
 

@@ -171,6 +171,8 @@ class RuntimeConfig:
   dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
   # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)
   mixed_precision: str = "float32"
+  all_reduce_dtype: str = "float32"  # bfloat16: gradients cross replicas and workers in half
+  # the bytes (cast before the sum, back after); variables and optimizer stay float32
   jit_compile: bool = False
   intra_op_threads: int = 0  # 0: TensorFlow's default
   inter_op_threads: int = 0
@@ -538,6 +540,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_choice("runtime.cross_device_ops", runtime.cross_device_ops, CROSS_DEVICE_OPS)
   _check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)
   _check_choice("runtime.mixed_precision", runtime.mixed_precision, PRECISIONS)
+  _check_choice("runtime.all_reduce_dtype", runtime.all_reduce_dtype, ("float32", "bfloat16"))
   _check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   _check_positive("runtime.num_packs", runtime.num_packs)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",

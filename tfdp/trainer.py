@@ -198,6 +198,8 @@ class Trainer:
       # XLA compiles the per-replica forward/backward; the optimizer's cross-replica update
       # (a merge_call) stays outside the compiled function.
       self._forward_backward = tf.function(self._forward_backward, jit_compile=True)
+    self._wire_dtype = (None if config.runtime.all_reduce_dtype == "float32"
+                        else tf.as_dtype(config.runtime.all_reduce_dtype))
     self._num_sums = 1 + 2 * len(task.metric_names)
     self._train_loop = self._make_train_loop()
     self._eval_loop = self._make_eval_loop()
@@ -240,7 +242,7 @@ class Trainer:
     # (compat.skip_optimizer_all_reduce).
     if self.config.runtime.dense_embedding_gradients:
       grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    grads = compat.all_reduce_gradients(grads)
+    grads = compat.all_reduce_gradients(grads, self._wire_dtype)
     if self.config.trainer.gradient_clip_norm:
       clip = self.config.trainer.gradient_clip_norm
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
