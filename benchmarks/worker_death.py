@@ -63,11 +63,15 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--work_dir", default="/tmp/tfdp-worker-death")
+  parser.add_argument("--hits", default="worker SIGKILL,worker SIGSTOP,launcher SIGKILL",
+                      help="which rows to measure, comma-separated")
   args = parser.parse_args()
   print("hit                run  seconds_to_no_worker_left  launcher_exit_code  processes_left")
   for name, signum, target in (("worker SIGKILL", signal.SIGKILL, "worker"),
                                ("worker SIGSTOP", signal.SIGSTOP, "worker"),
                                ("launcher SIGKILL", signal.SIGKILL, "launcher")):
+    if name not in args.hits.split(","):
+      continue
     for run in range(args.repeats):
       model_dir = os.path.join(args.work_dir, f"{target}-{signum}-{run}-{time.time_ns()}")
       seconds, code, left = one_run(model_dir, signum, target)

@@ -135,3 +135,35 @@ def test_chaos_three_random_worker_kills_and_the_job_still_finishes(tmp_path):
        "print(m.count_params())", str(model_dir / "model.keras")],
       capture_output=True, text=True, env=helpers.env(), timeout=120)
   assert check.returncode == 0 and int(check.stdout.split()[-1]) > 0, check.stderr[-2000:]
+
+
+LONG_EPOCH = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
+              "task.train_data.source=synthetic,task.train_data.num_examples=64000,"
+              "task.train_data.image_size=16,task.train_data.num_classes=4,"
+              "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=4,"
+              "runtime.intra_op_threads=1,runtime.inter_op_threads=1")
+
+
+def test_training_workers_of_a_killed_launcher_save_a_checkpoint_and_exit(tmp_path):
+  """SIGKILL to the launcher in the middle of one long epoch (no scheduled checkpoint): its
+  workers get SIGTERM, agree on a step, save there and exit, though their output pipe is gone."""
+  model_dir = tmp_path / "run"
+  log_path = tmp_path / "launch.log"
+  with open(log_path, "w") as log:
+    proc = start_launcher("--num_workers=2", "--", sys.executable, str(helpers.TRAIN_APP),
+                          f"--model_dir={model_dir}", "--mode=train",
+                          f"--params_override={LONG_EPOCH}", log=log)
+    pids = worker_pids(proc, 2, timeout=120)
+    deadline = time.monotonic() + 180
+    while "Epoch 1/1" not in log_path.read_text():
+      assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-3000:]
+      time.sleep(0.1)
+    time.sleep(2)  # some steps into the epoch
+    proc.kill()
+    proc.wait()
+  deadline = time.monotonic() + 30
+  while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert not any(alive(pid) for pid in pids), "workers outlived their launcher by 30 s"
+  saved = list((model_dir / "checkpoints").glob("ckpt-*.index"))
+  assert len(saved) == 1 and 0 < int(saved[0].name[5:-6]) < 2000, saved

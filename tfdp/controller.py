@@ -3,6 +3,7 @@ The compiled inner loops, checkpoints and the model are the Trainer's; this know
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 
@@ -22,6 +23,15 @@ def memory_mb() -> dict:
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def quiet_orphaned_output() -> None:
+  """Points stdout and stderr at /dev/null: writing to a dead reader's pipe raises
+  BrokenPipeError wherever the next progress line happens to be written."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  for fd in (1, 2):
+    os.dup2(devnull, fd)
+  os.close(devnull)
+
+
 class StopRequest:
   """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
   checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
@@ -32,6 +42,7 @@ class StopRequest:
   def __init__(self, enabled: bool):
     self.signum = 0
     self._previous = {}
+    self._parent = os.getppid()
     if enabled:
       for signum in self.SIGNALS:
         try:
@@ -45,6 +56,8 @@ class StopRequest:
 
   def _handle(self, signum, frame):
     del frame
+    if os.getppid() != self._parent:  # our launcher died (PR_SET_PDEATHSIG): its pipes are gone,
+      quiet_orphaned_output()  # and a write to them must not stop the checkpoint being saved
     if signum == signal.SIGINT and self.signum == signal.SIGINT:
       raise KeyboardInterrupt
     self.signum = self.signum or signum
