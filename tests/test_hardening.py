@@ -197,6 +197,13 @@ CASES = [
          "task.train_data.label_column=rating,task.eval_data.source=interactions,"
          "task.eval_data.path={folder}/ratings.csv,task.eval_data.label_column=rating,"
          "task.eval_data.split=all,task.train_data.split=all"),
+    Case("recommender_negative_embedding_dim", ("task.model.kwargs.embedding_dim", ">= 1"),
+         override="task.name=matrix_factorization,task.model.name=matrix_factorization,"
+         "task.model.kwargs.embedding_dim=-3,task.train_data.source=interactions,"
+         "task.train_data.path={folder}/r.csv,task.train_data.label_column=rating,"
+         "task.train_data.split=all,task.eval_data.source=interactions,"
+         "task.eval_data.path={folder}/r.csv,task.eval_data.label_column=rating,"
+         "task.eval_data.split=all"),
     Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
          override="task.init_checkpoint={folder}/nowhere"),
     # ---- model_dir and checkpoints -----------------------------------------------------------

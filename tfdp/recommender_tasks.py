@@ -65,6 +65,17 @@ class MatrixFactorizationTask(tasks.Task):
     if unknown:
       raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "
                         f"{', '.join(cls.KWARGS)}.")
+    for name, smallest, example in (("embedding_dim", 1, 32), ("l2", 0, 1e-5),
+                                    ("temperature", 1e-9, 0.1), ("global_mean", None, 3.5)):
+      value = config.model.kwargs.get(name)
+      if value is None:
+        continue
+      if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+          or (name == "embedding_dim" and not isinstance(value, int))
+          or (smallest is not None and value < smallest)):
+        bound = "" if smallest is None else f" >= {smallest}" if smallest != 1e-9 else " > 0"
+        raise ConfigError(f"config key 'task.model.kwargs.{name}' is {value!r}; it must be a "
+                          f"finite number{bound}, e.g. {example}.")
 
   def build_source(self, data: DataConfig):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
