@@ -2,14 +2,13 @@
 The compiled inner loops, checkpoints and the model are the Trainer's; this knows no workload."""
 from __future__ import annotations
 
-import math
 import signal
 import time
 
 from absl import logging
-import keras
 import tensorflow as tf
 
+from tfdp import logs
 from tfdp import outputs
 from tfdp.errors import Preempted
 
@@ -109,17 +108,14 @@ class Controller:
     trainer._train_iterator = iterator  # pylint: disable=protected-access
     stop = StopRequest(trainer.config.runtime.checkpoint_on_preemption)
     step, last_row = start, {}
-    names = trainer.task.metric_names
+    progress = logs.Progress(total, steps_per_epoch, trainer.task.metric_names,
+                             enabled=trainer.verbose)
     try:
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
         epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
-        bar = keras.utils.Progbar(epoch_end - epoch * steps_per_epoch,
-                                  stateful_metrics=[*names, "ex/s", "lr"],
-                                  verbose=1 if trainer.verbose else 0)
-        if trainer.verbose:
-          print(f"Epoch {epoch + 1}/{math.ceil(total / steps_per_epoch)}", flush=True)
+        progress.start_epoch(epoch)
         while step < epoch_end:
           n = self._next_loop_size(step, epoch_end)
           t0 = time.time()
@@ -133,8 +129,7 @@ class Controller:
           epoch_examples += n * trainer.global_batch
           examples_per_sec = n * trainer.global_batch / max(seconds, 1e-9)
           lr = float(trainer.schedule(step - 1))
-          bar.update(step - epoch * steps_per_epoch,
-                     values=[*loop.values().items(), ("ex/s", examples_per_sec), ("lr", lr)])
+          progress.loop_done(step, n, seconds, loop.values(), examples_per_sec, lr)
           self._summarize(self.writer, step, loop,
                           {"learning_rate": lr, "examples_per_sec": examples_per_sec})
           if stop_agreed:  # some worker was asked to stop: all save at this same step
