@@ -97,10 +97,11 @@ def _finished(result: dict) -> dict:
 def release_in_background(trainer) -> None:
   """Destroys the finished run's training iterator on a daemon thread, so fit returns at once.
 
-  Destroying it can block for up to a minute in TF 2.21 (measured here after ~80 s runs: 61.9 s,
-  9.8 s, 1.2 s; tf.data's autotune thread, whose sleep grows to 60 s, is the suspect). The
-  destructor runs in TensorFlow's C++ code without the GIL, so the notebook stays responsive
-  meanwhile; the apps avoid it altogether by leaving with os._exit."""
+  Destroying it can block for up to a minute in TF 2.21 (measured here after four ~80 s runs:
+  61.9 s, 9.8 s, 1.2 s, 0.3 s; the suspect is tf.data's autotune thread, whose wait between
+  optimizations grows to 60 s: kOptimizationPeriodMaxMs in tensorflow/core/framework/model.h).
+  Meanwhile the main thread kept running (its 50 ms sleeps took at most 0.8 s); the apps avoid
+  the destructor altogether by leaving with os._exit."""
   holder = [trainer.__dict__.pop("_train_iterator", None)]
   if holder[0] is None:
     return
