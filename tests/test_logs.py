@@ -37,7 +37,8 @@ def run_redirected(tmp_path, *flags: str) -> str:
 
 
 def test_redirected_log_has_one_plain_line_per_loop_and_no_tensorflow_noise(tmp_path):
-  text = run_redirected(tmp_path)
+  # With a profiler trace of 2 steps too: TensorBoard's profile tab reads it, the log stays clean.
+  text = run_redirected(tmp_path, "--params_override=runtime.profile_steps=2")
   assert "\x1b" not in text and "\r" not in text and "\b" not in text, repr(text[-2000:])
   loop_lines = [line for line in text.splitlines() if line.startswith("epoch ")]
   assert [int(LOOP_LINE.match(line).group(1)) for line in loop_lines] == [2, 4, 6, 8], loop_lines
@@ -45,6 +46,7 @@ def test_redirected_log_has_one_plain_line_per_loop_and_no_tensorflow_noise(tmp_
   assert len(re.findall(r"^eval: ", text, re.M)) == 2  # one evaluation per epoch
   png = (tmp_path / "run" / "metrics.png").read_bytes()
   assert png.startswith(b"\x89PNG\r\n\x1a\n")
+  assert len(list((tmp_path / "run" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
 
 
 def test_tf_log_level_info_shows_tensorflow_lines_again(tmp_path):

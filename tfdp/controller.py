@@ -53,6 +53,33 @@ class StopRequest:
       signal.signal(signum, previous)
 
 
+class ProfileWindow:
+  """runtime.profile_steps: a TensorFlow profiler trace of that many steps (whole loops), from the
+  second loop of the run on (the first also traces the graph), written by the chief into
+  model_dir/train for TensorBoard's profile tab."""
+
+  def __init__(self, steps: int, logdir: str, enabled: bool):
+    self.steps = steps if enabled else 0
+    self.logdir = logdir
+    self.started_at = None
+
+  def before_loop(self, step: int, first_step: int) -> None:
+    if self.steps and self.started_at is None and step > first_step:
+      tf.profiler.experimental.start(self.logdir)
+      self.started_at = step
+
+  def after_loop(self, step: int) -> None:
+    if self.started_at is not None and self.steps and step - self.started_at >= self.steps:
+      self.stop(step)
+
+  def stop(self, step: int) -> None:
+    if self.started_at is not None and self.steps:
+      tf.profiler.experimental.stop()
+      logging.info("profile: steps %d-%d traced into %s/plugins/profile", self.started_at + 1,
+                   step, self.logdir)
+      self.steps = 0
+
+
 class Controller:
   """Runs a Trainer from its restored step to its last: loops of `steps_per_loop` compiled steps,
   cut at checkpoint boundaries; after each epoch a metrics row, an evaluation when due and a
@@ -110,6 +137,8 @@ class Controller:
     step, last_row = start, {}
     progress = logs.Progress(total, steps_per_epoch, trainer.task.metric_names,
                              enabled=trainer.verbose)
+    profile = ProfileWindow(trainer.config.runtime.profile_steps,
+                            trainer.write_plan.path("train"), trainer.write_plan.is_chief)
     try:
       while step < total:
         epoch = step // steps_per_epoch
@@ -118,10 +147,12 @@ class Controller:
         progress.start_epoch(epoch)
         while step < epoch_end:
           n = self._next_loop_size(step, epoch_end)
+          profile.before_loop(step, start)
           t0 = time.time()
           loop, stop_agreed = trainer.run_steps(iterator, n, stop.requested)
           seconds = time.time() - t0
           step += n
+          profile.after_loop(step)
           if epoch_sums is None:
             epoch_sums = loop
           else:
@@ -152,6 +183,7 @@ class Controller:
           trainer.save()
         last_row = row
     finally:
+      profile.stop(step)
       stop.restore()
       self.writer.flush()
       self.eval_writer.flush()
