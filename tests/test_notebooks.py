@@ -2,6 +2,7 @@
 committed copies carry no outputs."""
 import json
 import re
+import threading
 import time
 
 import pytest
@@ -76,3 +77,18 @@ def test_notebook_runs_and_draws_its_figures(name, tmp_path):
     assert float(re.search(r"test RMSE (\d\.\d+)", text).group(1)) < 0.4, text[-2000:]
   if name in ("quickstart", "multi_worker", "recommender", "masked_lm"):
     assert list(tmp_path.glob("runs/*/metrics.png")), "tfdp wrote no metrics.png"
+
+
+def test_launch_notebook_names_the_failing_worker_and_its_error():
+  import tfdp  # pylint: disable=g-import-not-at-top
+
+  def train_fn(bad_worker):
+    import os  # pylint: disable=g-import-not-at-top
+    if os.environ["TFDP_WORKER_INDEX"] == str(bad_worker):
+      raise ValueError("no such column: 'labels'")
+    return "ok"
+
+  with pytest.raises(tfdp.TfdpError, match=r"worker 1 exited with code 1.*no such column"):
+    tfdp.launch_notebook(train_fn, num_workers=2, args=(1,), env=helpers.env())
+  with pytest.raises(tfdp.TfdpError, match="cannot be sent to the workers"):
+    tfdp.launch_notebook(train_fn, args=(threading.Lock(),))  # a lock cannot be pickled

@@ -35,7 +35,7 @@ def quiet_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL) -> None:
   # go through this logger, which absl's handler prints once absl.app has run.
   logging.getLogger("tensorflow").setLevel(TF_LOG_LEVELS[level][1])
   # Some of TensorFlow's Python modules log through absl, as tfdp does ("Sharding callback
-  # duration" from functional_saver.py): filter those by where they come from.
+  # duration" from functional_saver.py), and so does TFDS: filter those by where they come from.
   absl_logger = logging.getLogger("absl")
   for old_filter in [f for f in absl_logger.filters if isinstance(f, _TensorFlowRecords)]:
     absl_logger.removeFilter(old_filter)
@@ -43,15 +43,16 @@ def quiet_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL) -> None:
 
 
 class _TensorFlowRecords(logging.Filter):
-  """Drops records below `level` logged from inside the tensorflow package."""
+  """Drops records below `level` logged from inside TensorFlow or TensorFlow Datasets (which
+  announces every dataset it opens)."""
+  PACKAGES = tuple(os.sep + name + os.sep for name in ("tensorflow", "tensorflow_datasets"))
 
   def __init__(self, level: int):
     super().__init__()
     self.level = level
-    self.package = os.sep + "tensorflow" + os.sep
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.levelno >= self.level or self.package not in record.pathname
+    return record.levelno >= self.level or not any(p in record.pathname for p in self.PACKAGES)
 
 
 def start_tensorflow(level: str | None = None):
