@@ -101,8 +101,12 @@ def release_in_background(trainer) -> None:
   61.9 s, 9.8 s, 1.2 s, 0.3 s; the suspect is tf.data's autotune thread, whose wait between
   optimizations grows to 60 s: kOptimizationPeriodMaxMs in tensorflow/core/framework/model.h).
   Meanwhile the main thread kept running (its 50 ms sleeps took at most 0.8 s); the apps avoid
-  the destructor altogether by leaving with os._exit."""
+  the destructor altogether by leaving with os._exit.
+
+  Not a daemon thread: Python kills daemon threads at exit, and one killed inside TensorFlow's
+  C++ code aborted the process ("FATAL: exception not rethrown", seen here). The interpreter
+  waits for this one instead, so a script's exit can take as long as the destructor."""
   holder = [trainer.__dict__.pop("_train_iterator", None)]
   if holder[0] is None:
     return
-  threading.Thread(target=holder.clear, name="tfdp-release-train-iterator", daemon=True).start()
+  threading.Thread(target=holder.clear, name="tfdp-release-train-iterator").start()
