@@ -90,9 +90,17 @@ def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
 
 
 def is_interactive(stream=None) -> bool:
-  """A terminal, or a Jupyter kernel (which draws the progress bar's carriage returns)."""
-  stream = stream or sys.stdout
-  return bool(getattr(stream, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+  """A terminal, or the output of a Jupyter kernel (which draws the progress bar's carriage
+  returns)."""
+  if stream is None and in_jupyter_kernel():
+    return True
+  return bool(getattr(stream or sys.stdout, "isatty", lambda: False)())
+
+
+def in_jupyter_kernel() -> bool:
+  ipython = sys.modules.get("IPython")  # imported by any kernel; importing it here would be slow
+  shell = ipython.get_ipython() if ipython is not None else None
+  return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def format_seconds(seconds: float) -> str:
