@@ -12,9 +12,11 @@ if not __package__:  # run as a script: make the repo root importable
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from tfdp import cli
 from tfdp import config as config_lib
+from tfdp import logs
 from tfdp.errors import Preempted, TfdpError
 
 DEFAULT_CONFIG = "configs/cifar10_quick.yaml"
@@ -29,6 +31,7 @@ flags.DEFINE_enum("mode", "train_and_eval", config_lib.MODES, "What to run.")
 flags.DEFINE_bool("print_config", False, "Print the final config and exit.")
 flags.DEFINE_bool("start_over", False, "Train from step 0 even if model_dir holds a run: the "
                   "earlier run moves to model_dir/previous-<time>/ (nothing is deleted).")
+cli.define_tf_log_level_flag()
 FLAGS = flags.FLAGS
 
 
@@ -43,8 +46,10 @@ def main(argv):
     if FLAGS.print_config:
       print(config_lib.dump_yaml(config))
       return 0
-    cli.quiet_tensorflow()
+    logs.start_tensorflow(FLAGS.tf_log_level)
     from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
+    logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
+                 "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)
     try:
       result = experiment.run(config, model_dir, FLAGS.mode, start_over=FLAGS.start_over)
     except Preempted as stop:

@@ -13,12 +13,35 @@ def fit(*args, **kwargs):
   return api.fit(*args, **kwargs)
 
 
+def train(*args, **kwargs):
+  """See tfdp.api.train: a config-defined run (any task) in this process."""
+  from tfdp import api  # pylint: disable=g-import-not-at-top
+  return api.train(*args, **kwargs)
+
+
+def plot_metrics(model_dir: str, path: str | None = None):
+  """See tfdp.plots.plot_metrics: a run's metrics.csv drawn against epochs."""
+  from tfdp import plots  # pylint: disable=g-import-not-at-top
+  return plots.plot_metrics(model_dir, path)
+
+
+def launch_notebook(train_fn, num_workers: int = 2, **kwargs):
+  """See tfdp.notebook.launch_notebook: train_fn on N local workers, results gathered back."""
+  from tfdp import notebook  # pylint: disable=g-import-not-at-top
+  return notebook.launch_notebook(train_fn, num_workers, **kwargs)
+
+
 def make_strategy(**runtime_overrides):
-  """A tf.distribute strategy from runtime settings, e.g. make_strategy(cpu_replicas=2)."""
-  from tfdp import config, strategy  # pylint: disable=g-import-not-at-top
+  """A tf.distribute strategy from runtime settings, e.g. make_strategy(cpu_replicas=2); with no
+  arguments it picks as `runtime.strategy: auto` does."""
+  from tfdp import cluster, config, logs, strategy  # pylint: disable=g-import-not-at-top
   runtime = config.RuntimeConfig(**runtime_overrides)
   config.validate(config.ExperimentConfig(runtime=runtime))
-  return strategy.make_strategy(runtime)[0]
+  logs.start_tensorflow()
+  # The cluster too: under TF_CONFIG naming several workers (tfdp.launch_notebook, tfdp-launch)
+  # `auto` is MultiWorkerMirroredStrategy.
+  return strategy.make_strategy(runtime, cluster.resolve_cluster())[0]
 
 
-__all__ = ["Task", "TfdpError", "fit", "make_strategy", "register_model", "register_task"]
+__all__ = ["Task", "TfdpError", "fit", "launch_notebook", "make_strategy", "plot_metrics",
+           "register_model", "register_task", "train"]

@@ -530,18 +530,26 @@ def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
 
 
 def plot(mode: str, frame, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")  # files only, no display
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figure(mode, frame).savefig(path, dpi=100)
+
+
+def figure(mode: str, frame):
+  """The picture of one mode's results (a frame read from <mode>.csv): a matplotlib Figure."""
+  from tfdp.plots import new_figure  # pylint: disable=g-import-not-at-top
+
+  def subplots(columns: int, figsize):
+    fig = new_figure(figsize=figsize)
+    return fig, fig.subplots(1, columns)
+
   first = frame.iloc[0]
   title = f"tfdp-bench {mode}: {first['cpu']}, {first['nproc']} CPUs, TF {first['tf_version']}, {first['date']}"
   if mode == "throughput":
-    fig, axes = plt.subplots(1, 2, figsize=(12, 1.5 + 0.45 * len(frame)))
+    fig, axes = subplots(2, (12, 1.5 + 0.45 * len(frame)))
     _bars(axes[0], frame, {"images_per_sec": "images/s"}, "images/s")
     _bars(axes[1], frame, {"input_wait_fraction": "input wait"}, "input-wait fraction")
     axes[1].set_xlim(0, 1)
   elif mode == "scaling":
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(2, (11, 4))
     for model, group in frame.groupby("model"):
       line, = axes[0].plot(group["workers"], group["images_per_sec"], "o-", label=model)
       axes[0].plot(group["workers"], group["workers"] * group["images_per_sec"].iloc[0], "--",
@@ -552,7 +560,7 @@ def plot(mode: str, frame, path: str) -> None:
     axes[0].legend()
     axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1), xticks=ticks)
   elif mode == "allreduce":
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = subplots(2, (12, 4))
     for scope, group in frame[frame["test"] == "size"].groupby("scope"):
       axes[0].plot(group["bytes"], group["busbw_gbps"], "o-", label=scope)
     axes[0].axhline(first["tcp_gbps"], color="gray", ls="--", label="loopback TCP")
@@ -564,13 +572,12 @@ def plot(mode: str, frame, path: str) -> None:
     axes[1].set(xlabel="bytes_per_pack (0: one pack)", ylabel="ms per all-reduce",
                 title=f"{int(packs['num_tensors'].iloc[0]) if len(packs) else 0} tensors between workers")
   else:
-    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.6 * len(frame)))
+    fig, ax = subplots(1, (10, 1.5 + 0.6 * len(frame)))
     _bars(ax, frame, {"pipeline_images_per_sec": "input pipeline alone",
                       "train_images_per_sec": "training loop"}, "images/s")
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return fig
 
 
 TABLE_COLUMNS = {

@@ -41,6 +41,18 @@ def find_config(path: str) -> str:
   return candidate if os.path.exists(candidate) else path
 
 
-def quiet_tensorflow() -> None:
-  """TensorFlow's C++ INFO lines drown the progress bar; warnings and errors still show."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def quiet_tensorflow(level: str | None = None) -> str:
+  """Before TensorFlow starts: its log level from --tf_log_level, else TF_CPP_MIN_LOG_LEVEL, else
+  'off' (TensorFlow's start-up lines and the CUDA probe's error on a CPU-only machine drown what
+  matters; tfdp's own lines and every error that stops a run still show). Returns the level."""
+  from tfdp import logs  # pylint: disable=g-import-not-at-top
+  level = logs.tf_log_level(level)
+  logs.quiet_tensorflow(level)
+  return level
+
+
+def define_tf_log_level_flag() -> None:
+  from tfdp import logs  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_enum("tf_log_level", None, list(logs.TF_LOG_LEVELS),
+                    "TensorFlow's own log lines (C++ start-up, CUDA probe, tf.distribute INFO). "
+                    "Default: TF_CPP_MIN_LOG_LEVEL if set, else off.")

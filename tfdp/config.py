@@ -177,6 +177,7 @@ class RuntimeConfig:
   intra_op_threads: int = 0  # 0: TensorFlow's default
   inter_op_threads: int = 0
   checkpoint_on_preemption: bool = True  # SIGTERM: save a checkpoint and exit
+  profile_steps: int = 0  # >0: profiler trace of this many steps (from the 2nd loop) in model_dir/train
 
 
 @dataclasses.dataclass
@@ -544,7 +545,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   _check_positive("runtime.num_packs", runtime.num_packs)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",
-              "intra_op_threads", "inter_op_threads"):
+              "intra_op_threads", "inter_op_threads", "profile_steps"):
     _check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)
   if runtime.cpu_replicas and runtime.devices:
     raise ConfigError("set either 'runtime.cpu_replicas' or 'runtime.devices', not both.")

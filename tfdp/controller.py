@@ -8,9 +8,9 @@ import signal
 import time
 
 from absl import logging
-import keras
 import tensorflow as tf
 
+from tfdp import logs
 from tfdp import outputs
 from tfdp.errors import Preempted, TrainingDiverged
 
@@ -82,6 +82,33 @@ def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) 
         "trainer.stop_on_nan=false to train on regardless.")
 
 
+class ProfileWindow:
+  """runtime.profile_steps: a TensorFlow profiler trace of that many steps (whole loops), from the
+  second loop of the run on (the first also traces the graph), written by the chief into
+  model_dir/train for TensorBoard's profile tab."""
+
+  def __init__(self, steps: int, logdir: str, enabled: bool):
+    self.steps = steps if enabled else 0
+    self.logdir = logdir
+    self.started_at = None
+
+  def before_loop(self, step: int, first_step: int) -> None:
+    if self.steps and self.started_at is None and step > first_step:
+      tf.profiler.experimental.start(self.logdir)
+      self.started_at = step
+
+  def after_loop(self, step: int) -> None:
+    if self.started_at is not None and self.steps and step - self.started_at >= self.steps:
+      self.stop(step)
+
+  def stop(self, step: int) -> None:
+    if self.started_at is not None and self.steps:
+      tf.profiler.experimental.stop()
+      logging.info("profile: steps %d-%d traced into %s/plugins/profile", self.started_at + 1,
+                   step, self.logdir)
+      self.steps = 0
+
+
 class Controller:
   """Runs a Trainer from its restored step to its last: loops of `steps_per_loop` compiled steps,
   cut at checkpoint boundaries; after each epoch a metrics row, an evaluation when due and a
@@ -137,25 +164,26 @@ class Controller:
     trainer._train_iterator = iterator  # pylint: disable=protected-access
     stop = StopRequest(trainer.config.runtime.checkpoint_on_preemption)
     step, last_row = start, {}
-    names = trainer.task.metric_names
+    progress = logs.Progress(total, steps_per_epoch, trainer.task.metric_names,
+                             enabled=trainer.verbose)
+    profile = ProfileWindow(trainer.config.runtime.profile_steps,
+                            trainer.write_plan.path("train"), trainer.write_plan.is_chief)
     try:
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
         epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
-        bar = keras.utils.Progbar(epoch_end - epoch * steps_per_epoch,
-                                  stateful_metrics=[*names, "ex/s", "lr"],
-                                  verbose=1 if trainer.verbose else 0)
-        if trainer.verbose:
-          print(f"Epoch {epoch + 1}/{math.ceil(total / steps_per_epoch)}", flush=True)
+        progress.start_epoch(epoch)
         while step < epoch_end:
           n = self._next_loop_size(step, epoch_end)
+          profile.before_loop(step, start)
           t0 = time.time()
           loop, stop_agreed = trainer.run_steps(iterator, n, stop.requested)
           seconds = time.time() - t0
           if cfg.stop_on_nan:
             check_finite(loop, step, step + n, trainer.last_saved_step)
           step += n
+          profile.after_loop(step)
           if epoch_sums is None:
             epoch_sums = loop
           else:
@@ -163,8 +191,7 @@ class Controller:
           epoch_examples += n * trainer.global_batch
           examples_per_sec = n * trainer.global_batch / max(seconds, 1e-9)
           lr = float(trainer.schedule(step - 1))
-          bar.update(step - epoch * steps_per_epoch,
-                     values=[*loop.values().items(), ("ex/s", examples_per_sec), ("lr", lr)])
+          progress.loop_done(step, n, seconds, loop.values(), examples_per_sec, lr)
           self._summarize(self.writer, step, loop,
                           {"learning_rate": lr, "examples_per_sec": examples_per_sec})
           if stop_agreed:  # some worker was asked to stop: all save at this same step
@@ -187,6 +214,7 @@ class Controller:
           trainer.save()
         last_row = row
     finally:
+      profile.stop(step)
       stop.restore()
       self.writer.flush()
       self.eval_writer.flush()

@@ -10,6 +10,8 @@ import shutil
 import tempfile
 import time
 
+from absl import logging
+
 from tfdp.errors import OutputError
 
 CONFIG_FILE = "config.yaml"
@@ -172,6 +174,17 @@ def append_metrics(plan: WritePlan, row: dict) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   frame.to_csv(tmp, index=False)
   os.replace(tmp, path)
+  write_metrics_png(plan)
+
+
+def write_metrics_png(plan: WritePlan) -> None:
+  """metrics.png beside metrics.csv, redrawn after each epoch. A picture that fails to draw is a
+  warning: training and its checkpoints matter more."""
+  from tfdp import plots  # pylint: disable=g-import-not-at-top
+  try:
+    plots.write_metrics_png(plan.model_dir)
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("could not draw %s: %s", plots.METRICS_PNG, error)
 
 
 def export_model(plan: WritePlan, model) -> str | None:

@@ -1,0 +1,89 @@
+"""What a run prints when its output goes to a file: one plain line per compiled loop, no escape
+codes, none of TensorFlow's start-up noise unless --tf_log_level asks for it."""
+import io
+import re
+import subprocess
+import sys
+
+import helpers
+from tfdp import logs
+
+# 2 epochs x 64 examples / batch 16 = 8 steps, 2 per compiled loop: 4 loops.
+TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
+        "task.train_data.image_size=8,task.train_data.num_classes=2,"
+        "task.eval_data.source=synthetic,task.eval_data.num_examples=32,"
+        "task.eval_data.image_size=8,task.eval_data.num_classes=2,trainer.global_batch_size=16,"
+        "trainer.epochs=2,trainer.steps_per_loop=2,task.model.name=small_cnn,runtime.cpu_replicas=2")
+LOOP_LINE = re.compile(r"^epoch [12]/2 step (\d+)/8 loss \d+\.\d{4} accuracy \d+\.\d{4} "
+                       r"ex/s \d+\.\d lr \S+ ETA (\d+:\d\d|\?)$")
+# What TensorFlow prints on a CPU-only machine at start: C++ log lines (I0000 00:00:...), the
+# absl pre-init banner, the CUDA probe's error, tf.distribute's INFO lines.
+TF_NOISE = ("I0000 00:00", "W0000 00:00", "absl::InitializeLog", "cuInit", "cuda_platform",
+            "oneDNN", "cross_device_ops.py", "mirrored_strategy.py", "functional_saver.py")
+
+
+def run_redirected(tmp_path, *flags: str) -> str:
+  """tfdp-train with stdout and stderr into one file, as a batch system's log; returns it."""
+  env = helpers.env()
+  env.pop("TF_CPP_MIN_LOG_LEVEL")  # the default, as a user starts it
+  log = tmp_path / "train.log"
+  with open(log, "w") as out:
+    proc = subprocess.run([sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+                           f"--params_override={TINY}", *flags], stdout=out,
+                          stderr=subprocess.STDOUT, env=env, cwd=str(helpers.REPO), timeout=600)
+  text = log.read_text()
+  assert proc.returncode == 0, text[-3000:]
+  return text
+
+
+def test_redirected_log_has_one_plain_line_per_loop_and_no_tensorflow_noise(tmp_path):
+  # With a profiler trace of 2 steps too: TensorBoard's profile tab reads it, the log stays clean.
+  text = run_redirected(tmp_path, "--params_override=runtime.profile_steps=2")
+  assert "\x1b" not in text and "\r" not in text and "\b" not in text, repr(text[-2000:])
+  loop_lines = [line for line in text.splitlines() if line.startswith("epoch ")]
+  assert [int(LOOP_LINE.match(line).group(1)) for line in loop_lines] == [2, 4, 6, 8], loop_lines
+  assert [noise for noise in TF_NOISE if noise in text] == [], text[-3000:]
+  assert len(re.findall(r"^eval: ", text, re.M)) == 2  # one evaluation per epoch
+  png = (tmp_path / "run" / "metrics.png").read_bytes()
+  assert png.startswith(b"\x89PNG\r\n\x1a\n")
+  assert len(list((tmp_path / "run" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
+
+
+def test_tf_log_level_info_shows_tensorflow_lines_again(tmp_path):
+  text = run_redirected(tmp_path, "--tf_log_level=info")
+  assert "I0000 00:00" in text and "cross_device_ops.py" in text, text[-3000:]
+
+
+def test_plain_progress_line_names_step_metrics_rate_and_eta():
+  out = io.StringIO()
+  progress = logs.Progress(total_steps=10, steps_per_epoch=5, metric_names=["loss"], stream=out)
+  assert not progress.interactive
+  progress.start_epoch(0)
+  progress.loop_done(2, 2, seconds=30.0, metrics={"loss": 1.5}, examples_per_sec=10.0, lr=0.1)
+  progress.loop_done(4, 2, seconds=2.0, metrics={"loss": 1.25}, examples_per_sec=64.0, lr=0.05)
+  lines = out.getvalue().splitlines()
+  # The first loop (30 s: graph tracing) predicts 6 steps x 15 s; after it, 1 s a step.
+  assert lines == ["epoch 1/2 step 2/10 loss 1.5000 ex/s 10.0 lr 0.1 ETA 2:00",
+                   "epoch 1/2 step 4/10 loss 1.2500 ex/s 64.0 lr 0.05 ETA 0:06"]
+
+
+def test_disabled_progress_prints_nothing():
+  out = io.StringIO()
+  progress = logs.Progress(4, 2, ["loss"], enabled=False, stream=out)
+  progress.start_epoch(0)
+  progress.loop_done(2, 2, 1.0, {"loss": 1.0}, 1.0, 0.1)
+  assert out.getvalue() == ""
+
+
+def test_startup_filter_drops_only_tensorflow_loading_lines():
+  dropped = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+             "I0000 00:00:1796075493.118210   22802 port.cc:153] oneDNN custom operations are on.",
+             "W0000 00:00:1796075493.123395   22802 cudart_stub.cc:31] Could not find cuda drivers"]
+  kept = ["E0000 00:00:1796075496.652884   22802 cuda_platform.cc:52] a real error",
+          "Traceback (most recent call last):", "UserWarning: something from Python"]
+  assert [line for line in dropped + kept if not logs._STARTUP_LINE.match(line)] == kept
+
+
+def test_format_seconds():
+  assert [logs.format_seconds(s) for s in (0, 59.6, 61, 3600 + 62)] == ["0:00", "1:00", "1:01",
+                                                                         "1:01:02"]

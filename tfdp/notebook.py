@@ -1,0 +1,94 @@
+"""Multi-worker training from a notebook: `launch_notebook(train_fn, num_workers=2)` runs
+train_fn in N fresh worker processes (one TF_CONFIG each, started by tfdp's launcher) and
+returns what each returned, as Hugging Face Accelerate's `notebook_launcher` does for PyTorch.
+
+The workers are new interpreters, not forks: TensorFlow in the notebook may already run, and a
+forked TensorFlow is unsafe. train_fn travels by value (cloudpickle), so a function defined in a
+cell works; it must import what it uses inside its body or from installed modules, and return
+something picklable (metrics, a DataFrame: not the trainer or the model).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import traceback
+
+from tfdp import launch as launch_lib
+from tfdp.errors import TfdpError
+
+PAYLOAD = "payload.pkl"
+
+
+def _result_path(folder: str, index: int) -> str:
+  return os.path.join(folder, f"result-{index}.pkl")
+
+
+def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: dict | None = None,
+                    env: dict | None = None, output=None) -> list:
+  """Runs train_fn(*args, **kwargs) on num_workers local worker processes under
+  MultiWorkerMirroredStrategy (each gets TF_CONFIG; `tfdp.fit` and `tfdp.make_strategy()` pick
+  the multi-worker strategy from it). Their output is printed as `[wI] line`. Returns the list
+  of the workers' return values, worker 0 (the chief) first. A failed worker raises TfdpError
+  naming it, with its last lines."""
+  import cloudpickle  # pylint: disable=g-import-not-at-top
+  try:
+    payload = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
+  except Exception as error:  # pylint: disable=broad-except
+    raise TfdpError(f"launch_notebook: train_fn or its arguments cannot be sent to the workers "
+                    f"({type(error).__name__}: {error}); pass plain values and build datasets "
+                    "and models inside train_fn.") from None
+  worker_env = dict(os.environ if env is None else env)
+  # The workers import the same tfdp as this kernel, whatever their working directory.
+  package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  worker_env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (package_root, os.getcwd(), worker_env.get("PYTHONPATH", "")) if p)
+  worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  with tempfile.TemporaryDirectory(prefix="tfdp-notebook-") as folder:
+    with open(os.path.join(folder, PAYLOAD), "wb") as f:
+      f.write(payload)
+    command = [sys.executable, "-m", "tfdp.notebook", folder]
+    result = launch_lib.run_group(command, num_workers, env=worker_env, output=output)
+    if not result.ok:
+      failed = result.first_failed if result.first_failed is not None else 0
+      tail = "".join(f"\n  [w{failed}] {line}" for line in result.last_lines[failed][-10:])
+      raise TfdpError(f"launch_notebook: {result.failure_summary() or 'the workers stopped'}; "
+                      f"its last lines:{tail}")
+    returned = []
+    for index in range(num_workers):
+      with open(_result_path(folder, index), "rb") as f:
+        returned.append(pickle.load(f))
+  return returned
+
+
+def worker_main(folder: str) -> None:
+  """One worker: runs the payload, writes its return value, and leaves without destructors (as
+  the apps do: a finished tf.data iterator can stall its destructor; see tfdp.api.fit)."""
+  from tfdp import cli, logs  # pylint: disable=g-import-not-at-top
+  index = int(os.environ.get("TFDP_WORKER_INDEX", "0"))
+  logs.start_tensorflow()
+  try:
+    with open(os.path.join(folder, PAYLOAD), "rb") as f:
+      train_fn, args, kwargs = pickle.load(f)
+    value = train_fn(*args, **kwargs)
+    try:
+      data = pickle.dumps(value)
+    except Exception as error:  # pylint: disable=broad-except
+      raise TfdpError(f"train_fn returned a value that cannot be sent back "
+                      f"({type(error).__name__}: {error}); return plain values such as the "
+                      "metrics or a DataFrame (not the trainer or the model).") from None
+    tmp = _result_path(folder, index) + ".tmp"
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, _result_path(folder, index))
+  except TfdpError as error:
+    cli.exit_with_error("launch_notebook worker", error, code=1)
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()  # the user's own code failed: its traceback is what they need
+    cli.exit_now(1)
+  cli.exit_now(0)
+
+
+if __name__ == "__main__":
+  worker_main(sys.argv[1])
