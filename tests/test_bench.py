@@ -73,14 +73,15 @@ def test_allreduce_bandwidths_follow_the_nccl_tests_definitions(tmp_path):
   proc = run_bench(tmp_path, "--mode=allreduce", "--workers=2", "--min_bytes=4096",
                    "--max_bytes=16384", "--steps=4", "--warmup_steps=2", "--repeats=2",
                    "--pack_tensors=8", "--pack_tensor_bytes=4096", "--bytes_per_pack=0,16384",
-                   f"--tcp_bytes={64 << 20}")
+                   f"--tcp_bytes={64 << 20}", "--params_override=runtime.all_reduce_dtype=bfloat16")
   frame = read_outputs(tmp_path, proc, "allreduce", [
       "scope", "test", "n", "bytes", "bytes_per_pack", "time_us", "algbw_gbps", "busbw_gbps",
-      "tcp_gbps", "busbw_over_tcp", "implementation"])
+      "tcp_gbps", "busbw_over_tcp", "implementation", "dtype"])
   sizes = frame[frame["test"] == "size"]
   assert sorted(sizes["scope"].unique()) == ["in_process", "workers"]
-  for _, group in sizes.groupby("scope"):
-    assert group["bytes"].tolist() == [4096, 16384]
+  for _, group in sizes.groupby("scope"):  # each size also in bfloat16: half the bytes
+    assert group["bytes"].tolist() == [4096, 2048, 16384, 8192]
+    assert group["dtype"].tolist() == ["float32", "bfloat16"] * 2
   assert frame.loc[frame["scope"] == "workers", "implementation"].eq("ring").all()
   packs = frame[frame["test"] == "pack"]
   assert packs["bytes_per_pack"].tolist() == [0, 16384] and (packs["bytes"] == 8 * 4096).all()

@@ -479,7 +479,8 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                                  entry["bytes"], seconds,
                                  implementation=results[0]["implementation"],
                                  num_tensors=entry.get("num_tensors", 1),
-                                 bytes_per_pack=entry.get("bytes_per_pack", math.nan)))
+                                 bytes_per_pack=entry.get("bytes_per_pack", math.nan),
+                                 dtype=entry.get("dtype", "float32")))
   for row in rows:
     row.update(tcp_gbps=tcp_gbps, busbw_over_tcp=row["busbw_gbps"] / tcp_gbps, load_avg_1m=load,
                **info)
@@ -720,7 +721,8 @@ def train_cell(spec: dict) -> dict:
 
 
 def allreduce_cell(spec: dict) -> dict:
-  """All-reduce SUM of float32 tensors via strategy.run + the replica context, timed per size."""
+  """All-reduce SUM of float32 (and runtime.all_reduce_dtype) tensors via strategy.run + the
+  replica context, timed per size."""
   from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from tfdp import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], spec["overrides"])
@@ -742,10 +744,10 @@ def allreduce_cell(spec: dict) -> dict:
       return strategy.run(replica_fn, args=(values,))
     return all_reduce
 
-  def measure(shapes: list[int], fn) -> float:
+  def measure(shapes: list[int], fn, dtype=tf.float32) -> float:
     values = strategy.experimental_distribute_values_from_function(
-        lambda ctx: [tf.ones([k], tf.float32) for k in shapes])
-    nbytes = 4 * sum(shapes)
+        lambda ctx: [tf.ones([k], dtype) for k in shapes])
+    nbytes = dtype.size * sum(shapes)
 
     def run(ops: int):
       for _ in range(ops):
@@ -758,7 +760,12 @@ def allreduce_cell(spec: dict) -> dict:
     return statistics.median(_time_blocks(run, 0, block, repeats)) / block
 
   plain = reducer()
-  sizes = [{"bytes": s, "seconds": measure([s // 4], plain)} for s in spec["sizes"]]
+  # runtime.all_reduce_dtype=bfloat16: each size's float32 gradient also as it crosses then,
+  # the same elements in half the bytes, measured in this same run.
+  dtypes = [tf.float32] + ([tf.as_dtype(config.runtime.all_reduce_dtype)]
+                           if config.runtime.all_reduce_dtype != "float32" else [])
+  sizes = [{"bytes": s * dtype.size // 4, "dtype": dtype.name,
+            "seconds": measure([s // 4], plain, dtype)} for s in spec["sizes"] for dtype in dtypes]
   packs = []
   if spec["pack"]:
     shapes = [spec["pack_tensor_bytes"] // 4] * spec["pack_tensors"]
