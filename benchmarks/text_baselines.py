@@ -5,7 +5,7 @@
 masked_lm: the accuracy of always predicting the most frequent token (masking picks tokens
 uniformly among non-special ones, so this is that token's share of the evaluation tokens).
 text_classification: the accuracy of always predicting the most frequent class of the
-evaluation split.
+evaluation examples (speeches, passages or documents, as the config's text_unit cuts them).
 """
 import collections
 import os
@@ -34,7 +34,9 @@ def main(paths):
       print(f"{path}: most frequent token {vocab[token]!r}: accuracy {count / sum(tokens.values()):.4f} "
             f"({sum(tokens.values())} evaluation tokens)")
     else:
-      _, labels, classes = text_tasks.read_documents(config.task.eval_data)
+      source = task.build_source(config.task.eval_data)  # speeches, passages, documents
+      labels = [int(example["label"]) for example in source.read([0]).as_numpy_iterator()]
+      classes = source.info["class_names"]
       label, count = collections.Counter(labels).most_common(1)[0]
       print(f"{path}: majority class {classes[label]!r}: accuracy {count / len(labels):.4f} "
             f"({len(labels)} evaluation examples)")
