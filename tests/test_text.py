@@ -320,6 +320,30 @@ def test_pack_tokens_fixed_length_cls_first_and_no_token_lost():
   np.testing.assert_array_equal(body[:len(stream)], stream)
 
 
+def test_classification_sequences_cut_or_keep_every_token_in_passages():
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(5, 50, size=n).astype(np.int32) for n in (3, 12, 0, 5)]
+  length = 7  # pieces of 5 tokens between [CLS] and [SEP]
+
+  cut, labels = text.classification_sequences(docs, [0, 1, 2, 3], length)
+  assert cut.shape == (4, length) and cut.dtype == np.int32 and labels.tolist() == [0, 1, 2, 3]
+  np.testing.assert_array_equal(cut[1], [text.CLS_ID, *docs[1][:5], text.SEP_ID])
+  np.testing.assert_array_equal(cut[0], [text.CLS_ID, *docs[0], text.SEP_ID, 0, 0])
+  np.testing.assert_array_equal(cut[2], [text.CLS_ID, text.SEP_ID, 0, 0, 0, 0, 0])
+
+  whole, labels = text.classification_sequences(docs, [0, 1, 2, 3], length, whole=True)
+  # 3 → 1 passage, 12 → 3 (5 + 5 + 2), an empty document → 1 empty one, 5 → 1.
+  assert labels.tolist() == [0, 1, 1, 1, 2, 3] and whole.shape == (6, length)
+  assert (whole[:, 0] == text.CLS_ID).all() and ((whole == text.SEP_ID).sum(1) == 1).all()
+  for label, doc in enumerate(docs):  # every token once, in order, within its own document
+    rows = whole[labels == label]
+    body = np.concatenate([row[1:list(row).index(text.SEP_ID)] for row in rows])
+    np.testing.assert_array_equal(body, doc)
+  with pytest.raises(ConfigError) as excinfo:
+    text.classification_sequences(docs, [0, 1, 2, 3], 2)
+  assert "at least 3" in one_line_error(excinfo)
+
+
 def masked_examples(sequences, seed=1, epoch=0, vocab_size=50, **kw):
   """mask_tokens over example i = row i, in a tf.data pipeline batched by 16."""
   tf = pytest.importorskip("tensorflow")

@@ -162,3 +162,40 @@ def test_masked_lm_trains_in_mixed_precision(tmp_path, small_corpus, precision):
   assert run["info"]["step"] == 3
   assert np.isfinite(run["info"]["eval_after"]["loss"])
   assert helpers.max_relative_difference(run["final"], run["initial"]) > 0  # it applied updates
+
+
+def test_passages_are_a_plays_speeches_in_order_cut_to_the_sequence_length(tmp_path):
+  from test_text import write_play  # pylint: disable=g-import-not-at-top
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp import tasks  # pylint: disable=g-import-not-at-top
+  from tfdp import text_tasks  # pylint: disable=g-import-not-at-top
+  words = words_of_vocabulary()
+  speeches = {"comedy/a-play": [" ".join(words[i:i + 7]) for i in range(0, 70, 7)],
+              "tragedy/b-play": [" ".join(words[i:i + 3]) for i in range(100, 106, 3)]}
+  for name, spoken in speeches.items():
+    write_play(tmp_path / "plays" / f"{name}.md", spoken)
+  (tmp_path / "plays" / "tragedy" / "notes.md").write_text("no speaker lines here\n")
+  config = config_lib.load_config([], [
+      f"task.name=text_classification,task.model.name=bert,task.text.vocab_path={VOCAB},"
+      "task.text.sequence_length=32,task.model.kwargs={max_sequence_length: 32},"
+      f"task.train_data.source=text_folder,task.train_data.path={tmp_path / 'plays'},"
+      "task.train_data.split=all,task.train_data.text_unit=passage,"
+      f"task.eval_data.source=text_folder,task.eval_data.path={tmp_path / 'plays'},"
+      "task.eval_data.split=all"])
+  documents, labels, classes = text_tasks.read_documents(config.task.train_data)
+  # One document per play (a file without speeches gives none), its speeches joined in order:
+  # no speaker names, headings or stage directions.
+  assert classes == ["comedy", "tragedy"] and labels == [0, 1]
+  assert documents == [" ".join(speeches["comedy/a-play"]), " ".join(speeches["tragedy/b-play"])]
+  task = tasks.make_task(config.task)
+  examples = list(task.build_source(config.task.train_data).read([0]).as_numpy_iterator())
+  tokenizer = task.tokenizer()
+  for label, document in enumerate(documents):
+    ids = [e["token_ids"] for e in examples if e["label"] == label]
+    assert len(ids) == -(-len(tokenizer(document)) // 30)  # pieces of 30 tokens: every token
+    body = np.concatenate([row[1:list(row).index(3)] for row in ids])  # between [CLS] and [SEP]
+    np.testing.assert_array_equal(body, np.asarray(tokenizer(document)))
+  assert len(examples) > 2  # the comedy's 70 words fill more than one 32-token passage
+  with pytest.raises(Exception) as excinfo:
+    config_lib.load_config([], ["task.train_data.text_unit=passages"])
+  assert "did you mean 'passage'" in str(excinfo.value)

@@ -42,7 +42,8 @@ class DataConfig:
   split: str = "train"  # TFDS split, slicing allowed: "train[:5000]"; text: all | train | holdout
   data_dir: str = ""  # TFDS data_dir; empty: $TFDS_DATA_DIR, then ~/tensorflow_datasets
   path: str = ""  # image_folder / text_folder root, or a tfrecord / text file glob
-  text_unit: str = "document"  # text: document (a file) or speech (plays: one per speaker turn)
+  text_unit: str = "document"  # text: document (a file), speech (plays: one per speaker turn) or
+  # passage (plays: a play's speeches in order, cut into sequence_length-token passages)
   holdout: list[str] = dataclasses.field(default_factory=list)  # text: files (no extension) of
   # split holdout and left out of split train, e.g. whole plays held out for evaluation
   user_column: str = "user"  # interactions (CSV columns or TFRecord features)
@@ -459,7 +460,7 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
 def _validate_data(prefix: str, data: DataConfig) -> None:
   _check_choice(prefix + "source", data.source, DATA_SOURCES)
   _check_choice(prefix + "shard_policy", data.shard_policy, SHARD_POLICIES)
-  _check_choice(prefix + "text_unit", data.text_unit, ("document", "speech"))
+  _check_choice(prefix + "text_unit", data.text_unit, ("document", "speech", "passage"))
   if not 0.0 <= data.holdout_fraction < 1.0:
     raise ConfigError(f"config key '{prefix}holdout_fraction' must be in [0, 1), e.g. 0.1.")
   if data.source == "tfds" and not data.name:

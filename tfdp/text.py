@@ -343,6 +343,30 @@ def pack_tokens(token_ids_dataset, sequence_length: int, cls_id: int = CLS_ID,
   return pieces.filter(lambda piece: tf.size(piece) > 0).map(as_sequence)
 
 
+def classification_sequences(token_ids, labels, sequence_length: int, whole: bool = False):
+  """Documents' 1-D token ids → ([n, sequence_length] int32 `[CLS] piece [SEP]` rows padded with
+  [PAD], [n] int64 labels). A document gives its first sequence_length - 2 tokens; with whole,
+  every token, in consecutive pieces of sequence_length - 2 (passages: the last one shorter, none
+  spanning two documents, each labelled with its document's label)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  body = sequence_length - 2  # room for [CLS] and [SEP]
+  if body < 1:
+    raise ConfigError(f"sequence_length {sequence_length} leaves no room for a token between "
+                      "[CLS] and [SEP]; use at least 3.")
+  pieces, piece_labels = [], []
+  for ids, label in zip(token_ids, labels):
+    ids = np.asarray(ids, np.int32)
+    starts = range(0, max(len(ids), 1), body) if whole else [0]
+    pieces.extend(ids[start:start + body] for start in starts)
+    piece_labels.extend([label] * len(starts))
+  sequences = np.full((len(pieces), sequence_length), PAD_ID, np.int32)
+  sequences[:, 0] = CLS_ID
+  for row, piece in zip(sequences, pieces):
+    row[1:1 + len(piece)] = piece
+    row[1 + len(piece)] = SEP_ID
+  return sequences, np.asarray(piece_labels, np.int64)
+
+
 def max_predictions_for(sequence_length: int, mask_rate: float = 0.15) -> int:
   """Prediction slots that always fit mask_rate of a full sequence (BERT: 20 for 128)."""
   return max(1, math.ceil(mask_rate * sequence_length))

@@ -29,7 +29,9 @@ def vocab_path(config: TaskConfig) -> str:
 
 
 def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
-  """(documents, labels, class names) of one split: files, or speeches of plays (text_unit)."""
+  """(documents, labels, class names) of one split (text_unit): files (document), speeches of
+  plays (speech), or each play's spoken text as one document (passage: text_classification cuts
+  it into sequence_length-token passages, masked_lm packs it as it packs speeches)."""
   if data.source == "text_folder":
     paths, labels, classes = text.list_text_folder(data.path)
   else:
@@ -47,7 +49,13 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
     if not keep(name):
       continue
     content = text.read_text_file(path)
-    pieces = text.split_speeches(content) if data.text_unit == "speech" else [content]
+    if data.text_unit == "speech":
+      pieces = text.split_speeches(content)
+    elif data.text_unit == "passage":
+      spoken = " ".join(text.split_speeches(content))
+      pieces = [spoken] if spoken else []
+    else:
+      pieces = [content]
     documents.extend(pieces)
     document_labels.extend([label] * len(pieces))
   if not documents:
@@ -176,26 +184,22 @@ class MaskedLMTask(_BertTask):
 
 @tasks.register_task("text_classification")
 class TextClassificationTask(_BertTask):
-  """Which class a text belongs to (e.g. the genre of a Shakespeare speech): the BERT encoder's
-  [CLS] output, dropout, a dense head. Texts are cut to sequence_length tokens."""
+  """Which class a text belongs to (e.g. the genre of a Shakespeare speech or passage): the BERT
+  encoder's [CLS] output, dropout, a dense head. Texts are cut to sequence_length tokens; with
+  text_unit passage every token of a play is classified, in consecutive passages."""
 
   metric_names = ("loss", "accuracy")
 
   def build_source(self, data):
-    import numpy as np  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
     documents, labels, classes = read_documents(data)
-    length = self.config.text.sequence_length
     tokenized = tf.data.Dataset.from_tensor_slices(documents).map(self.tokenizer())
-    sequences = np.full((len(documents), length), text.PAD_ID, np.int32)
-    sequences[:, 0] = text.CLS_ID
-    for row, piece in zip(sequences, tokenized.as_numpy_iterator()):
-      piece = piece[:length - 2]  # room for [CLS] and [SEP]
-      row[1:1 + len(piece)] = piece
-      row[1 + len(piece)] = text.SEP_ID
+    sequences, labels = text.classification_sequences(
+        tokenized.as_numpy_iterator(), labels, self.config.text.sequence_length,
+        whole=data.text_unit == "passage")
     read = lambda files: tf.data.Dataset.from_tensor_slices(
-        {"token_ids": sequences, "label": np.asarray(labels, np.int64)})
+        {"token_ids": sequences, "label": labels})
     return data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),
                            info={"class_names": classes})
 
