@@ -85,3 +85,37 @@ def test_an_unknown_task_name_is_one_line_naming_the_known_ones():
   with pytest.raises(config_lib.ConfigError, match="task.name.*image_classification") as error:
     config_lib.load_config([], ["task.name=imag_classification"])
   assert "\n" not in str(error.value) and "did you mean 'image_classification'" in str(error.value)
+
+
+def test_precise_batchnorm_is_the_average_of_batch_statistics_and_leaves_training_alone(tmp_path):
+  """trainer.precise_bn_batches: each BatchNorm layer's moving mean/variance become the average
+  of the mean/variance of its input over K training batches, with the weights frozen."""
+  import keras  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [
+      "task.model.name=small_cnn,task.train_data.source=synthetic,task.train_data.num_examples=96,"
+      "task.train_data.image_size=8,task.train_data.num_classes=3,task.train_data.augment=true,"
+      "trainer.global_batch_size=16,trainer.epochs=1,runtime.strategy=default"])
+  exp = experiment.build(config, str(tmp_path), "train", verbose=False)
+  trainer = exp.trainer
+  layers = trainer.batchnorm_layers()
+  assert len(layers) >= 2
+  weights = [np.asarray(w) for w in trainer.model.trainable_weights]
+  inputs_of = keras.Model(trainer.model.inputs, [layer.input for layer in layers])
+  expected = [[[], []] for _ in layers]
+  batches = iter(exp.train_dataset(0))
+  for _ in range(3):
+    activations = inputs_of(exp.task.model_inputs(next(batches)), training=True)
+    for (means, variances), x in zip(expected, activations):
+      x = np.asarray(x, np.float64)
+      means.append(x.mean(axis=(0, 1, 2)))
+      variances.append(x.var(axis=(0, 1, 2)))
+  momenta = [layer.momentum for layer in layers]
+  assert trainer.precise_batchnorm(exp.train_dataset(0), 3) == 3
+  for layer, (means, variances) in zip(layers, expected):
+    np.testing.assert_allclose(np.asarray(layer.moving_mean), np.mean(means, axis=0), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(layer.moving_variance), np.mean(variances, axis=0),
+                               rtol=1e-3, atol=1e-5)
+  assert [layer.momentum for layer in layers] == momenta  # training's momentum is back
+  assert all(np.array_equal(w, np.asarray(v)) for w, v in zip(weights, trainer.model.trainable_weights))
+  assert trainer.global_step == 0

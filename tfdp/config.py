@@ -150,6 +150,9 @@ class TrainerConfig:
   checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
   max_checkpoints: int = 3
   export_model: bool = True
+  precise_bn_batches: int = 0  # >0: before each evaluation (and at the end), BatchNorm's moving
+  # statistics are recomputed as the average over this many training batches with the weights
+  # frozen, across replicas and workers (PreciseBN); 0 keeps the moving averages
   stop_on_nan: bool = True  # a non-finite loss or metric stops the run, keeping the last good
   # checkpoint (no weights are saved after it)
   seed: int = 42
@@ -520,6 +523,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
   _check_positive("trainer.checkpoint_every_steps", trainer.checkpoint_every_steps, allow_zero=True)
   _check_positive("trainer.max_checkpoints", trainer.max_checkpoints)
+  _check_positive("trainer.precise_bn_batches", trainer.precise_bn_batches, allow_zero=True)
   _check_choice("trainer.optimizer.name", trainer.optimizer.name, OPTIMIZERS)
   _check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
   for key in ("momentum", "beta_1", "beta_2"):

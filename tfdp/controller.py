@@ -137,6 +137,17 @@ class Controller:
       for name, value in {**sums.values(), **extra}.items():
         tf.summary.scalar(name, value)
 
+  def _precise_batchnorm_if_due(self, epoch: int, step: int) -> None:
+    """Before an evaluation, and at the end (the checkpoint and export carry them)."""
+    is_last = step >= self.trainer.total_steps
+    eval_due = self.eval_dataset is not None and (epoch + 1) % self.cfg.eval_every_epochs == 0
+    if self.cfg.precise_bn_batches and (eval_due or is_last):
+      # Never the epoch's last batch: it may be padded with weight-0 examples.
+      batches = min(self.cfg.precise_bn_batches, max(1, self.trainer.steps_per_epoch - 1))
+      used = self.trainer.precise_batchnorm(self.train_dataset_fn(0), batches)
+      if used:
+        logging.info("precise BatchNorm: statistics of %d training batches", used)
+
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     is_last = step >= self.trainer.total_steps
     if self.eval_dataset is None or not ((epoch + 1) % self.cfg.eval_every_epochs == 0 or is_last):
@@ -207,6 +218,7 @@ class Controller:
                "learning_rate": float(trainer.schedule(step - 1)),
                "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
+        self._precise_batchnorm_if_due(epoch, step)
         self._evaluate_if_due(epoch, step, row)
         row["wall_time"] = time.time()
         outputs.append_metrics(trainer.write_plan, row)

@@ -12,6 +12,7 @@ import re
 import sys
 
 from absl import logging
+import numpy as np
 import keras
 import tensorflow as tf
 
@@ -322,6 +323,64 @@ class Trainer:
   def save(self) -> None:
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     self.manager.save(checkpoint_number=self.global_step)
+
+  # ---- precise BatchNorm statistics -----------------------------------------------------------
+
+  def batchnorm_layers(self) -> list:
+    found, stack = [], [self.model]
+    while stack:
+      layer = stack.pop()
+      if isinstance(layer, keras.layers.BatchNormalization):
+        found.append(layer)
+      stack.extend(getattr(layer, "layers", []))
+    return found
+
+  def precise_batchnorm(self, dataset, num_batches: int) -> int:
+    """PreciseBN (pycls, Detectron2): replaces BatchNorm's moving statistics, which lag the
+    weights in short runs (momentum 0.99 keeps 0.99^k of the initial values after k steps), by
+    their average over `num_batches` training batches run with the weights frozen, averaged
+    across replicas and workers. `dataset` is a distributed training dataset of its own (the
+    training iterator, and so the data order, is left alone). Returns the batches used."""
+    layers = self.batchnorm_layers()
+    if not layers or num_batches <= 0:
+      return 0
+    stats = [v for layer in layers for v in (layer.moving_mean, layer.moving_variance)]
+    strategy = self.strategy
+    if getattr(self, "_batch_statistics_step", None) is None:
+      @tf.function
+      def batch_statistics_step(iterator):
+        def replica_fn(batch):
+          self.model(self.task.model_inputs(batch), training=True)  # momentum 0: the batch's own
+          compat.average_across_replicas(stats)  # statistics, averaged over every replica
+        strategy.run(replica_fn, args=(next(iterator),))
+      self._batch_statistics_step = batch_statistics_step
+    momenta = [layer.momentum for layer in layers]
+    kept = [np.asarray(v) for v in stats]
+    totals = [np.zeros_like(k, dtype=np.float64) for k in kept]
+    iterator = iter(dataset)
+    try:
+      for layer in layers:  # read when the step is traced (Keras 3 keeps it as a Python float)
+        layer.momentum = 0.0
+      for _ in range(num_batches):
+        self._batch_statistics_step(iterator)
+        for total, variable in zip(totals, stats):
+          total += np.asarray(variable)
+    except Exception:
+      self._set_replica_values(stats, kept)  # a failed pass must not leave one batch's statistics
+      raise
+    finally:
+      for layer, momentum in zip(layers, momenta):
+        layer.momentum = momentum
+    self._set_replica_values(stats, [(t / num_batches).astype(k.dtype) for t, k in zip(totals, kept)])
+    return num_batches
+
+  def _set_replica_values(self, variables, values) -> None:
+    constants = [tf.constant(v) for v in values]
+
+    @tf.function
+    def assign_everywhere():  # every replica's own copy (BatchNorm statistics are per replica)
+      self.strategy.run(lambda: [v.assign(c) for v, c in zip(variables, constants)])
+    assign_everywhere()
 
   # ---- public loops: the outer loop that calls them is tfdp.controller.Controller --------------------------------------------------------------------------
 
