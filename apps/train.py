@@ -36,6 +36,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  cli.guard_output_pipes()  # under tfdp-launch, the launcher may die before we do
   if len(argv) > 1:
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
   config_files = [cli.find_config(p) for p in (FLAGS.config_file or [DEFAULT_CONFIG])]

@@ -56,3 +56,45 @@ def define_tf_log_level_flag() -> None:
   flags.DEFINE_enum("tf_log_level", None, list(logs.TF_LOG_LEVELS),
                     "TensorFlow's own log lines (C++ start-up, CUDA probe, tf.distribute INFO). "
                     "Default: TF_CPP_MIN_LOG_LEVEL if set, else off.")
+
+
+class OrphanSafeStream:
+  """stdout/stderr of a worker whose launcher died: the pipe has no reader, and a progress line
+  written before the SIGTERM handler runs would raise BrokenPipeError in the middle of training,
+  skipping the checkpoint that SIGTERM asks for. The first such write points the stream at
+  /dev/null instead."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _to_devnull(self) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, self._stream.fileno())
+    os.close(devnull)
+
+  def write(self, text):
+    try:
+      return self._stream.write(text)
+    except BrokenPipeError:
+      self._to_devnull()
+      return len(text)
+
+  def flush(self):
+    try:
+      self._stream.flush()
+    except BrokenPipeError:
+      self._to_devnull()
+      try:
+        self._stream.flush()  # the buffered text now goes to /dev/null
+      except OSError:
+        pass
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def guard_output_pipes() -> None:
+  if not isinstance(sys.stdout, OrphanSafeStream):
+    sys.stdout = OrphanSafeStream(sys.stdout)
+  if not isinstance(sys.stderr, OrphanSafeStream):
+    sys.stderr = OrphanSafeStream(sys.stderr)
