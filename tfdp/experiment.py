@@ -159,7 +159,6 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   if verbose:  # one line per process: under the launcher every worker's is prefixed
     print(cluster_lib.summary_line(cluster, replicas,
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
-  logging.info("%s", strategy_lib.describe(plan, replicas))
 
   task = tasks.make_task(config.task, max(cluster.rank, 0), max(cluster.num_workers, 1))
   data_cfg, trainer_cfg = config.task, config.trainer

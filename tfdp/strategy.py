@@ -165,8 +165,6 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   local = [f"/cpu:{i}" for i in range(num_cpus)]
   local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
   plan = plan_strategy(runtime, cluster, local)
-  if plan.reason:
-    logging.info("strategy: %s", plan.reason)
   if plan.kind == "multi_worker_mirrored":
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
@@ -186,13 +184,15 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
     strategy = tf.distribute.OneDeviceStrategy(plan.devices[0])
   else:
     strategy = tf.distribute.get_strategy()
+  logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
   return strategy, plan
 
 
 def describe(plan: StrategyPlan, num_replicas: int) -> str:
   reduce = plan.cross_device_ops or plan.all_reduce or "none"
-  return f"strategy={plan.kind} replicas={num_replicas} devices={list(plan.devices) or 'default'} " \
-         f"all_reduce={reduce}"
+  why = f" ({plan.reason})" if plan.reason else ""
+  return (f"strategy={plan.kind} replicas={num_replicas} devices={list(plan.devices) or 'default'} "
+          f"all_reduce={reduce}{why}")
 
 
 def worker_plan(plan: StrategyPlan, local_replicas: int, config_digest: str) -> dict:
