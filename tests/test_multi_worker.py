@@ -75,19 +75,26 @@ def workers_of(launcher):
           for p in psutil.Process(launcher.pid).children() if p.is_running()}
 
 
-def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
+def probe_two_workers_and_one_process(tmp_path, worker_overrides):
+  """The probe on 2 worker processes (with `worker_overrides`) and in one process with 2 logical
+  replicas (EQUIVALENCE): (worker 0, worker 1, one process, the launcher's output)."""
   for name in ("mw", "one", "tmp"):
     (tmp_path / name).mkdir()
   proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
-                                      EQUIVALENCE, str(tmp_path / "mw"), "train"], TMPDIR=tmp_path / "tmp")
+                                      worker_overrides, str(tmp_path / "mw"), "train"],
+                TMPDIR=tmp_path / "tmp")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
   single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), EQUIVALENCE,
                            str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
                           text=True, timeout=300)
   assert single.returncode == 0, single.stderr[-3000:]
-  w0, w1 = helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1)
-  one = helpers.load_probe(tmp_path / "one")
+  return (helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1),
+          helpers.load_probe(tmp_path / "one"), out)
+
+
+def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
+  w0, w1, one, out = probe_two_workers_and_one_process(tmp_path, EQUIVALENCE)
   assert helpers.max_relative_difference(one["final"], one["initial"]) > 0.1  # they trained
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
@@ -102,19 +109,8 @@ def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path
 def test_bfloat16_all_reduce_over_the_ring_between_worker_processes(tmp_path):
   """The collective ring carries bfloat16 gradients between real worker processes: the workers
   agree bitwise and stay close to (but not on) the float32 trajectory of one process."""
-  for name in ("mw", "one", "tmp"):
-    (tmp_path / name).mkdir()
-  halved = f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16"
-  proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
-                                      halved, str(tmp_path / "mw"), "train"], TMPDIR=tmp_path / "tmp")
-  out, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 0, out[-3000:]
-  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), EQUIVALENCE,
-                           str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
-                          text=True, timeout=300)
-  assert single.returncode == 0, single.stderr[-3000:]
-  w0, w1 = helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1)
-  exact = helpers.load_probe(tmp_path / "one")
+  w0, w1, exact, _ = probe_two_workers_and_one_process(
+      tmp_path, f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16")
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert 1e-6 < helpers.max_relative_difference(w0["final"], exact["final"]) < 0.05
 

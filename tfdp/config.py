@@ -202,6 +202,11 @@ def short_repr(value: Any, limit: int = 80) -> str:
   return shortener.repr(value)[:limit * 2]
 
 
+def _too_deep(where: str) -> ConfigError:
+  return ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config is a "
+                     "few levels (task.model.kwargs...): flatten it.")
+
+
 def check_nesting(data: Any, where: str) -> None:
   """Rejects data nested deeper than MAX_NESTING; walks each shared node once (YAML aliases
   can make a small file a huge tree)."""
@@ -212,8 +217,7 @@ def check_nesting(data: Any, where: str) -> None:
     if not isinstance(node, (dict, list, tuple)) or id(node) in seen:
       continue
     if depth > MAX_NESTING:
-      raise ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config "
-                        "is a few levels (task.model.kwargs...): flatten it.")
+      raise _too_deep(where)
     seen.add(id(node))
     children = node.values() if isinstance(node, dict) else node
     stack.extend((child, depth + 1) for child in children)
@@ -391,8 +395,7 @@ def _safe_load(text: str, where: str) -> Any:
     raise ConfigError(f"{where} is not valid YAML{at} ({short_repr(str(e).splitlines()[0])}); "
                       "fix its syntax.") from None
   except RecursionError:
-    raise ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config is "
-                      "a few levels (task.model.kwargs...): flatten it.") from None
+    raise _too_deep(where) from None
 
 
 def load_yaml(path: str) -> dict:

@@ -3,7 +3,6 @@ The compiled inner loops, checkpoints and the model are the Trainer's; this know
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 
@@ -23,15 +22,6 @@ def memory_mb() -> dict:
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def quiet_orphaned_output() -> None:
-  """Points stdout and stderr at /dev/null: writing to a dead reader's pipe raises
-  BrokenPipeError wherever the next progress line happens to be written."""
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  for fd in (1, 2):
-    os.dup2(devnull, fd)
-  os.close(devnull)
-
-
 class StopRequest:
   """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
   checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
@@ -42,7 +32,6 @@ class StopRequest:
   def __init__(self, enabled: bool):
     self.signum = 0
     self._previous = {}
-    self._parent = os.getppid()
     if enabled:
       for signum in self.SIGNALS:
         try:
@@ -56,8 +45,6 @@ class StopRequest:
 
   def _handle(self, signum, frame):
     del frame
-    if os.getppid() != self._parent:  # our launcher died (PR_SET_PDEATHSIG): its pipes are gone,
-      quiet_orphaned_output()  # and a write to them must not stop the checkpoint being saved
     if signum == signal.SIGINT and self.signum == signal.SIGINT:
       raise KeyboardInterrupt
     self.signum = self.signum or signum
@@ -137,11 +124,15 @@ class Controller:
       for name, value in {**sums.values(), **extra}.items():
         tf.summary.scalar(name, value)
 
+  def _eval_due(self, epoch: int, step: int) -> bool:
+    is_last = step >= self.trainer.total_steps
+    return self.eval_dataset is not None and ((epoch + 1) % self.cfg.eval_every_epochs == 0
+                                              or is_last)
+
   def _precise_batchnorm_if_due(self, epoch: int, step: int) -> None:
     """Before an evaluation, and at the end (the checkpoint and export carry them)."""
     is_last = step >= self.trainer.total_steps
-    eval_due = self.eval_dataset is not None and (epoch + 1) % self.cfg.eval_every_epochs == 0
-    if self.cfg.precise_bn_batches and (eval_due or is_last):
+    if self.cfg.precise_bn_batches and (self._eval_due(epoch, step) or is_last):
       # Never the epoch's last batch: it may be padded with weight-0 examples.
       batches = min(self.cfg.precise_bn_batches, max(1, self.trainer.steps_per_epoch - 1))
       used = self.trainer.precise_batchnorm(self.train_dataset_fn(0), batches)
@@ -149,8 +140,7 @@ class Controller:
         logging.info("precise BatchNorm: statistics of %d training batches", used)
 
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
-    is_last = step >= self.trainer.total_steps
-    if self.eval_dataset is None or not ((epoch + 1) % self.cfg.eval_every_epochs == 0 or is_last):
+    if not self._eval_due(epoch, step):
       return
     result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
     row.update({f"eval_{name}": value for name, value in result.values().items()},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from typing import Any
 
 from absl import logging
@@ -31,8 +30,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     raise ClusterError("TF_CONFIG makes this task an evaluator, but tfdp has no side-car "
                        "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
                        "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
-  if not model_dir:
-    raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
+  model_dir = outputs.resolve_model_dir(model_dir)
   resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
   if mode == "eval" and resume_from is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
@@ -46,9 +44,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   replicas = config_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:
     config_lib.check_batch_divides(config, replicas)
-  if cluster.is_chief:
-    return outputs.prepare_model_dir(model_dir)
-  return os.path.abspath(os.path.expanduser(model_dir))
+  return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
 
 
 @dataclasses.dataclass

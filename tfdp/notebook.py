@@ -66,6 +66,7 @@ def worker_main(folder: str) -> None:
   """One worker: runs the payload, writes its return value, and leaves without destructors (as
   the apps do: a finished tf.data iterator can stall its destructor; see tfdp.api.fit)."""
   from tfdp import cli, logs  # pylint: disable=g-import-not-at-top
+  cli.guard_output_pipes()  # the notebook (the launcher) may go away before this worker does
   index = int(os.environ.get("TFDP_WORKER_INDEX", "0"))
   logs.start_tensorflow()
   try:

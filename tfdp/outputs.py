@@ -20,12 +20,16 @@ CHECKPOINT_DIR = "checkpoints"
 EXPORT_FILE = "model.keras"
 
 
-def prepare_model_dir(model_dir: str) -> str:
-  """Proves model_dir can be created and written, creating and touching nothing: a start that
-  fails a later check leaves the file system as it was (create_model_dir makes it)."""
+def resolve_model_dir(model_dir: str) -> str:
+  """--model_dir as an absolute path (the same folder for every process, whatever its cwd)."""
   if not model_dir:
     raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
-  model_dir = os.path.abspath(os.path.expanduser(model_dir))
+  return os.path.abspath(os.path.expanduser(model_dir))
+
+
+def prepare_model_dir(model_dir: str) -> str:
+  """Proves a resolved model_dir can be created and written, creating and touching nothing: a
+  start that fails a later check leaves the file system as it was (create_model_dir makes it)."""
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
   existing = model_dir
@@ -56,10 +60,10 @@ START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier r
 
 
 def latest_checkpoint(model_dir: str) -> str | None:
-  """The checkpoint a run in model_dir resumes from, or None for a fresh model_dir. Reads
+  """The checkpoint a run in (resolved) model_dir resumes from, or None for a fresh model_dir. Reads
   TensorFlow's `checkpoint` state file itself: tf.train.latest_checkpoint takes an unreadable
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
-  directory = os.path.join(os.path.abspath(os.path.expanduser(model_dir)), CHECKPOINT_DIR)
+  directory = os.path.join(model_dir, CHECKPOINT_DIR)
   state = os.path.join(directory, "checkpoint")
   indexes = sorted(glob.glob(os.path.join(directory, "*.index")))
   if not os.path.exists(state):
@@ -78,12 +82,11 @@ def latest_checkpoint(model_dir: str) -> str | None:
     raise OutputError(f"checkpoint state '{state}' is not a TensorFlow checkpoint state (no "
                       f"model_checkpoint_path line); {START_OVER_HINT}.")
   prefix = os.path.join(directory, match.group(1))
-  missing = [p for p in (f"{prefix}.index",) if not os.path.isfile(p)]
-  if not glob.glob(glob.escape(prefix) + ".data-*"):
-    missing.append(f"{prefix}.data-*")
+  missing = (f"{prefix}.index" if not os.path.isfile(f"{prefix}.index")
+             else f"{prefix}.data-*" if not glob.glob(glob.escape(prefix) + ".data-*") else None)
   if missing:
     raise OutputError(f"checkpoint state '{state}' names '{match.group(1)}' but "
-                      f"'{missing[0]}' is missing; {START_OVER_HINT}.")
+                      f"'{missing}' is missing; {START_OVER_HINT}.")
   return prefix
 
 
