@@ -100,8 +100,10 @@ PROBE = str(SCRIPTS / "probe.py")
 def load_probe(out_dir: Path, rank: int = 0) -> dict:
   """What tests/scripts/probe.py wrote for one worker."""
   import json  # pylint: disable=g-import-not-at-top
+  ema = out_dir / f"ema-{rank}.npz"
   return {"initial": dict(np.load(out_dir / f"initial-{rank}.npz")),
           "final": dict(np.load(out_dir / f"final-{rank}.npz")),
+          "ema": dict(np.load(ema)) if ema.exists() else None,
           "copies": json.loads((out_dir / f"copies-{rank}.json").read_text()),
           "info": json.loads((out_dir / f"info-{rank}.json").read_text())}
 

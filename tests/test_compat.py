@@ -112,3 +112,48 @@ def test_optimizer_all_reduce_is_skipped_after_tfdp_reduced():
     return json.loads(proc.stdout.strip().splitlines()[-1])
   assert weights("upstream") == [[-4.0, -4.0]] * 2  # reduced twice: 2 replicas x 2
   assert weights("fixed") == [[-2.0, -2.0]] * 2  # the sum of the two replicas' gradients, once
+
+
+EMA_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from tfdp import compat
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False,
+                                                                     kernel_initializer="ones")])
+      optimizer = keras.optimizers.SGD(0.5, use_ema=True, ema_momentum=0.5)
+      optimizer.build(model.trainable_variables)
+    assert compat.weight_averages(keras.optimizers.SGD(0.1)) == []
+    @tf.function
+    def step():  # in replica context, as tfdp's loop applies gradients
+      strategy.run(lambda: optimizer.apply_gradients(
+          [(tf.ones((2, 1)), v) for v in model.trainable_variables]))
+    seen = []
+    for _ in range(3):
+      step()
+      seen.append(float(model.trainable_variables[0].numpy()[0, 0]))
+    average = compat.weight_averages(optimizer)[0]
+    copies = [float(np.asarray(c)[0, 0]) for c in average.value.values]
+    print(json.dumps({"weights": seen, "average_copies": copies}))
+""")
+
+
+def test_the_optimizer_weight_average_is_read_and_kept_on_every_replica():
+  """keras-team/keras#18949: Keras 3 keeps the EMA of the weights inside the optimizer with no
+  public accessor; compat.weight_averages reads it, and under MirroredStrategy (updated in
+  replica context) every replica's copy follows avg = 0.5 avg + 0.5 w, from avg = w after step 1."""
+  proc = subprocess.run([sys.executable, "-c", EMA_SCRIPT], capture_output=True, text=True,
+                        env=helpers.env(), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  weights = result["weights"]
+  assert weights[0] != weights[1] != weights[2]  # they trained (2 replicas' gradients summed)
+  expected = weights[0]
+  for w in weights[1:]:
+    expected = 0.5 * expected + 0.5 * w
+  assert result["average_copies"] == [expected, expected]

@@ -43,6 +43,11 @@ def test_dump_round_trips():
 
 @pytest.mark.parametrize("override, words", [
     ("trainer.epoch=3", ["trainer.epoch", "trainer.epochs"]),
+    ("trainer.ema_decay=1", ["trainer.ema_decay", "[0, 1)"]),
+    ("trainer.ema_decay=-0.5", ["trainer.ema_decay", "[0, 1)"]),
+    ("task.name=masked_lm,task.eval_flip=true", ["task.eval_flip", "masked_lm", "eval_flip=false"]),
+    ("task.train_data.crop_padding=-2", ["task.train_data.crop_padding", ">= 0"]),
+    ("runtime.mixed_precision=bf16", ["runtime.mixed_precision", "auto"]),
     ("runtime.nope=1", ["runtime.nope"]),
     ("trainer.epochs=three", ["trainer.epochs", "whole number"]),
     ("trainer.epochs=-1", ["trainer.epochs", ">= 0"]),

@@ -75,9 +75,9 @@ def workers_of(launcher):
           for p in psutil.Process(launcher.pid).children() if p.is_running()}
 
 
-def probe_two_workers_and_one_process(tmp_path, worker_overrides):
+def probe_two_workers_and_one_process(tmp_path, worker_overrides, single_overrides=EQUIVALENCE):
   """The probe on 2 worker processes (with `worker_overrides`) and in one process with 2 logical
-  replicas (EQUIVALENCE): (worker 0, worker 1, one process, the launcher's output)."""
+  replicas (`single_overrides`): (worker 0, worker 1, one process, the launcher's output)."""
   for name in ("mw", "one", "tmp"):
     (tmp_path / name).mkdir()
   proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
@@ -85,7 +85,7 @@ def probe_two_workers_and_one_process(tmp_path, worker_overrides):
                 TMPDIR=tmp_path / "tmp")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
-  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), EQUIVALENCE,
+  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), single_overrides,
                            str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
                           text=True, timeout=300)
   assert single.returncode == 0, single.stderr[-3000:]
@@ -113,6 +113,28 @@ def test_bfloat16_all_reduce_over_the_ring_between_worker_processes(tmp_path):
       tmp_path, f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16")
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert 1e-6 < helpers.max_relative_difference(w0["final"], exact["final"]) < 0.05
+
+
+def test_gradients_packed_in_backward_order_give_the_same_training(tmp_path):
+  """runtime.all_reduce_order=backward with small packs: the ring reduces the last layer's
+  gradients first, in several packs, and every gradient still reaches its own variable."""
+  w0, w1, one, _ = probe_two_workers_and_one_process(
+      tmp_path, f"{EQUIVALENCE},runtime.all_reduce_order=backward,runtime.bytes_per_pack=1024")
+  assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
+  assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
+
+
+def test_the_weight_average_is_the_same_on_every_worker_and_in_one_process(tmp_path):
+  """trainer.ema_decay (Keras's optimizer EMA, updated in replica context) under
+  MultiWorkerMirroredStrategy: both workers keep the same average, equal to the one a single
+  process with 2 replicas keeps, and it is not the weights themselves."""
+  with_ema = f"{EQUIVALENCE},trainer.ema_decay=0.8"
+  w0, w1, one, _ = probe_two_workers_and_one_process(tmp_path, with_ema, with_ema)
+  assert w0["ema"] is not None and sorted(w0["ema"]) == sorted(one["ema"])
+  assert all(np.array_equal(w0["ema"][k], w1["ema"][k]) for k in w0["ema"])
+  assert helpers.max_relative_difference(w0["ema"], one["ema"]) <= 1e-5
+  trained = {k: w0["final"][k] for k in w0["ema"]}
+  assert helpers.max_relative_difference(w0["ema"], trained) > 1e-3
 
 
 def test_workers_started_with_different_configs_refuse_before_training(tmp_path):

@@ -108,3 +108,33 @@ def test_workers_that_disagree_are_refused_naming_worker_and_field(other, field)
   with pytest.raises(ConfigError, match=rf"worker 2 has {field}=") as error:
     strategy_lib.check_workers_agree([PLAN, dict(PLAN), other])
   assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("requested, gpus, flags, expected", [
+    ("auto", [(8, 0), (8, 0)], [], "mixed_float16"),  # tensor cores on every GPU
+    ("auto", [(8, 0), (6, 1)], ["avx512_bf16"], "float32"),  # one GPU without: not the CPU's
+    ("auto", [], ["avx512f", "avx512_bf16"], "mixed_bfloat16"),
+    ("auto", [], ["amx_bf16"], "mixed_bfloat16"),
+    ("auto", [], ["avx512f", "avx2"], "float32"),
+    ("float32", [(8, 0)], ["avx512_bf16"], "float32"),  # an explicit choice is kept
+    ("mixed_bfloat16", [], [], "mixed_bfloat16"),
+])
+def test_auto_precision_by_gpu_tensor_cores_and_cpu_bfloat16(requested, gpus, flags, expected):
+  policy, reason = strategy_lib.choose_precision(requested, gpus, flags)
+  assert policy == expected
+  assert bool(reason) == (requested == "auto")
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\nprocessor\t: 1\n")
+  assert strategy_lib.cpu_flags(str(cpuinfo)) == ["fpu", "avx512f", "avx512_bf16"]
+  assert strategy_lib.cpu_flags(str(tmp_path / "absent")) == []
+
+
+def test_workers_must_agree_on_the_decided_precision():
+  plans = [strategy_lib.worker_plan(strategy_lib.StrategyPlan("multi_worker_mirrored",
+                                                              precision=p), 1, "x")
+           for p in ("mixed_bfloat16", "float32")]
+  with pytest.raises(ConfigError, match="worker 1 has precision='float32'"):
+    strategy_lib.check_workers_agree(plans)

@@ -1,5 +1,6 @@
 """The trainer knows no workload: a tiny regression task made for this test trains, evaluates
 and writes its own named metrics, each divided by its own denominator."""
+import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
@@ -81,6 +82,55 @@ def test_a_task_made_for_tests_trains_and_reports_its_own_metrics(tmp_path):
   assert 0 < large.sum() < 37  # a denominator of its own
 
 
+TOY_EMA = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_data.num_examples=37,"
+           "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.steps_per_loop=1,"
+           "trainer.optimizer.weight_decay=0,trainer.learning_rate.base_lr=0.05,"
+           "trainer.learning_rate.base_batch_size=16,trainer.ema_decay=0.6,runtime.strategy=default")
+
+
+def test_the_weight_average_is_evaluated_exported_and_checkpointed_while_training_goes_on(tmp_path):
+  """trainer.ema_decay: evaluation, `--mode=eval` and the exported model see the moving average
+  of the weights; training continues from the weights themselves; the checkpoint carries both."""
+  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [TOY_EMA + ",trainer.epochs=1"])
+  exp = experiment.build(config, str(tmp_path / "run"), "train_and_eval", verbose=False)
+  trainer, seen = exp.trainer, []
+  iterator = iter(exp.train_dataset(0))
+  for _ in range(4):
+    trainer.run_steps(iterator, 1)
+    seen.append([np.asarray(w) for w in trainer.model.trainable_weights])
+  expected = seen[0]
+  for weights in seen[1:]:
+    expected = [0.6 * e + 0.4 * w for e, w in zip(expected, weights)]
+  averages = [np.asarray(a) for a in compat.weight_averages(trainer.optimizer)]
+  for a, e in zip(averages, expected):
+    np.testing.assert_allclose(a, e, rtol=1e-5)
+  assert not np.allclose(averages[0], seen[-1][0])
+
+  def evaluation_of(weights):
+    x, y = toy_examples(37, seed=1)
+    return float(np.mean(((x @ weights[0])[:, 0] + weights[1][0] - y) ** 2))
+  assert exp.evaluate().value("loss") == pytest.approx(evaluation_of(averages), rel=1e-4)
+  assert all(np.array_equal(w, np.asarray(v))  # the weights are back after the evaluation
+             for w, v in zip(seen[-1], trainer.model.trainable_weights))
+
+  trainer.save()
+  again = experiment.build(config, str(tmp_path / "run"), "eval", verbose=False)
+  assert again.trainer.global_step == 4
+  for a, b in zip(compat.weight_averages(again.trainer.optimizer), averages):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  assert again.evaluate().value("loss") == pytest.approx(evaluation_of(averages), rel=1e-4)
+
+  result = experiment.run(config_lib.load_config([], [TOY_EMA + ",trainer.epochs=2"]),
+                          str(tmp_path / "full"), verbose=False)
+  import keras  # pylint: disable=g-import-not-at-top
+  exported = keras.models.load_model(result["exported"])
+  x, _ = toy_examples(5, seed=3)
+  final_averages = [np.asarray(a) for a in compat.weight_averages(result["trainer"].optimizer)]
+  np.testing.assert_allclose(np.asarray(exported(x))[:, 0],
+                             (x @ final_averages[0])[:, 0] + final_averages[1][0], rtol=1e-5)
+
+
 def test_an_unknown_task_name_is_one_line_naming_the_known_ones():
   with pytest.raises(config_lib.ConfigError, match="task.name.*image_classification") as error:
     config_lib.load_config([], ["task.name=imag_classification"])
@@ -119,3 +169,39 @@ def test_precise_batchnorm_is_the_average_of_batch_statistics_and_leaves_trainin
   assert [layer.momentum for layer in layers] == momenta  # training's momentum is back
   assert all(np.array_equal(w, np.asarray(v)) for w, v in zip(weights, trainer.model.trainable_weights))
   assert trainer.global_step == 0
+
+
+def image_task(**task_overrides):
+  config = config_lib.load_config([], [",".join(f"task.{k}={v}" for k, v in task_overrides.items())])
+  return tasks.make_task(config.task), config.task
+
+
+def test_eval_flip_averages_the_logits_of_each_image_and_its_mirror():
+  import keras  # pylint: disable=g-import-not-at-top
+  images = tf.random.stateless_uniform((3, 4, 5, 2), seed=(1, 2))
+  model = keras.Sequential([keras.Input((4, 5, 2)), keras.layers.Flatten(), keras.layers.Dense(3)])
+  batch = {"image": images}
+  plain, _ = image_task()
+  np.testing.assert_array_equal(plain.eval_outputs(model, batch), model(images))
+  flip, _ = image_task(eval_flip="true")
+  mirrored = images.numpy()[:, :, ::-1, :]  # left-right: the width axis
+  expected = (np.asarray(model(images)) + np.asarray(model(mirrored))) / 2
+  np.testing.assert_allclose(flip.eval_outputs(model, batch), expected, rtol=1e-6)
+  assert not np.allclose(expected, model(images))  # the model is not mirror-symmetric
+
+
+def test_crop_padding_bounds_the_random_shift_of_augmentation():
+  image = tf.cast(tf.reshape(tf.range(8 * 8 * 3), (8, 8, 3)), tf.uint8)
+  example = {"image": image, "label": tf.constant(1, tf.int64)}
+
+  def augmented(padding):
+    task, config = image_task(**{"train_data.augment": "true", "train_data.crop_padding": padding})
+    data = dataclasses.replace(config.train_data, mean=[0.0] * 3, std=[1 / 255] * 3)
+    return [np.asarray(task.preprocess(example, data, True, tf.constant([seed, 0]))["image"])
+            for seed in range(12)]
+  originals = (np.asarray(image, np.float32), np.asarray(image, np.float32)[:, ::-1])
+
+  def unshifted(images):
+    return [any(np.allclose(a, o, atol=1e-3) for o in originals) for a in images]
+  assert all(unshifted(augmented(0)))
+  assert not all(unshifted(augmented(4)))

@@ -57,7 +57,7 @@ def coordination_heartbeat_timeout_ms() -> int:
   return context.context().config.experimental.coordination_config.heartbeat_timeout_in_ms
 
 
-def all_reduce_gradients(grads, wire_dtype=None):
+def all_reduce_gradients(grads, wire_dtype=None, backward_order: bool = False):
   """Call in replica context: SUM-all-reduces the gradients (None stays None) the way Keras'
   optimizer does inside apply_gradients, so that tfdp can act on the *reduced* gradient first:
   clip it by global norm (Keras' clipnorm clips per replica, before the reduction) and let the
@@ -65,7 +65,11 @@ def all_reduce_gradients(grads, wire_dtype=None):
   gradients only, assuming they are reduced; they are not in Keras 3). Pair with
   `skip_optimizer_all_reduce`. `wire_dtype` (e.g. tf.bfloat16) casts dense float32 gradients
   for the reduction only, halving the bytes between replicas (Horovod's Compression.fp16); the
-  variables and the optimizer stay float32. One replica sends nothing and is left exact."""
+  variables and the optimizer stay float32. One replica sends nothing and is left exact.
+  `backward_order` hands the gradients to the collective last layer first, the order backprop
+  finishes them (DDP's buckets): TF launches collectives in program order (an ordering token per
+  replica), so with runtime.bytes_per_pack the first pack can start while earlier layers'
+  gradients are still being computed, instead of waiting for the first layer's, computed last."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   present = [g for g in grads if g is not None]
   if not present:
@@ -77,9 +81,13 @@ def all_reduce_gradients(grads, wire_dtype=None):
     if compress and not isinstance(g, tf.IndexedSlices) and g.dtype == tf.float32:
       return tf.cast(g, wire_dtype)
     return g
-  reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [on_wire(g) for g in present])
-  reduced = iter([r if isinstance(r, tf.IndexedSlices) or r.dtype == g.dtype else tf.cast(r, g.dtype)
-                  for r, g in zip(reduced, present)])
+  order = list(range(len(present)))[::-1] if backward_order else list(range(len(present)))
+  on_the_wire = context.all_reduce(tf.distribute.ReduceOp.SUM, [on_wire(present[i]) for i in order])
+  reduced = [None] * len(present)
+  for i, r in zip(order, on_the_wire):
+    g = present[i]
+    reduced[i] = r if isinstance(r, tf.IndexedSlices) or r.dtype == g.dtype else tf.cast(r, g.dtype)
+  reduced = iter(reduced)
   return [None if g is None else next(reduced) for g in grads]
 
 
@@ -95,6 +103,21 @@ def skip_optimizer_all_reduce(optimizer) -> None:
       raise RuntimeError("keras changed: the optimizer has no _all_reduce_sum_gradients to "
                          "replace; see tfdp/compat.py")
     opt._all_reduce_sum_gradients = list  # pylint: disable=protected-access
+
+
+def weight_averages(optimizer) -> list:
+  """The moving averages of the weights a Keras 3 optimizer built with `use_ema=True` keeps, in
+  the order of the variables it was built for, or [] without EMA. Keras has no public accessor
+  (`finalize_variable_values` overwrites the weights for good, which evaluation mid-run cannot
+  use; keras-team/keras#18949 added only a model.fit callback), so this reads
+  `_model_variables_moving_average`; tested in test_compat.py."""
+  opt = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+  if not getattr(opt, "use_ema", False):
+    return []
+  if not hasattr(opt, "_model_variables_moving_average"):
+    raise RuntimeError("keras changed: the optimizer has no _model_variables_moving_average; "
+                       "see tfdp/compat.py")
+  return list(opt._model_variables_moving_average)  # pylint: disable=protected-access
 
 
 def exchange_between_workers(rank: int, num_workers: int, value: str,

@@ -26,7 +26,7 @@ CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 ALL_REDUCE = ("auto", "ring", "nccl")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lamb")
 LR_SCHEDULES = ("constant", "cosine", "step", "linear", "polynomial")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 MODES = ("train", "eval", "train_and_eval")
 MAX_INT = 2**31 - 1  # what TensorFlow's int32 shapes and counters hold
 MAX_NESTING = 32  # configs are a few levels deep; deeper is a mistake (or an attack)
@@ -57,7 +57,8 @@ class DataConfig:
   image_size: int = 0  # resize to this square size; 0 keeps the source size
   num_classes: int = 0  # 0: read from the source
   num_examples: int = 0  # synthetic only
-  augment: bool = False  # random crop (4-pixel pad) + horizontal flip
+  augment: bool = False  # random crop (crop_padding-pixel pad) + horizontal flip
+  crop_padding: int = 4  # augment: the crop's reflect padding, i.e. the largest shift in pixels
   shuffle: bool = True  # training: a new order each epoch (seeded); false keeps the source order
   cache: bool = True  # keep decoded images in memory after the first epoch, if they fit
   shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000
@@ -105,6 +106,8 @@ class TaskConfig:
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(augment=True))
   eval_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(split="test"))
   label_smoothing: float = 0.0
+  eval_flip: bool = False  # image classification: evaluate on the mean logits of each image and
+  # its mirror image (test-time augmentation)
   text: TextConfig = dataclasses.field(default_factory=TextConfig)
   recommender: RecommenderConfig = dataclasses.field(default_factory=RecommenderConfig)
   init_checkpoint: str = ""  # warm start: a run's model_dir (or checkpoint prefix) to take the
@@ -153,6 +156,8 @@ class TrainerConfig:
   precise_bn_batches: int = 0  # >0: before each evaluation (and at the end), BatchNorm's moving
   # statistics are recomputed as the average over this many training batches with the weights
   # frozen, across replicas and workers (PreciseBN); 0 keeps the moving averages
+  ema_decay: float = 0.0  # >0: evaluate and export an exponential moving average of the weights
+  # (Keras's optimizer EMA; the checkpoint carries it); 0: the weights themselves
   stop_on_nan: bool = True  # a non-finite loss or metric stops the run, keeping the last good
   # checkpoint (no weights are saved after it)
   seed: int = 42
@@ -170,11 +175,15 @@ class RuntimeConfig:
   num_packs: int = 1  # mirrored nccl/hierarchical_copy: gradients packed into this many chunks
   all_reduce: str = "auto"  # multi_worker_mirrored collective implementation
   bytes_per_pack: int = 0  # 0: TF's default gradient packing
+  all_reduce_order: str = "variables"  # backward: gradients go to the all-reduce last layer
+  # first, as backprop finishes them, so a pack (bytes_per_pack) can start before the backward
+  # pass ends (DDP's buckets); variables: the model's variable order
   collective_timeout_seconds: float = 0.0  # 0: no timeout
   heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
   dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
   # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)
-  mixed_precision: str = "float32"
+  mixed_precision: str = "float32"  # auto: mixed_float16 on GPUs with tensor cores,
+  # mixed_bfloat16 on CPUs with native bfloat16 (AVX512-BF16/AMX), else float32
   all_reduce_dtype: str = "float32"  # bfloat16: gradients cross replicas and workers in half
   # the bytes (cast before the sum, back after); variables and optimizer stay float32
   jit_compile: bool = False
@@ -478,7 +487,7 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
     _check_positive(prefix + "num_examples", data.num_examples)
     _check_positive(prefix + "num_classes", data.num_classes)
     _check_positive(prefix + "image_size", data.image_size)
-  for key in ("image_size", "num_classes", "shuffle_buffer", "threadpool_size"):
+  for key in ("image_size", "num_classes", "shuffle_buffer", "threadpool_size", "crop_padding"):
     _check_positive(prefix + key, getattr(data, key), allow_zero=True)
   if len(data.mean) != len(data.std) or any(s <= 0 for s in data.std):
     raise ConfigError(f"config keys '{prefix}mean'/'{prefix}std' need equal lengths and std > 0.")
@@ -506,6 +515,9 @@ def validate(config: ExperimentConfig) -> None:
         raise ConfigError(f"config key '{key}' names '{module}', which failed on import "
                           f"({type(e).__name__}: {short_repr(str(e), 200)}); fix the module.") from None
   _check_choice("task.name", task.name, tasks.registered_tasks())
+  if task.eval_flip and not tasks.task_class(task.name).supports_eval_flip:
+    raise ConfigError(f"config key 'task.eval_flip' is true, but task '{task.name}' has no images "
+                      "to mirror; set task.eval_flip=false.")
   tasks.task_class(task.name).validate(task)
   _validate_data("task.train_data.", task.train_data)
   _validate_data("task.eval_data.", task.eval_data)
@@ -527,6 +539,9 @@ def validate(config: ExperimentConfig) -> None:
   _check_positive("trainer.checkpoint_every_steps", trainer.checkpoint_every_steps, allow_zero=True)
   _check_positive("trainer.max_checkpoints", trainer.max_checkpoints)
   _check_positive("trainer.precise_bn_batches", trainer.precise_bn_batches, allow_zero=True)
+  if not 0.0 <= trainer.ema_decay < 1.0:
+    raise ConfigError(f"config key 'trainer.ema_decay' is {trainer.ema_decay}; it must be in "
+                      "[0, 1), e.g. 0.99 (0 turns the average off).")
   _check_choice("trainer.optimizer.name", trainer.optimizer.name, OPTIMIZERS)
   _check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
   for key in ("momentum", "beta_1", "beta_2"):
@@ -550,6 +565,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)
   _check_choice("runtime.mixed_precision", runtime.mixed_precision, PRECISIONS)
   _check_choice("runtime.all_reduce_dtype", runtime.all_reduce_dtype, ("float32", "bfloat16"))
+  _check_choice("runtime.all_reduce_order", runtime.all_reduce_order, ("variables", "backward"))
   _check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   _check_positive("runtime.num_packs", runtime.num_packs)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",

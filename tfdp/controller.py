@@ -208,8 +208,9 @@ class Controller:
                "learning_rate": float(trainer.schedule(step - 1)),
                "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
-        self._precise_batchnorm_if_due(epoch, step)
-        self._evaluate_if_due(epoch, step, row)
+        with trainer.evaluation_weights():  # the weights' moving average, if kept
+          self._precise_batchnorm_if_due(epoch, step)
+          self._evaluate_if_due(epoch, step, row)
         row["wall_time"] = time.time()
         outputs.append_metrics(trainer.write_plan, row)
         if not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps:

@@ -82,7 +82,8 @@ class Experiment:
         self.train_dataset_fn(start_step, epochs))
 
   def evaluate(self):
-    return self.trainer.evaluate(self.eval_dataset, self.eval_plan.steps_per_epoch)
+    with self.trainer.evaluation_weights():
+      return self.trainer.evaluate(self.eval_dataset, self.eval_plan.steps_per_epoch)
 
   def run(self) -> dict:
     """Trains and/or evaluates as `mode` says; returns the final metrics (and the trainer)."""
@@ -103,7 +104,8 @@ class Experiment:
             self.eval_plan.steps_per_epoch if self.eval_plan else 0).run())
         result["step"] = trainer.global_step
         if self.config.trainer.export_model:
-          result["exported"] = outputs.export_model(self.write_plan, trainer.model)
+          with trainer.evaluation_weights():
+            result["exported"] = outputs.export_model(self.write_plan, trainer.model)
     except _peer_errors() as e:
       if not cluster.is_multi_worker:
         raise
@@ -144,7 +146,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
-    plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__)
+    precision, why = strategy_lib.resolve_precision(config.runtime.mixed_precision)
+    plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__, precision=precision,
+                                     precision_reason=why)
   replicas = strategy.num_replicas_in_sync
   if config.runtime.jit_compile and replicas > 1:
     # Not supported yet: XLA-compiled replica steps under a multi-replica strategy (untested).
@@ -196,7 +200,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 global_batch=batch_plan.global_batch,
                                 steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
                                 accumulation_steps=batch_plan.accumulation_steps,
-                                verbose=verbose)
+                                precision=plan.precision, verbose=verbose)
   restored_step = 0 if start_over else trainer.restore()
   if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
     init = tasks.find_init_checkpoint(config.task.init_checkpoint)

@@ -105,6 +105,33 @@ def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0
   return keras.Model(inputs, layers.Dense(num_classes, kernel_regularizer=reg)(x), name="small_cnn")
 
 
+@register_model("airbench")
+def airbench(input_shape, num_classes, widths=(64, 256, 256), stem_width=24,
+             batchnorm_momentum=0.4, logit_scale=1 / 9):
+  """The fast CIFAR-10 net of airbench (Keller Jordan 2024): a 2x2 stem, three groups of
+  conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. Differences: the stem is
+  learned, not initialized by patch whitening; BatchNorm keeps a learned scale."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras import layers  # pylint: disable=g-import-not-at-top
+  if len(widths) != 3:
+    raise TypeError(f"widths must be 3 numbers (one per group), got {widths}")
+
+  def bn(x):  # Keras momentum keeps that much of the old value (PyTorch's 0.6 is Keras's 0.4)
+    return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12)(x)
+
+  def conv(x, filters):
+    return layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+
+  inputs = keras.Input(input_shape)
+  x = layers.Activation("gelu")(layers.Conv2D(stem_width, 2, padding="valid")(inputs))
+  for width in widths:
+    x = layers.Activation("gelu")(bn(layers.MaxPooling2D()(conv(x, width))))
+    x = layers.Activation("gelu")(bn(conv(x, width)))
+  x = layers.Flatten()(layers.GlobalMaxPooling2D(keepdims=True)(x))
+  logits = layers.Dense(num_classes, use_bias=False)(x)
+  return keras.Model(inputs, layers.Rescaling(logit_scale)(logits), name="airbench")
+
+
 def _keras_application(constructor_name: str):
   def build(input_shape, num_classes, **kwargs):
     import keras  # pylint: disable=g-import-not-at-top

@@ -22,6 +22,8 @@ class StrategyPlan:
   cross_device_ops: str = ""  # mirrored: nccl | hierarchical_copy | reduce_to_one_device
   all_reduce: str = ""  # multi_worker_mirrored: ring | nccl | auto
   reason: str = ""  # why a fallback was taken, logged once
+  precision: str = "float32"  # the Keras dtype policy decided for runtime.mixed_precision
+  precision_reason: str = ""  # why, when runtime.mixed_precision is auto
 
 
 def choose_strategy_kind(runtime: RuntimeConfig, cluster: Cluster, num_gpus: int) -> str:
@@ -68,6 +70,50 @@ def choose_all_reduce(requested: str, num_gpus_per_worker: int) -> tuple[str, st
   if requested == "auto":
     return ("nccl" if num_gpus_per_worker else "ring"), ""
   return requested, ""
+
+
+NATIVE_BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def choose_precision(requested: str, gpu_compute_capabilities: Sequence[tuple[int, int]],
+                     cpu_flags: Sequence[str]) -> tuple[str, str]:
+  """Returns (policy, reason). `auto`: mixed_float16 (with loss scaling) when every GPU has tensor
+  cores (compute capability 7.0+), mixed_bfloat16 on a CPU with native bfloat16 arithmetic,
+  else float32. BENCHMARKS.md has the CIFAR-10 accuracy of bfloat16 against float32."""
+  if requested != "auto":
+    return requested, ""
+  if gpu_compute_capabilities:
+    if all(tuple(c) >= (7, 0) for c in gpu_compute_capabilities):
+      return "mixed_float16", "auto: every GPU has tensor cores (compute capability 7.0+)"
+    return "float32", "auto: a GPU without tensor cores (compute capability below 7.0)"
+  native = [flag for flag in NATIVE_BFLOAT16_CPU_FLAGS if flag in cpu_flags]
+  if native:
+    return "mixed_bfloat16", f"auto: the CPU computes in bfloat16 natively ({native[0]})"
+  return "float32", "auto: no tensor-core GPU and no native bfloat16 on the CPU"
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
+  """The CPU's feature flags (Linux); [] where /proc/cpuinfo is absent."""
+  try:
+    with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return line.partition(":")[2].split()
+  except OSError:
+    pass
+  return []
+
+
+def resolve_precision(requested: str) -> tuple[str, str]:
+  """choose_precision for this machine's GPUs and CPU."""
+  if requested != "auto":
+    return requested, ""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  capabilities = []
+  for gpu in tf.config.list_physical_devices("GPU"):
+    details = tf.config.experimental.get_device_details(gpu)
+    capabilities.append(tuple(details.get("compute_capability", (0, 0))))
+  return choose_precision(requested, capabilities, cpu_flags())
 
 
 def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str]) -> StrategyPlan:
@@ -164,7 +210,9 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   # MultiWorkerMirroredStrategy can no longer configure its collectives.
   local = [f"/cpu:{i}" for i in range(num_cpus)]
   local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
-  plan = plan_strategy(runtime, cluster, local)
+  precision, precision_reason = resolve_precision(runtime.mixed_precision)
+  plan = dataclasses.replace(plan_strategy(runtime, cluster, local), precision=precision,
+                             precision_reason=precision_reason)
   if plan.kind == "multi_worker_mirrored":
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
@@ -191,14 +239,15 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
 def describe(plan: StrategyPlan, num_replicas: int) -> str:
   reduce = plan.cross_device_ops or plan.all_reduce or "none"
   why = f" ({plan.reason})" if plan.reason else ""
+  precision = f" precision={plan.precision} ({plan.precision_reason})" if plan.precision_reason else ""
   return (f"strategy={plan.kind} replicas={num_replicas} devices={list(plan.devices) or 'default'} "
-          f"all_reduce={reduce}{why}")
+          f"all_reduce={reduce}{why}{precision}")
 
 
 def worker_plan(plan: StrategyPlan, local_replicas: int, config_digest: str) -> dict:
   """What every worker must agree on before the first collective."""
   return {"local_replicas": local_replicas, "kind": plan.kind, "all_reduce": plan.all_reduce,
-          "config": config_digest}
+          "precision": plan.precision, "config": config_digest}
 
 
 def check_workers_agree(plans: Sequence[dict]) -> None:

@@ -95,6 +95,7 @@ class Task:
   """The base: subclasses say what their examples, model, loss and metrics are."""
 
   metric_names: tuple[str, ...] = ("loss",)  # the order of the trainer's sums vector
+  supports_eval_flip = False  # task.eval_flip: its inputs are images whose mirror is one too
 
   def __init__(self, config: TaskConfig):
     self.config = config
@@ -126,6 +127,10 @@ class Task:
   def per_example_loss(self, batch: dict, outputs):
     raise NotImplementedError
 
+  def eval_outputs(self, model, batch: dict):
+    """The model's outputs for evaluation (a task may add test-time augmentation)."""
+    return model(self.model_inputs(batch), training=False)
+
   def metric_sums(self, batch: dict, outputs, per_example_loss) -> dict:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     weight = batch["weight"]
@@ -149,12 +154,12 @@ def _normalize(image, mean, std):
   return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
-def _augment(image, seed):
-  """Random 4-pixel-pad crop and horizontal flip, stateless: the same example, epoch and seed
-  give the same pixels whichever replica or worker reads it."""
+def _augment(image, seed, padding: int = 4):
+  """Random crop of the reflect-padded image and horizontal flip, stateless: the same example,
+  epoch and seed give the same pixels whichever replica or worker reads it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shape = tf.shape(image)
-  padded = tf.pad(image, [[4, 4], [4, 4], [0, 0]], mode="REFLECT")
+  padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
   image = tf.image.stateless_random_crop(padded, shape, seed=seed)
   return tf.image.stateless_random_flip_left_right(image, seed=seed + 1)
 
@@ -164,6 +169,7 @@ class ImageClassificationTask(Task):
   """Images → one of num_classes: cross-entropy on logits, accuracy."""
 
   metric_names = ("loss", "accuracy")
+  supports_eval_flip = True
   SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
 
   @classmethod
@@ -181,7 +187,7 @@ class ImageClassificationTask(Task):
   def preprocess(self, example, data, training, seed):
     image = example["image"]
     if training and data.augment:
-      image = _augment(image, seed)
+      image = _augment(image, seed, data.crop_padding)
     return {"image": _normalize(image, data.mean, data.std), "label": example["label"]}
 
   def build_model(self, source):
@@ -190,6 +196,15 @@ class ImageClassificationTask(Task):
 
   def model_inputs(self, batch):
     return batch["image"]
+
+  def eval_outputs(self, model, batch):
+    if not self.config.eval_flip:
+      return super().eval_outputs(model, batch)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    image = self.model_inputs(batch)
+    mirrored = tf.reverse(image, axis=[2])  # [batch, height, width, channels]: width
+    return (tf.cast(model(image, training=False), tf.float32)
+            + tf.cast(model(mirrored, training=False), tf.float32)) / 2.0
 
   def per_example_loss(self, batch, outputs):
     import keras  # pylint: disable=g-import-not-at-top

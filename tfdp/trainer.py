@@ -6,6 +6,7 @@ The same code runs under the default, mirrored and multi-worker strategies.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -76,23 +77,30 @@ def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: in
       decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction, power=lr.power)
 
 
-def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False):
-  """Call inside strategy.scope(). Weight decay skips biases and normalization parameters."""
+def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False,
+                   ema_decay: float = 0.0):
+  """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
+  ema_decay > 0 keeps Keras's moving average of the weights in the optimizer, so checkpoints
+  carry it. (Its `ema_overwrite_frequency`, a lookahead, fails under MirroredStrategy: a
+  merge_call inside a cond.)"""
   wd = opt.weight_decay or None
+  ema = {"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}
   if opt.name == "sgd":
     optimizer = keras.optimizers.SGD(learning_rate, momentum=opt.momentum, nesterov=opt.nesterov,
-                                     weight_decay=wd)
+                                     weight_decay=wd, **ema)
   elif opt.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
-                                       beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon)
+                                       beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon,
+                                       **ema)
   elif opt.name == "adagrad":  # sparse-friendly: updates only the embedding rows a batch touches
-    optimizer = keras.optimizers.Adagrad(learning_rate, epsilon=opt.epsilon, weight_decay=wd)
+    optimizer = keras.optimizers.Adagrad(learning_rate, epsilon=opt.epsilon, weight_decay=wd,
+                                         **ema)
   elif opt.name == "lamb":  # layer-wise trust ratio: large-batch BERT (You et al. 2019)
     optimizer = keras.optimizers.Lamb(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
-                                      epsilon=opt.epsilon, weight_decay=wd)
+                                      epsilon=opt.epsilon, weight_decay=wd, **ema)
   else:
     optimizer = keras.optimizers.Adam(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
-                                      epsilon=opt.epsilon, weight_decay=wd)
+                                      epsilon=opt.epsilon, weight_decay=wd, **ema)
   if wd or opt.name == "adamw":
     optimizer.exclude_from_weight_decay(
         var_list=[v for v in model.trainable_variables if len(v.shape) <= 1])
@@ -163,7 +171,7 @@ class Trainer:
 
   def __init__(self, config: ExperimentConfig, strategy, write_plan: outputs.WritePlan,
                model_fn, task, global_batch: int, steps_per_epoch: int,
-               accumulation_steps: int = 1, verbose: bool = True):
+               accumulation_steps: int = 1, precision: str = "float32", verbose: bool = True):
     self.config = config
     self.strategy = strategy
     self.write_plan = write_plan
@@ -176,7 +184,7 @@ class Trainer:
     self.total_steps = trainer.epochs * steps_per_epoch
     if trainer.max_steps:
       self.total_steps = min(self.total_steps, trainer.max_steps)
-    precision = config.runtime.mixed_precision
+    self.precision = precision  # decided once (strategy.resolve_precision): never "auto"
     keras.mixed_precision.set_dtype_policy(precision)
     with strategy.scope():
       self.model = model_fn()
@@ -185,7 +193,8 @@ class Trainer:
       self.schedule = make_schedule(trainer.learning_rate, self.global_batch, steps_per_epoch,
                                     self.total_steps)
       self.optimizer = make_optimizer(trainer.optimizer, self.schedule, self.model,
-                                      mixed_float16=precision == "mixed_float16")
+                                      mixed_float16=precision == "mixed_float16",
+                                      ema_decay=trainer.ema_decay)
       # The global step counts training steps, taken or skipped: under mixed_float16 the loss
       # scale skips non-finite steps and `optimizer.iterations` does not advance on them
       # (keras-team/keras#20878), but checkpoints, resume and the data position must.
@@ -243,7 +252,8 @@ class Trainer:
     # (compat.skip_optimizer_all_reduce).
     if self.config.runtime.dense_embedding_gradients:
       grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    grads = compat.all_reduce_gradients(grads, self._wire_dtype)
+    grads = compat.all_reduce_gradients(
+        grads, self._wire_dtype, backward_order=self.config.runtime.all_reduce_order == "backward")
     if self.config.trainer.gradient_clip_norm:
       clip = self.config.trainer.gradient_clip_norm
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -255,7 +265,7 @@ class Trainer:
     return totals
 
   def _eval_step(self, batch, totals):
-    outputs = self.model(self.task.model_inputs(batch), training=False)
+    outputs = self.task.eval_outputs(self.model, batch)
     return totals + self._sums(batch, outputs, self.task.per_example_loss(batch, outputs))
 
   # ---- compiled loops ------------------------------------------------------------------------
@@ -323,6 +333,30 @@ class Trainer:
   def save(self) -> None:
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     self.manager.save(checkpoint_number=self.global_step)
+
+  # ---- the weights evaluation and export see ------------------------------------------------
+
+  @contextlib.contextmanager
+  def evaluation_weights(self):
+    """With trainer.ema_decay, the moving average of the weights is swapped in (on every replica
+    and worker alike) for evaluation, PreciseBN and export, and the weights are put back after,
+    so training goes on from its own weights; without it, the weights as they are."""
+    averages = compat.weight_averages(self.optimizer)
+    if not averages:
+      yield
+      return
+    variables = self.model.trainable_variables
+    kept = [tf.identity(v.value) for v in variables]
+    self._assign_everywhere(variables, [a.value for a in averages])
+    try:
+      yield
+    finally:
+      self._assign_everywhere(variables, kept)
+
+  def _assign_everywhere(self, variables, values) -> None:
+    with self.strategy.scope():  # cross-replica context: a mirrored variable's every copy
+      for variable, value in zip(variables, values):
+        variable.assign(value)
 
   # ---- precise BatchNorm statistics -----------------------------------------------------------
 

@@ -5,6 +5,7 @@
 MODE is train (default), train_and_eval, or eval (evaluates the built model, trains nothing). Every worker, not
 only the chief, writes into OUT_DIR:
   initial-<rank>.npz, final-<rank>.npz  model weights by variable path, before and after
+  ema-<rank>.npz                        with trainer.ema_decay: their moving averages, by path
   copies-<rank>.json                    per-replica copies of each non-trainable variable
   info-<rank>.json                      step, optimizer iterations, evaluation before/after
 """
@@ -16,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+from tfdp import compat  # pylint: disable=g-import-not-at-top
 from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
 from tfdp import experiment  # pylint: disable=g-import-not-at-top
 
@@ -55,6 +57,10 @@ def main():
   info.update(step=exp.trainer.global_step,
               iterations=int(np.asarray(exp.trainer.optimizer.iterations)))
   np.savez(os.path.join(out_dir, f"final-{rank}.npz"), **weights(model))
+  averages = compat.weight_averages(exp.trainer.optimizer)
+  if averages:
+    np.savez(os.path.join(out_dir, f"ema-{rank}.npz"),
+             **{v.path: np.asarray(a) for v, a in zip(model.trainable_variables, averages)})
   with open(os.path.join(out_dir, f"copies-{rank}.json"), "w") as f:
     json.dump(replica_copies(model), f)
   with open(os.path.join(out_dir, f"info-{rank}.json"), "w") as f:
