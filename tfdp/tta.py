@@ -48,6 +48,12 @@ def run_overrides(run: str) -> list[str]:
   raise ConfigError(f"--runs has '{run}'; use some of {', '.join(RUNS)}.")
 
 
+def keras_batches(dataset, task):
+  """tfdp's dict batches as model.fit takes them: (inputs, labels, sample weights); the weight-0
+  examples that pad an epoch's last batch then count nowhere."""
+  return dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
+
+
 def run_cell(spec: dict) -> dict:
   """Trains one run of the spec ({"run", "config_files", "overrides", "model_dir"})."""
   from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
@@ -75,14 +81,10 @@ def _fit_keras(exp, run: str) -> list[dict]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
   config, task, model = exp.config, exp.task, exp.trainer.model
-
-  def keras_batches(dataset):  # model.fit takes (inputs, labels, sample_weight); weight 0 pads
-    return dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
-
-  train = keras_batches(exp.train_dataset_fn()(tf.distribute.InputContext()))
+  train = keras_batches(exp.train_dataset_fn()(tf.distribute.InputContext()), task)
   evaluation = keras_batches(data_lib.make_dataset_fn(
       exp.eval_plan, config.task.eval_data, task, training=False,
-      seed=config.trainer.seed)(tf.distribute.InputContext()))
+      seed=config.trainer.seed)(tf.distribute.InputContext()), task)
   accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
   if run == "keras_recipe":
     def task_loss(labels, logits):  # Keras casts labels to the loss dtype
