@@ -569,9 +569,10 @@ def tta_jobs(opts: BenchOptions) -> dict[str, list[str]]:
 
 def time_to_accuracy(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   """One row per (run, epoch); each run trains in its own process, one after the other."""
-  rows = []
-  for run, overrides in tta_jobs(opts).items():
+  rows, jobs = [], tta_jobs(opts)
+  for number, (run, overrides) in enumerate(jobs.items(), 1):
     load = load_average()
+    _progress(f"{run}: training (run {number} of {len(jobs)})")
     spec = {"kind": "tta", "run": run, "config_files": opts.config_files, "overrides": overrides,
             "model_dir": os.path.join(model_dir, run)}
     res = run_cell(spec, f"tta run {run}", opts.timeout_seconds)

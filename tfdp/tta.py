@@ -6,8 +6,8 @@ model builder and seed, the input plans and the learning-rate schedule. Only the
 
   tfdp            `Experiment.run()`: tfdp's own strategy.run loop on the config's replicas
   keras_recipe    `model.fit` on one device with tfdp's recipe: the trainer's optimizer (its
-                  schedule and weight-decay exclusions), the task's loss (label smoothing
-                  included), tfdp's training and eval batches (augmentation, normalization,
+                  schedule, weight-decay exclusions and gradient clip), the task's loss (label
+                  smoothing included), tfdp's training and eval batches (augmentation, normalization,
                   global batch); Keras' defaults otherwise (one step per compiled call)
   keras_tutorial  `model.fit` as the Keras tutorials do: Adam(1e-3), batch 32, no augmentation,
                   SparseCategoricalCrossentropy(from_logits=True), float32 (the same model
@@ -59,6 +59,9 @@ def run_cell(spec: dict) -> dict:
   from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
   config = config_lib.load_config(spec["config_files"], spec["overrides"])
   exp = experiment.build(config, spec["model_dir"], "train_and_eval", verbose=False)
+  if "accuracy" not in exp.task.metric_names:
+    raise ConfigError(f"task '{config.task.name}' reports no accuracy ({', '.join(exp.task.metric_names)}),"
+                      " and --mode=tta times accuracy targets; choose a task that has one.")
   curve = _train_tfdp(exp) if spec["run"] == "tfdp" else _fit_keras(exp, spec["run"])
   return {"run": spec["run"], "model": config.task.model.name,
           "strategy": "keras_fit" if spec["run"] != "tfdp" else exp.strategy_plan.kind,
@@ -72,7 +75,7 @@ def _train_tfdp(exp) -> list[dict]:
   exp.run()
   metrics = plots.read_metrics(exp.model_dir)  # wall_time: time.time() after the epoch's eval
   return [{"epoch": int(row["epoch"]), "seconds": row["wall_time"] - start,
-           "eval_accuracy": row["eval_accuracy"], "train_accuracy": row["train_accuracy"]}
+           "eval_accuracy": row["eval_accuracy"], "train_accuracy": row.get("train_accuracy")}
           for _, row in metrics.iterrows()]
 
 
@@ -87,9 +90,14 @@ def _fit_keras(exp, run: str) -> list[dict]:
       seed=config.trainer.seed)(tf.distribute.InputContext()), task)
   accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
   if run == "keras_recipe":
+    optimizer = exp.trainer.optimizer
+    if config.trainer.gradient_clip_norm:  # tfdp clips the reduced gradient; one device: the same
+      (getattr(optimizer, "inner_optimizer", None) or optimizer).global_clipnorm = (
+          config.trainer.gradient_clip_norm)
+
     def task_loss(labels, logits):  # Keras casts labels to the loss dtype
       return task.per_example_loss({"label": tf.cast(labels, tf.int64)}, logits)
-    model.compile(optimizer=exp.trainer.optimizer, loss=task_loss, weighted_metrics=[accuracy],
+    model.compile(optimizer=optimizer, loss=task_loss, weighted_metrics=[accuracy],
                   jit_compile=config.runtime.jit_compile)
   else:
     model.compile(optimizer=keras.optimizers.Adam(TUTORIAL_LEARNING_RATE),
