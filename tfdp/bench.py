@@ -682,8 +682,9 @@ def figure(mode: str, frame, targets: list[float] = ()):
   elif mode == "tta":
     fig, ax = subplots(1, (9, 5))
     for run, group in frame.groupby("run", sort=False):
-      ax.plot(group["seconds"], group["eval_accuracy"], "o-", label=f"{run} ({group['strategy'].iloc[0]} "
-              f"x{group['replicas'].iloc[0]}, batch {group['global_batch'].iloc[0]})")
+      how = group.iloc[0]
+      ax.plot(group["seconds"], group["eval_accuracy"], "o-", label=f"{run} ({how['strategy']} "
+              f"x{how['replicas']}, batch {how['global_batch']})")
     for target in targets:
       ax.axhline(target, color="gray", ls="--", lw=0.8)
     ax.set(xlabel="wall seconds since the training call started (evaluation included)",

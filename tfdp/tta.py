@@ -7,8 +7,8 @@ model builder and seed, the input plans and the learning-rate schedule. Only the
   tfdp            `Experiment.run()`: tfdp's own strategy.run loop on the config's replicas
   keras_recipe    `model.fit` on one device with tfdp's recipe: the trainer's optimizer (its
                   schedule, weight-decay exclusions and gradient clip), the task's loss (label
-                  smoothing included), tfdp's training and eval batches (augmentation, normalization,
-                  global batch); Keras' defaults otherwise (one step per compiled call)
+                  smoothing included), tfdp's training and eval batches (augmentation,
+                  normalization, global batch); Keras' defaults otherwise (one step per call)
   keras_tutorial  `model.fit` as the Keras tutorials do: Adam(1e-3), batch 32, no augmentation,
                   SparseCategoricalCrossentropy(from_logits=True), float32 (the same model
                   builder and tfdp's normalization, so only the recipe differs)
@@ -17,7 +17,8 @@ Time zero, the same for all three: `time.time()` just before the training call s
 (`Experiment.run()` or `model.fit()`), after the model, optimizer and input pipelines are built.
 An epoch's time is `time.time()` at the end of its evaluation: all three evaluate on the test
 split after every epoch, so evaluation time is inside every curve; so is tfdp's per-epoch
-bookkeeping (metrics.csv and metrics.png, a checkpoint), which the Keras runs do not do.
+bookkeeping, which the Keras runs do not do (metrics.csv, metrics.png and a checkpoint, written
+after the epoch's time is taken: they count in the next epoch's).
 """
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def run_cell(spec: dict) -> dict:
   config = config_lib.load_config(spec["config_files"], spec["overrides"])
   exp = experiment.build(config, spec["model_dir"], "train_and_eval", verbose=False)
   if "accuracy" not in exp.task.metric_names:
-    raise ConfigError(f"task '{config.task.name}' reports no accuracy ({', '.join(exp.task.metric_names)}),"
-                      " and --mode=tta times accuracy targets; choose a task that has one.")
+    raise ConfigError(f"task '{config.task.name}' reports no accuracy "
+                      f"({', '.join(exp.task.metric_names)}), and --mode=tta times accuracy "
+                      "targets; choose a task that has one.")
   curve = _train_tfdp(exp) if spec["run"] == "tfdp" else _fit_keras(exp, spec["run"])
   return {"run": spec["run"], "model": config.task.model.name,
           "strategy": "keras_fit" if spec["run"] != "tfdp" else exp.strategy_plan.kind,
