@@ -1,10 +1,13 @@
-"""tfdp-bench: throughput, multi-worker scaling, all-reduce bandwidth, input pipeline rate.
+"""tfdp-bench: throughput, multi-worker scaling, all-reduce bandwidth, input pipeline rate,
+time to accuracy against plain Keras.
 
   tfdp-bench --mode=throughput --models=resnet20,small_cnn --replicas=1,2 --global_batch_sizes=128
   tfdp-bench --mode=scaling --models=resnet20 --workers=2 --per_replica_batch=64
   tfdp-bench --mode=allreduce --workers=2 --min_bytes=4096 --max_bytes=67108864
   tfdp-bench --mode=input --models=resnet20 --data=cifar10
-Each mode writes <output_dir>/<mode>.csv and <mode>.png and prints a table.
+  tfdp-bench --mode=tta --targets=0.6,0.7,0.8   # the default job (configs/cifar10_quick.yaml)
+Each mode writes <output_dir>/<mode>.csv and <mode>.png and prints a table; tta also writes
+tta_targets.csv (seconds to each target per run, and tfdp's speed-up).
 """
 import os
 import sys
@@ -39,8 +42,10 @@ flags.DEFINE_integer("repeats", DEFAULTS.repeats, "Timed blocks; the median is r
 flags.DEFINE_enum("data", DEFAULTS.data, bench.DATA_CHOICES,
                   "synthetic (1024 cached 32x32 images) or cifar10 (TFDS, train split).")
 flags.DEFINE_multi_string("config_file", None, "Benchmark the job of these configs (e.g. "
-                          "configs/shakespeare_mlm.yaml) instead of the --models x --data grid.")
-flags.DEFINE_multi_string("params_override", None, "tfdp config overrides for every run: a.b=1,c.d=x.")
+                          "configs/shakespeare_mlm.yaml) instead of the --models x --data grid; "
+                          f"tta: default {bench.DEFAULT_JOB}.")
+flags.DEFINE_multi_string("params_override", None, "tfdp config overrides for every run: a.b=1,c.d=x "
+                          "(tta: trainer.epochs=N sets the epochs of all runs).")
 flags.DEFINE_bool("baseline", DEFAULTS.baseline, "throughput: also time plain Keras model.fit.")
 flags.DEFINE_integer("workers", DEFAULTS.workers, "scaling: 1..N worker processes; allreduce: N.")
 flags.DEFINE_integer("per_replica_batch", DEFAULTS.per_replica_batch, "scaling: batch per worker.")
@@ -52,7 +57,11 @@ flags.DEFINE_integer("pack_tensor_bytes", DEFAULTS.pack_tensor_bytes, "allreduce
 flags.DEFINE_string("bytes_per_pack", _csv(DEFAULTS.bytes_per_pack),
                     "allreduce: bytes_per_pack values to compare (0: one pack).")
 flags.DEFINE_integer("tcp_bytes", DEFAULTS.tcp_bytes, "allreduce: bytes pushed through loopback TCP.")
-flags.DEFINE_float("timeout_seconds", DEFAULTS.timeout_seconds, "Limit per single-process run.")
+flags.DEFINE_float("timeout_seconds", DEFAULTS.timeout_seconds, "Limit per single-process run "
+                   "(tta: per training run).")
+flags.DEFINE_string("targets", _csv(DEFAULTS.targets), "tta: eval accuracies to time, in (0, 1).")
+flags.DEFINE_string("runs", _csv(DEFAULTS.runs), "tta: which of tfdp, keras_recipe (model.fit "
+                    "with tfdp's recipe), keras_tutorial (model.fit, Adam, batch 32) to train.")
 FLAGS = flags.FLAGS
 
 
@@ -71,7 +80,9 @@ def main(argv):
         min_bytes=FLAGS.min_bytes, max_bytes=FLAGS.max_bytes, size_factor=FLAGS.size_factor,
         pack_tensors=FLAGS.pack_tensors, pack_tensor_bytes=FLAGS.pack_tensor_bytes,
         bytes_per_pack=bench.parse_int_list(FLAGS.bytes_per_pack, "bytes_per_pack"),
-        tcp_bytes=FLAGS.tcp_bytes, timeout_seconds=FLAGS.timeout_seconds)
+        tcp_bytes=FLAGS.tcp_bytes, timeout_seconds=FLAGS.timeout_seconds,
+        targets=bench.parse_float_list(FLAGS.targets, "targets"),
+        runs=bench.parse_name_list(FLAGS.runs))
     bench.run_mode(FLAGS.mode, opts)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)

@@ -24,6 +24,7 @@ from tfdp import cli
 from tfdp import config as config_lib
 from tfdp import data as data_lib
 from tfdp import tasks
+from tfdp import tta
 from tfdp.errors import TfdpError
 
 PROG = "keras-fit-baseline"
@@ -57,8 +58,7 @@ def main(argv):
     dataset = data_lib.make_dataset_fn(
         plan, data_cfg, task, training=True, seed=config.trainer.seed,
         epochs=math.ceil(steps / plan.steps_per_epoch) + 1)(tf.distribute.InputContext())
-    # model.fit takes (inputs, labels, sample_weight): the same batches, as a tuple.
-    dataset = dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
+    dataset = tta.keras_batches(dataset, task)  # the same batches, as model.fit takes them
     model = task.build_model(source)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)

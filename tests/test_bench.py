@@ -1,5 +1,6 @@
 """tfdp-bench end to end on tiny settings: each mode writes a CSV and a PNG whose numbers agree
 with each other (no timing targets: this machine's speed is not under test)."""
+import math
 import subprocess
 import sys
 
@@ -116,6 +117,9 @@ def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
     (["--mode=speed"], ["--mode"]),
     (["--models=small_cnn", "--replicas=1", "--nobaseline",
       "--params_override=task.model.kwargs={bogus: 1}"], ["small_cnn", "bogus"]),  # in the cell
+    (["--mode=tta", "--targets=0.5,1"], ["--targets", "between 0 and 1"]),
+    (["--mode=tta", "--runs=tfdp,keras"], ["--runs", "keras_tutorial"]),
+    (["--mode=tta", "--config_file=configs/shakespeare_mlm.yaml"], ["masked_lm", "--runs=tfdp"]),
 ])
 def test_mistakes_print_one_line_and_exit_2(tmp_path, args, words):
   proc = run_bench(tmp_path / "out", *args, timeout=120)
@@ -150,3 +154,66 @@ def test_a_masked_lm_config_is_benchmarked_in_tokens_per_second(tmp_path):
   refused = run_bench(tmp_path / "out2", "--mode=throughput",
                       "--config_file=configs/shakespeare_mlm.yaml")
   assert refused.returncode != 0 and "--nobaseline" in refused.stderr
+
+
+TTA_RUNS = ["tfdp", "keras_recipe", "keras_tutorial"]
+# Evaluation sees the training images normalised with std 1e6: inputs are constant, so every model
+# predicts one class for all, and eval accuracy stays near 1/4 (4 balanced classes): 0.2 is
+# reached, 0.5 never, whatever the training does.
+TTA_JOB = ("task.train_data.source=synthetic,task.train_data.image_size=8,"
+           "task.train_data.num_examples=128,task.train_data.num_classes=4,"
+           "task.eval_data.source=synthetic,task.eval_data.image_size=8,"
+           "task.eval_data.num_examples=64,task.eval_data.num_classes=4,"
+           "task.eval_data.std=[1e6,1e6,1e6],task.model.name=small_cnn,"
+           "task.model.kwargs={filters: 8},trainer.epochs=2,trainer.global_batch_size=32,"
+           "runtime.cpu_replicas=2")
+
+
+def test_tta_times_three_runs_to_each_target(tmp_path):
+  proc = run_bench(tmp_path, "--mode=tta", "--targets=0.2,0.5", f"--params_override={TTA_JOB}")
+  curves = read_outputs(tmp_path, proc, "tta", [
+      "run", "epoch", "seconds", "eval_accuracy", "train_accuracy", "strategy", "replicas",
+      "global_batch"])
+  assert curves["run"].unique().tolist() == TTA_RUNS
+  for run, curve in curves.groupby("run"):
+    assert curve["epoch"].tolist() == [1, 2], run
+    assert curve["seconds"].is_monotonic_increasing and (curve["seconds"] > 0).all(), run
+  assert curves[["eval_accuracy", "train_accuracy"]].stack().between(0, 1).all()
+  by_run = curves.groupby("run").first()
+  assert by_run.loc["tfdp", "replicas"] == 2 and by_run.loc["keras_recipe", "replicas"] == 1
+  assert by_run["global_batch"].to_dict() == {"keras_recipe": 32, "keras_tutorial": 32, "tfdp": 32}
+
+  targets = pd.read_csv(tmp_path / "tta_targets.csv").set_index("target")
+  assert targets.index.tolist() == [0.2, 0.5]
+  for target in targets.index:
+    for run in TTA_RUNS:  # the first epoch at or above the target, read back from tta.csv
+      curve = curves[curves["run"] == run]
+      reached = curve.loc[curve["eval_accuracy"] >= target, "seconds"]
+      expected = reached.iloc[0] if len(reached) else math.nan
+      assert targets.loc[target, f"{run}_seconds"] == pytest.approx(expected, nan_ok=True)
+    for run in TTA_RUNS[1:]:
+      assert targets.loc[target, f"{run}/tfdp"] == pytest.approx(
+          targets.loc[target, f"{run}_seconds"] / targets.loc[target, "tfdp_seconds"], nan_ok=True)
+  assert targets.loc[0.2].notna().all()  # every run reaches 1/4 at its first epoch
+  assert targets.loc[0.5].isna().all()  # no run can reach 0.5: its seconds and ratios are NaN
+  assert "keras_recipe/tfdp" in proc.stdout and "tta_targets.csv" in proc.stdout
+
+
+def test_time_to_target_is_the_first_epoch_at_or_above_it():
+  seconds, accuracies = [10.0, 20.0, 30.0, 40.0], [0.5, 0.7, 0.65, 0.9]
+  assert bench.time_to_target(seconds, accuracies, 0.4) == 10.0
+  assert bench.time_to_target(seconds, accuracies, 0.7) == 20.0  # reached exactly counts
+  assert bench.time_to_target(seconds, accuracies, 0.6) == 20.0  # no interpolation from 10 s
+  assert bench.time_to_target(seconds, accuracies, 0.66) == 20.0  # the first, not a later dip
+  assert bench.time_to_target(seconds, accuracies, 0.8) == 40.0
+  assert math.isnan(bench.time_to_target(seconds, accuracies, 0.95))
+
+
+def test_tta_ratios_need_a_tfdp_run():
+  curves = pd.DataFrame({"run": ["keras_recipe"] * 2 + ["keras_tutorial"] * 2,
+                         "epoch": [2, 1, 1, 2], "seconds": [8.0, 4.0, 3.0, 6.0],
+                         "eval_accuracy": [0.9, 0.6, 0.5, 0.7]})
+  rows = bench.targets_table(curves, [0.6, 0.8])
+  assert rows == [{"target": 0.6, "keras_recipe_seconds": 4.0, "keras_tutorial_seconds": 6.0},
+                  {"target": 0.8, "keras_recipe_seconds": 8.0,
+                   "keras_tutorial_seconds": pytest.approx(math.nan, nan_ok=True)}]

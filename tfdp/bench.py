@@ -1,6 +1,6 @@
 """tfdp-bench: what data-parallel training costs here, and where the time goes.
 
-Four modes; each writes `<mode>.csv` and `<mode>.png` into the output folder and prints a table:
+Five modes; each writes `<mode>.csv` and `<mode>.png` into the output folder and prints a table:
 
   throughput  images/s, step time, input-wait fraction and peak memory per model x replicas x
               global batch, with plain Keras `model.fit` on one device as the baseline row
@@ -9,12 +9,19 @@ Four modes; each writes `<mode>.csv` and `<mode>.png` into the output folder and
   allreduce   all-reduce SUM bandwidth between worker processes (ring over gRPC) and between
               logical replicas of one process, the effect of bytes_per_pack, and loopback TCP
   input       the input pipeline alone vs the rate the training loop consumes it
+  tta         time to accuracy: one config (default: tfdp-train's default job) trained by tfdp
+              and by two plain-Keras `model.fit` baselines on the same model, data and cores,
+              to each of --targets; eval accuracy per epoch against wall seconds, the seconds to
+              each target and the speed-up of tfdp (also tta_targets.csv; see tfdp/tta.py for
+              the three runs and their common time zero)
 
 The parent process never imports TensorFlow: it checks every config of the grid first (a mistake
 fails in a second, before anything runs), then runs each measurement in a fresh process
 (`python -m tfdp.bench CELL_JSON`), because logical CPU devices and thread pools are fixed once
 TensorFlow starts. Cells use tfdp's own config, strategy, data, model and trainer: the timed loop
-is `Trainer.run_steps`, the same compiled function `tfdp-train` runs.
+is `Trainer.run_steps`, the same compiled function `tfdp-train` runs; tta's runs are whole
+trainings (`Experiment.run()`, or `model.fit` on the same experiment's objects), one after the
+other, each in its own process.
 """
 from __future__ import annotations
 
@@ -41,14 +48,16 @@ from typing import Any, Callable
 
 from tfdp import config as config_lib
 from tfdp import data as data_lib
+from tfdp import tta
 from tfdp.errors import ConfigError, TfdpError
 
 PROG = "tfdp-bench"
-MODES = ("throughput", "scaling", "allreduce", "input")
+MODES = ("throughput", "scaling", "allreduce", "input", "tta")
 DATA_CHOICES = ("synthetic", "cifar10")
 RESULT_PREFIX = "tfdp-bench-result: "
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE_SCRIPT = os.path.join(REPO, "benchmarks", "keras_fit_baseline.py")
+DEFAULT_JOB = "configs/cifar10_quick.yaml"  # what tfdp-train trains when given no config
 MAX_BLOCK_BYTES = 256 << 20  # caps all-reduce ops per timed block, so 64 MiB sizes take seconds
 TCP_CHUNK = 4 << 20
 
@@ -81,6 +90,8 @@ class BenchOptions:
   bytes_per_pack: list[int] = dataclasses.field(default_factory=lambda: [0, 4 << 20])
   tcp_bytes: int = 256 << 20
   timeout_seconds: float = 1800.0  # per single-process measurement
+  targets: list[float] = dataclasses.field(default_factory=lambda: [0.6, 0.7, 0.8])  # tta
+  runs: list[str] = dataclasses.field(default_factory=lambda: list(tta.RUNS))  # tta
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -89,6 +100,17 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v.strip()]
   except ValueError:
     raise ConfigError(f"--{flag} must be whole numbers separated by commas, got '{text}'.") from None
+  if not values:
+    raise ConfigError(f"--{flag} is empty; give at least one number.")
+  return values
+
+
+def parse_float_list(text: str, flag: str) -> list[float]:
+  """`0.6,0.7` → [0.6, 0.7]; one line naming the flag otherwise."""
+  try:
+    values = [float(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise ConfigError(f"--{flag} must be numbers separated by commas, got '{text}'.") from None
   if not values:
     raise ConfigError(f"--{flag} is empty; give at least one number.")
   return values
@@ -107,6 +129,9 @@ def check_options(mode: str, opts: BenchOptions) -> None:
     raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(MODES)}.")
   if opts.data not in DATA_CHOICES:
     raise ConfigError(f"--data '{opts.data}' is unknown; use one of {', '.join(DATA_CHOICES)}.")
+  if mode == "tta":
+    check_tta_flags(opts)
+    opts.config_files = opts.config_files or [DEFAULT_JOB]
   if opts.config_files:
     from tfdp import cli  # pylint: disable=g-import-not-at-top
     opts.config_files = [cli.find_config(f) for f in opts.config_files]
@@ -134,6 +159,16 @@ def check_options(mode: str, opts: BenchOptions) -> None:
       raise ConfigError("allreduce sizes need --size_factor >= 2 and --min_bytes <= --max_bytes.")
     if any(v % 4 for v in (opts.min_bytes, opts.pack_tensor_bytes)):
       raise ConfigError("--min_bytes and --pack_tensor_bytes must be multiples of 4 (float32).")
+
+
+def check_tta_flags(opts: BenchOptions) -> None:
+  if not opts.targets or any(not 0 < t < 1 for t in opts.targets):
+    raise ConfigError(f"--targets {opts.targets} must be accuracies between 0 and 1 (exclusive), "
+                      "e.g. --targets=0.6,0.7,0.8.")
+  unknown = [r for r in opts.runs if r not in tta.RUNS]
+  if unknown or not opts.runs or len(set(opts.runs)) != len(opts.runs):
+    raise ConfigError(f"--runs '{','.join(opts.runs)}' must name each run once, from "
+                      f"{', '.join(tta.RUNS)}.")
 
 
 def machine_info() -> dict:
@@ -509,6 +544,77 @@ def input_rate(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   return rows
 
 
+# ---- tta: time to accuracy ----------------------------------------------------------------------
+
+
+def tta_jobs(opts: BenchOptions) -> dict[str, list[str]]:
+  """run → its overrides, every config checked before anything runs."""
+  jobs = {}
+  for run in opts.runs:
+    jobs[run] = list(opts.params_override) + tta.run_overrides(run)
+    config = config_lib.load_config(opts.config_files, jobs[run])
+    if run != "tfdp" and config.task.name != "image_classification":
+      raise ConfigError(f"the Keras baselines of --mode=tta train image classifiers, but this "
+                        f"config's task is '{config.task.name}'; pass --runs=tfdp.")
+    if config.trainer.max_steps:
+      raise ConfigError("trainer.max_steps cuts an epoch short, and --mode=tta compares whole "
+                        "epochs; set trainer.max_steps=0 and choose trainer.epochs.")
+    for key in ("train_data", "eval_data"):  # every epoch evaluates
+      data_lib.check_source(getattr(config.task, key), f"task.{key}")
+    replicas = config_lib.expected_replicas(config.runtime)
+    if replicas:
+      config_lib.check_batch_divides(config, replicas)
+  return jobs
+
+
+def time_to_accuracy(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
+  """One row per (run, epoch); each run trains in its own process, one after the other."""
+  rows, jobs = [], tta_jobs(opts)
+  for number, (run, overrides) in enumerate(jobs.items(), 1):
+    load = load_average()
+    _progress(f"{run}: training (run {number} of {len(jobs)})")
+    spec = {"kind": "tta", "run": run, "config_files": opts.config_files, "overrides": overrides,
+            "model_dir": os.path.join(model_dir, run)}
+    res = run_cell(spec, f"tta run {run}", opts.timeout_seconds)
+    if not res["curve"]:
+      raise BenchError(f"tta run {run} trained no epoch; set trainer.epochs >= 1.")
+    for point in res["curve"]:
+      rows.append({"run": run, **point, "model": res["model"], "strategy": res["strategy"],
+                   "replicas": res["replicas"], "global_batch": res["global_batch"],
+                   "steps_per_epoch": res["steps_per_epoch"], "load_avg_1m": load, **info})
+    last = res["curve"][-1]
+    _progress(f"{run}: {last['epoch']} epoch(s) in {last['seconds']:.1f}s, eval accuracy "
+              f"{last['eval_accuracy']:.4f}")
+  return rows
+
+
+def time_to_target(seconds, accuracies, target: float) -> float:
+  """Seconds of the first epoch whose eval accuracy is >= target, in epoch order (no
+  interpolation: a model exists only at epoch ends); NaN when no epoch reaches it."""
+  for second, accuracy in zip(seconds, accuracies):
+    if accuracy >= target:
+      return float(second)
+  return math.nan
+
+
+def targets_table(frame, targets: list[float]) -> list[dict]:
+  """Per target: each run's seconds to reach it, and each baseline's seconds over tfdp's (the
+  speed-up of tfdp; NaN when either missed the target)."""
+  runs = list(dict.fromkeys(frame["run"]))
+  rows = []
+  for target in targets:
+    row = {"target": target}
+    for run in runs:
+      curve = frame[frame["run"] == run].sort_values("epoch")
+      row[f"{run}_seconds"] = time_to_target(curve["seconds"], curve["eval_accuracy"], target)
+    if "tfdp" in runs:
+      for run in runs:
+        if run != "tfdp":
+          row[f"{run}/tfdp"] = row[f"{run}_seconds"] / row["tfdp_seconds"]
+    rows.append(row)
+  return rows
+
+
 # ---- outputs ----------------------------------------------------------------------------------------
 
 
@@ -530,12 +636,13 @@ def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
     ax.legend()
 
 
-def plot(mode: str, frame, path: str) -> None:
-  figure(mode, frame).savefig(path, dpi=100)
+def plot(mode: str, frame, path: str, targets: list[float] = ()) -> None:
+  figure(mode, frame, targets).savefig(path, dpi=100)
 
 
-def figure(mode: str, frame):
-  """The picture of one mode's results (a frame read from <mode>.csv): a matplotlib Figure."""
+def figure(mode: str, frame, targets: list[float] = ()):
+  """The picture of one mode's results (a frame read from <mode>.csv): a matplotlib Figure.
+  tta: `targets` are drawn as dashed lines."""
   from tfdp.plots import new_figure  # pylint: disable=g-import-not-at-top
 
   def subplots(columns: int, figsize):
@@ -572,6 +679,18 @@ def figure(mode: str, frame):
     axes[1].set_xticks(range(len(packs)), [str(int(p)) for p in packs["bytes_per_pack"]])
     axes[1].set(xlabel="bytes_per_pack (0: one pack)", ylabel="ms per all-reduce",
                 title=f"{int(packs['num_tensors'].iloc[0]) if len(packs) else 0} tensors between workers")
+  elif mode == "tta":
+    fig, ax = subplots(1, (9, 5))
+    for run, group in frame.groupby("run", sort=False):
+      how = group.iloc[0]
+      ax.plot(group["seconds"], group["eval_accuracy"], "o-", label=f"{run} ({how['strategy']} "
+              f"x{how['replicas']}, batch {how['global_batch']})")
+    for target in targets:
+      ax.axhline(target, color="gray", ls="--", lw=0.8)
+    ax.set(xlabel="wall seconds since the training call started (evaluation included)",
+           ylabel="eval accuracy", xlim=(0, None), ylim=(0, 1),
+           title=f"{first['model']}: eval accuracy per epoch")
+    ax.legend()
   else:
     fig, ax = subplots(1, (10, 1.5 + 0.6 * len(frame)))
     _bars(ax, frame, {"pipeline_images_per_sec": "input pipeline alone",
@@ -590,9 +709,12 @@ TABLE_COLUMNS = {
                   "busbw_gbps", "busbw_over_tcp"],
     "input": ["model", "strategy", "replicas", "global_batch", "pipeline_images_per_sec",
               "train_images_per_sec", "pipeline_over_train"],
+    "tta": ["run", "epoch", "seconds", "eval_accuracy", "train_accuracy", "strategy", "replicas",
+            "global_batch"],
 }
 RUNNERS: dict[str, Callable[[BenchOptions, str, dict], list[dict]]] = {
-    "throughput": throughput, "scaling": scaling, "allreduce": allreduce, "input": input_rate}
+    "throughput": throughput, "scaling": scaling, "allreduce": allreduce, "input": input_rate,
+    "tta": time_to_accuracy}
 
 
 def prepare_output_dir(path: str) -> str:
@@ -619,7 +741,8 @@ def _stop_on_sigterm():
 
 
 def run_mode(mode: str, opts: BenchOptions) -> Any:
-  """Runs one mode; writes <mode>.csv and <mode>.png; returns the pandas DataFrame."""
+  """Runs one mode; writes <mode>.csv and <mode>.png (tta: also tta_targets.csv); returns the
+  pandas DataFrame of <mode>.csv."""
   check_options(mode, opts)
   output_dir = prepare_output_dir(opts.output_dir)
   import pandas as pd  # pylint: disable=g-import-not-at-top
@@ -633,10 +756,15 @@ def run_mode(mode: str, opts: BenchOptions) -> Any:
     shutil.rmtree(scratch, ignore_errors=True)
   frame = pd.DataFrame(rows)
   frame.to_csv(os.path.join(output_dir, f"{mode}.csv"), index=False)
-  plot(mode, frame, os.path.join(output_dir, f"{mode}.png"))
+  plot(mode, frame, os.path.join(output_dir, f"{mode}.png"), opts.targets)
+  tables, written = [frame[TABLE_COLUMNS[mode]]], f"{mode}.csv"
+  if mode == "tta":
+    tables.append(pd.DataFrame(targets_table(frame, opts.targets)))
+    tables[-1].to_csv(os.path.join(output_dir, "tta_targets.csv"), index=False)
+    written += ", tta_targets.csv"
   with pd.option_context("display.width", 200, "display.max_columns", 20):
-    print(frame[TABLE_COLUMNS[mode]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-  print(f"{PROG}: wrote {output_dir}/{mode}.csv and {mode}.png", flush=True)
+    print("\n\n".join(t.to_string(index=False, float_format=lambda v: f"{v:.4g}") for t in tables))
+  print(f"{PROG}: wrote {output_dir}/{written} and {mode}.png", flush=True)
   return frame
 
 
@@ -784,10 +912,12 @@ def cell_main(argv: list[str]) -> None:
   cli.quiet_tensorflow()
   try:
     spec = json.loads(argv[1])
-    result = {"train": train_cell, "allreduce": allreduce_cell}[spec["kind"]](spec)
+    result = {"train": train_cell, "allreduce": allreduce_cell,
+              "tta": tta.run_cell}[spec["kind"]](spec)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   print(RESULT_PREFIX + json.dumps(result), flush=True)
+  cli.exit_now(0)  # no iterator teardown: a trained Controller keeps its iterator (see there)
 
 
 if __name__ == "__main__":
