@@ -50,7 +50,8 @@ def main(argv):
     if runtime.inter_op_threads:
       tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     keras.utils.set_random_seed(config.trainer.seed)
-    keras.mixed_precision.set_dtype_policy(runtime.mixed_precision)
+    from tfdp import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    keras.mixed_precision.set_dtype_policy(strategy_lib.resolve_precision(runtime.mixed_precision)[0])
     task = tasks.make_task(config.task)
     source = task.build_source(data_cfg)
     plan = data_lib.plan_input(source, data_cfg, batch, num_replicas=1, num_pipelines=1)

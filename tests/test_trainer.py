@@ -205,3 +205,18 @@ def test_crop_padding_bounds_the_random_shift_of_augmentation():
     return [any(np.allclose(a, o, atol=1e-3) for o in originals) for a in images]
   assert all(unshifted(augmented(0)))
   assert not all(unshifted(augmented(4)))
+
+
+def test_airbench_gives_logits_for_32_pixel_images_and_rejects_a_wrong_width_list():
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp import models  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  model = models.build_model("airbench", (32, 32, 3), 10, widths=(8, 16, 16))
+  assert model(tf.zeros((2, 32, 32, 3)), training=False).shape == (2, 10)
+  head = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)][0]
+  head.kernel.assign(tf.ones_like(head.kernel))
+  features = keras.Model(model.inputs, head.input)(tf.ones((1, 32, 32, 3)))
+  expected = np.repeat(np.sum(features, -1, keepdims=True), 10, -1) / 9  # logits scaled by 1/9
+  np.testing.assert_allclose(model(tf.ones((1, 32, 32, 3))), expected, rtol=1e-5)
+  with pytest.raises(ConfigError, match="widths must be 3 numbers"):
+    models.build_model("airbench", (32, 32, 3), 10, widths=(8, 16))

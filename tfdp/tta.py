@@ -8,7 +8,9 @@ model builder and seed, the input plans and the learning-rate schedule. Only the
   keras_recipe    `model.fit` on one device with tfdp's recipe: the trainer's optimizer (its
                   schedule, weight-decay exclusions and gradient clip), the task's loss (label
                   smoothing included), tfdp's training and eval batches (augmentation,
-                  normalization, global batch); Keras' defaults otherwise (one step per call)
+                  normalization, global batch) and precision; Keras' defaults otherwise (one
+                  step per call). Not what tfdp adds to evaluation: no weight average
+                  (trainer.ema_decay), mirror test-time augmentation or PreciseBN
   keras_tutorial  `model.fit` as the Keras tutorials do: Adam(1e-3), batch 32, no augmentation,
                   SparseCategoricalCrossentropy(from_logits=True), float32 (the same model
                   builder and tfdp's normalization, so only the recipe differs)
@@ -38,7 +40,9 @@ def run_overrides(run: str) -> list[str]:
   if run == "tfdp":
     return every_epoch
   one_device = ["runtime.strategy=default", "runtime.cpu_replicas=0", "runtime.devices=[]",
-                "trainer.gradient_accumulation_steps=1"]  # model.fit takes the whole batch
+                "trainer.gradient_accumulation_steps=1",  # model.fit takes the whole batch
+                # what tfdp adds to evaluation, which model.fit does not have:
+                "trainer.ema_decay=0", "task.eval_flip=false", "trainer.precise_bn_batches=0"]
   if run == "keras_recipe":
     return every_epoch + one_device
   if run == "keras_tutorial":
