@@ -220,3 +220,34 @@ def test_airbench_gives_logits_for_32_pixel_images_and_rejects_a_wrong_width_lis
   np.testing.assert_allclose(model(tf.ones((1, 32, 32, 3))), expected, rtol=1e-5)
   with pytest.raises(ConfigError, match="widths must be 3 numbers"):
     models.build_model("airbench", (32, 32, 3), 10, widths=(8, 16))
+
+
+def test_the_whitened_stem_decorrelates_patches_of_the_training_images(tmp_path):
+  """airbench's first layer, fixed from the data: on the images it was computed from, its first
+  half of filters gives 2x2-patch coordinates whose second moments are the identity (up to eps),
+  the second half their negatives; it is not trained, and the task feeds it training images."""
+  from tfdp import models  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  base = rng.normal(size=(32, 16, 16, 1)).astype(np.float32)
+  images = np.concatenate([base, 0.5 * base + 0.3 * rng.normal(size=base.shape)], -1).astype(
+      np.float32)  # two strongly correlated channels
+  model = models.build_model("airbench", (16, 16, 2), 3, widths=(4, 4, 4), sample_images=images)
+  stem = model.layers[1]
+  assert stem.kernel.shape == (2, 2, 2, 16) and not stem.kernel.trainable and stem.bias.trainable
+  coordinates = np.asarray(tf.nn.conv2d(images, stem.kernel, 1, "VALID")).reshape(-1, 16)
+  moments = coordinates[:, :8].T @ coordinates[:, :8] / len(coordinates)
+  np.testing.assert_allclose(moments, np.eye(8), atol=0.02)
+  np.testing.assert_array_equal(coordinates[:, 8:], -coordinates[:, :8])
+  raw = images.reshape(-1, 2)  # the inputs themselves are far from white
+  assert abs(np.corrcoef(raw.T)[0, 1]) > 0.8
+
+  config = config_lib.load_config([], [
+      "task.model.name=airbench,task.model.kwargs={widths: [4, 4, 4]},"
+      "task.train_data.source=synthetic,task.train_data.num_examples=40,"
+      "task.train_data.image_size=16,task.train_data.num_classes=3,trainer.global_batch_size=8,"
+      "trainer.epochs=1,runtime.strategy=default"])
+  exp = experiment.build(config, str(tmp_path), "train", verbose=False)
+  sample = exp.task.sample_images(exp.train_plan.source, 40)
+  assert sample.shape == (40, 16, 16, 3)
+  np.testing.assert_allclose(exp.trainer.model.layers[1].kernel,
+                             models.patch_whitening_kernel(sample), rtol=1e-5, atol=1e-6)

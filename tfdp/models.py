@@ -23,6 +23,13 @@ def registered_models() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def takes_sample_images(name: str) -> bool:
+  """Whether the builder initializes from training images (a `sample_images` argument): the
+  image task then passes it some, normalized as the model will see them."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  return name in _REGISTRY and "sample_images" in inspect.signature(_REGISTRY[name]).parameters
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, **kwargs):
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
   if name not in _REGISTRY:
@@ -31,7 +38,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     return _REGISTRY[name](input_shape, num_classes, **kwargs)
   except (TypeError, ValueError) as e:  # Keras rejects e.g. filters=-4 with a ValueError
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    raise ConfigError(f"task.model.kwargs {kwargs} do not fit model '{name}' ({first_line}); fix "
+    given = {k: v for k, v in kwargs.items() if k != "sample_images"}  # the config's, not data
+    raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({first_line}); fix "
                       "task.model.kwargs.") from None
 
 
@@ -105,12 +113,33 @@ def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0
   return keras.Model(inputs, layers.Dense(num_classes, kernel_regularizer=reg)(x), name="small_cnn")
 
 
+def patch_whitening_kernel(images, patch_size: int = 2, eps: float = 5e-4):
+  """airbench's whitened first layer: a conv kernel [k, k, channels, 2 * k * k * channels] whose
+  filters are the eigenvectors of the (uncentred) covariance of all k x k patches of `images`
+  (NHWC), scaled by 1 / sqrt(eigenvalue + eps), each also negated: the layer maps a patch to its
+  decorrelated, unit-variance coordinates (and their negatives, for the GELU after it)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  images = np.asarray(images, np.float64)
+  n, height, width, channels = images.shape
+  patches = np.stack([images[:, i:height - patch_size + 1 + i, j:width - patch_size + 1 + j, :]
+                      for i in range(patch_size) for j in range(patch_size)], axis=3)
+  patches = patches.reshape(-1, patch_size * patch_size * channels)  # (row, column, channel)
+  covariance = patches.T @ patches / len(patches)
+  eigenvalues, eigenvectors = np.linalg.eigh(covariance)  # ascending
+  order = np.argsort(eigenvalues)[::-1]
+  scaled = eigenvectors[:, order] / np.sqrt(eigenvalues[order] + eps)
+  kernel = np.concatenate([scaled, -scaled], axis=1)
+  return kernel.reshape(patch_size, patch_size, channels, -1).astype(np.float32)
+
+
 @register_model("airbench")
-def airbench(input_shape, num_classes, widths=(64, 256, 256), stem_width=24,
-             batchnorm_momentum=0.4, logit_scale=1 / 9):
+def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum=0.4,
+             logit_scale=1 / 9, whiten=True, sample_images=None):
   """The fast CIFAR-10 net of airbench (Keller Jordan 2024): a 2x2 stem, three groups of
-  conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. Differences: the stem is
-  learned, not initialized by patch whitening; BatchNorm keeps a learned scale."""
+  conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. The stem is fixed to
+  whiten 2x2 patches of `sample_images` (patch_whitening_kernel; its bias still learns) when
+  `whiten` and images are given, else learned. Differences from airbench: BatchNorm keeps a
+  learned scale; no lookahead, bias learning-rate scaling or Dirac initialization."""
   import keras  # pylint: disable=g-import-not-at-top
   from keras import layers  # pylint: disable=g-import-not-at-top
   if len(widths) != 3:
@@ -122,8 +151,13 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), stem_width=24,
   def conv(x, filters):
     return layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
 
+  stem_width = 2 * 2 * 2 * input_shape[-1]  # every 2x2 patch direction, and its negative
+  stem = layers.Conv2D(stem_width, 2, padding="valid")
   inputs = keras.Input(input_shape)
-  x = layers.Activation("gelu")(layers.Conv2D(stem_width, 2, padding="valid")(inputs))
+  x = layers.Activation("gelu")(stem(inputs))
+  if whiten and sample_images is not None:
+    stem.kernel.assign(patch_whitening_kernel(sample_images))
+    stem.kernel.trainable = False
   for width in widths:
     x = layers.Activation("gelu")(bn(layers.MaxPooling2D()(conv(x, width))))
     x = layers.Activation("gelu")(bn(conv(x, width)))

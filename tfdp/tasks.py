@@ -190,9 +190,23 @@ class ImageClassificationTask(Task):
       image = _augment(image, seed, data.crop_padding)
     return {"image": _normalize(image, data.mean, data.std), "label": example["label"]}
 
+  SAMPLE_IMAGES = 5000  # for a builder that initializes from data (airbench: 5000 images)
+
   def build_model(self, source):
     model = self.config.model
-    return models.build_model(model.name, source.image_shape, source.num_classes, **model.kwargs)
+    kwargs = dict(model.kwargs)
+    if models.takes_sample_images(model.name):
+      kwargs["sample_images"] = self.sample_images(source, self.SAMPLE_IMAGES)
+    return models.build_model(model.name, source.image_shape, source.num_classes, **kwargs)
+
+  def sample_images(self, source, count: int):
+    """The source's first `count` images, normalized as evaluation sees them (NHWC numpy)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    data = self.config.train_data
+    examples = source.read(list(range(len(source.file_counts)))).take(count)
+    images = examples.map(lambda ex: _normalize(ex["image"], data.mean, data.std),
+                          num_parallel_calls=tf.data.AUTOTUNE).batch(count)
+    return next(iter(images)).numpy()
 
   def model_inputs(self, batch):
     return batch["image"]
