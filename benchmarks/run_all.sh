@@ -15,4 +15,15 @@ run tfdp-bench --mode=scaling --models=resnet20 --workers=2 --per_replica_batch=
 run tfdp-bench --mode=allreduce --workers=2 --output_dir="$out/allreduce"
 run tfdp-bench --mode=input --models=resnet20 --data=cifar10 --replicas=1,2 --global_batch_sizes=128 "${common[@]}" --output_dir="$out/input"
 run python benchmarks/worker_death.py --repeats=3 --work_dir="$out/worker_death"
+# Issue 11: all-reduce variants across 2 workers, time to accuracy, what each recipe piece adds, the 30-minute recipe.
+for option in runtime.all_reduce_dtype=bfloat16 runtime.bytes_per_pack=262144,runtime.all_reduce_order=backward \
+    runtime.bytes_per_pack=262144,runtime.all_reduce_order=variables; do
+  run tfdp-bench --mode=scaling --models=resnet20 --workers=2 --per_replica_batch=64 "${common[@]}" \
+    --params_override="$option" --output_dir="$out/scaling-${option//[=,.]/_}"
+done
+run tfdp-bench --mode=tta --targets=0.6,0.7,0.75,0.8 --output_dir="$out/tta"
+run python benchmarks/eval_variants.py --config_file=configs/cifar10_quick.yaml --model_dir="$out/variants"
+run python benchmarks/eval_variants.py --config_file=configs/cifar10_quick.yaml --model_dir="$out/variants-f32" \
+    --params_override=runtime.mixed_precision=float32
+run tfdp-train --config_file=configs/cifar10_airbench.yaml --model_dir="$out/cifar10_airbench"
 echo "results in $out"
