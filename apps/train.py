@@ -19,7 +19,8 @@ from tfdp import config as config_lib
 from tfdp import logs
 from tfdp.errors import Preempted, TfdpError
 
-DEFAULT_CONFIG = "configs/cifar10_quick.yaml"
+# The job with no --config_file; TFDP_DEFAULT_CONFIG may name another (a site default, the tests').
+DEFAULT_CONFIG = os.environ.get("TFDP_DEFAULT_CONFIG") or "configs/cifar10_quick.yaml"
 PROG = "tfdp-train"
 
 flags.DEFINE_multi_string("config_file", None, "YAML config; repeat to layer (later wins). "

@@ -32,6 +32,7 @@ def env(**extra) -> dict:
   # The tests count CPU replicas and start several workers on one machine: GPUs would replace
   # the CPU replicas and be shared by every worker. Hide them (benchmarks/gpu_smoke.py uses them).
   e["CUDA_VISIBLE_DEVICES"] = ""
+  e["TFDP_DEFAULT_CONFIG"] = str(SCRIPTS / "base_job.yaml")  # tests name what they change from it
   e.pop("TFDS_DATA_DIR", None)
   if HAVE_CIFAR:
     e["TFDS_DATA_DIR"] = str(CIFAR_DIR)
