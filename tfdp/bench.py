@@ -94,26 +94,24 @@ class BenchOptions:
   runs: list[str] = dataclasses.field(default_factory=lambda: list(tta.RUNS))  # tta
 
 
-def parse_int_list(text: str, flag: str) -> list[int]:
-  """`1,2,4` → [1, 2, 4]; one line naming the flag otherwise."""
+def _parse_number_list(text: str, flag: str, kind: type, what: str) -> list:
   try:
-    values = [int(v) for v in text.split(",") if v.strip()]
+    values = [kind(v) for v in text.split(",") if v.strip()]
   except ValueError:
-    raise ConfigError(f"--{flag} must be whole numbers separated by commas, got '{text}'.") from None
+    raise ConfigError(f"--{flag} must be {what} separated by commas, got '{text}'.") from None
   if not values:
     raise ConfigError(f"--{flag} is empty; give at least one number.")
   return values
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+  """`1,2,4` → [1, 2, 4]; one line naming the flag otherwise."""
+  return _parse_number_list(text, flag, int, "whole numbers")
 
 
 def parse_float_list(text: str, flag: str) -> list[float]:
   """`0.6,0.7` → [0.6, 0.7]; one line naming the flag otherwise."""
-  try:
-    values = [float(v) for v in text.split(",") if v.strip()]
-  except ValueError:
-    raise ConfigError(f"--{flag} must be numbers separated by commas, got '{text}'.") from None
-  if not values:
-    raise ConfigError(f"--{flag} is empty; give at least one number.")
-  return values
+  return _parse_number_list(text, flag, float, "numbers")
 
 
 def parse_name_list(text: str) -> list[str]:
