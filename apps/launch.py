@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 
 from tfdp import cli
-from tfdp import launch as launcher
+from tfdp.distributed import launch as launcher
 from tfdp.errors import TfdpError
 
 flags.DEFINE_integer("num_workers", 2, "Number of worker processes.")

@@ -21,7 +21,7 @@ from absl import app
 from absl import flags
 
 from tfdp import cli
-from tfdp import interactions
+from tfdp.workloads.recommenders import interactions
 from tfdp.errors import TfdpError
 
 PROG = "tfdp-split-interactions"

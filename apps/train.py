@@ -17,10 +17,10 @@ from absl import logging
 from tfdp import cli
 from tfdp import config as config_lib
 from tfdp import logs
+from tfdp import paths
 from tfdp.errors import Preempted, TfdpError
 
-# The job with no --config_file; TFDP_DEFAULT_CONFIG may name another (a site default, the tests').
-DEFAULT_CONFIG = os.environ.get("TFDP_DEFAULT_CONFIG") or "configs/cifar10_quick.yaml"
+DEFAULT_CONFIG = paths.default_job()
 PROG = "tfdp-train"
 
 flags.DEFINE_multi_string("config_file", None, "YAML config; repeat to layer (later wins). "
@@ -49,7 +49,7 @@ def main(argv):
       print(config_lib.dump_yaml(config))
       return 0
     logs.start_tensorflow(FLAGS.tf_log_level)
-    from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
+    from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
     logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
                  "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)
     try:

@@ -5,7 +5,7 @@
   tfdp-vocab --input=../shared/text/shakespeare --plays --output=configs/vocab/shakespeare_wordpiece.txt
 
 The file holds one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] first ([PAD] is id 0); read it
-with tfdp.text.load_tokenizer. --vocab_size is an upper bound: keras_hub's learner keeps only
+with tfdp.workloads.text.inputs.load_tokenizer. --vocab_size is an upper bound: keras_hub's learner keeps only
 word pieces seen at least 10 times (the 38 plays give 6291 tokens, learned in about 75 s).
 """
 import os
@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 
 from tfdp import cli
-from tfdp import text
+from tfdp.workloads.text import inputs as text
 from tfdp.errors import TfdpError
 
 PROG = "tfdp-vocab"

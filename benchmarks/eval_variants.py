@@ -20,7 +20,7 @@ from absl import flags
 
 from tfdp import cli
 from tfdp import config as config_lib
-from tfdp import experiment
+from tfdp.core import experiment
 from tfdp.errors import TfdpError
 
 PROG = "eval-variants"

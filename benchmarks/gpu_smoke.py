@@ -30,7 +30,7 @@ LOSS_SCALE = textwrap.dedent("""
       cpu = tf.config.list_physical_devices("CPU")[0]
       tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
-    from tfdp import compat
+    from tfdp.distributed import compat
     keras.mixed_precision.set_dtype_policy("mixed_float16")
     strategy = tf.distribute.MirroredStrategy([f"/{kind.lower()}:0", f"/{kind.lower()}:1"])
     with strategy.scope():
@@ -68,7 +68,8 @@ HIERARCHICAL = textwrap.dedent("""
     if kind == "CPU":
       cpu = tf.config.list_physical_devices("CPU")[0]
       tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
-    from tfdp import config, strategy as strategy_lib
+    from tfdp import config
+    from tfdp.distributed import strategy as strategy_lib
     devices = [f"/{kind.lower()}:{i}" for i in range(3)]
     def total(strategy):
       @tf.function
@@ -100,7 +101,8 @@ OVERFLOW_JOB = ",".join([
 DEVICES = textwrap.dedent("""
     import json, os
     import tensorflow as tf
-    from tfdp import strategy as strategy_lib, config
+    from tfdp import config
+    from tfdp.distributed import strategy as strategy_lib
     tf.constant(1.0)  # TensorFlow has started: memory growth can no longer be set
     strategy_lib.configure_devices(config.RuntimeConfig())
     strategy, plan = strategy_lib.make_strategy(config.RuntimeConfig(cpu_replicas=2))

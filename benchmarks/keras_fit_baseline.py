@@ -3,7 +3,7 @@
   python benchmarks/keras_fit_baseline.py --params_override=task.model.name=small_cnn \
       --steps_per_epoch=20 --epochs=3
 
-Same model builder (tfdp.models), same batches (tfdp.data's (images, labels, mask); Keras takes
+Same model builder (tfdp.workloads.vision.models), same batches (tfdp.core.data's (images, labels, mask); Keras takes
 the mask as sample weights), same global batch, SGD with the config's settings; Keras defaults
 otherwise. One warm-up epoch (tracing) is not timed, then --epochs epochs are; prints one JSON line.
 """
@@ -22,8 +22,8 @@ from absl import flags
 
 from tfdp import cli
 from tfdp import config as config_lib
-from tfdp import data as data_lib
-from tfdp import tasks
+from tfdp.core import data as data_lib
+from tfdp.core import task as tasks
 from tfdp import tta
 from tfdp.errors import TfdpError
 
@@ -50,7 +50,7 @@ def main(argv):
     if runtime.inter_op_threads:
       tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     keras.utils.set_random_seed(config.trainer.seed)
-    from tfdp import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
     keras.mixed_precision.set_dtype_policy(strategy_lib.resolve_precision(runtime.mixed_precision)[0])
     task = tasks.make_task(config.task)
     source = task.build_source(data_cfg)

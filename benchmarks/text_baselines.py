@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tfdp import cli  # pylint: disable=wrong-import-position
 from tfdp import config as config_lib  # pylint: disable=wrong-import-position
-from tfdp import tasks  # pylint: disable=wrong-import-position
-from tfdp import text  # pylint: disable=wrong-import-position
-from tfdp import text_tasks  # pylint: disable=wrong-import-position
+from tfdp.core import task as tasks  # pylint: disable=wrong-import-position
+from tfdp.workloads.text import inputs as text  # pylint: disable=wrong-import-position
+from tfdp.workloads.text import tasks as text_tasks  # pylint: disable=wrong-import-position
 
 
 def examples(task, data):

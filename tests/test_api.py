@@ -27,7 +27,7 @@ def test_readme_example_trains_and_evaluates_every_example(tmp_path):
 
 
 def test_import_tfdp_does_not_start_tensorflow():
-  code = "import sys, tfdp, tfdp.config, tfdp.cluster; print('tensorflow' in sys.modules)"
+  code = "import sys, tfdp, tfdp.config, tfdp.distributed.cluster; print('tensorflow' in sys.modules)"
   proc = subprocess.run([sys.executable, "-c", code], env=helpers.env(), capture_output=True,
                         text=True, timeout=60)
   assert proc.stdout.strip() == "False", proc.stderr[-2000:]

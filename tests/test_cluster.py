@@ -1,4 +1,4 @@
-"""Tests for tfdp.cluster: TF_CONFIG validation, Slurm expansion, precedence."""
+"""Tests for tfdp.distributed.cluster: TF_CONFIG validation, Slurm expansion, precedence."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from tfdp import cluster as cluster_lib
-from tfdp.cluster import Cluster
+from tfdp.distributed import cluster as cluster_lib
+from tfdp.distributed.cluster import Cluster
 from tfdp.errors import ClusterError
 
 
@@ -280,7 +280,7 @@ def test_summary_line():
 
 
 def test_cluster_module_does_not_import_tensorflow():
-  code = ("import sys, tfdp.cluster; "
+  code = ("import sys, tfdp.distributed.cluster; "
           "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
   subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 

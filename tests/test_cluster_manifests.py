@@ -8,9 +8,10 @@ import yaml
 
 import helpers
 from tfdp import cli
-from tfdp import cluster as cluster_lib
+from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
-from tfdp import strategy as strategy_lib
+from tfdp.core import data as data_lib
+from tfdp.distributed import strategy as strategy_lib
 
 CLUSTER_DIR = helpers.REPO / "configs" / "cluster"
 
@@ -35,7 +36,7 @@ def check_job(args, cluster, config_file):
   assert flag_values(args, "model_dir")
   plan = strategy_lib.plan_strategy(config.runtime, cluster, ["/cpu:0"])
   assert plan.kind == "multi_worker_mirrored" and plan.all_reduce == "ring"
-  config_lib.check_batch_divides(config, cluster.num_workers)
+  data_lib.check_batch_divides(config, cluster.num_workers)
   return config
 
 

@@ -12,7 +12,7 @@ BN_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
-    from tfdp import compat
+    from tfdp.distributed import compat
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     def build():
       return keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
@@ -53,7 +53,10 @@ def test_batchnorm_moving_statistics_agree_across_replicas():
 HEARTBEAT_SCRIPT = textwrap.dedent("""
     import sys
     import tensorflow as tf
-    from tfdp import cluster as cluster_lib, compat, config, strategy as strategy_lib
+    from tfdp import config
+    from tfdp.distributed import cluster as cluster_lib
+    from tfdp.distributed import compat
+    from tfdp.distributed import strategy as strategy_lib
     if sys.argv[1] == "fixed":
       runtime = config.RuntimeConfig(strategy="multi_worker_mirrored", heartbeat_timeout_seconds=45)
       strategy, _ = strategy_lib.make_strategy(runtime, cluster_lib.resolve_cluster())
@@ -65,7 +68,7 @@ HEARTBEAT_SCRIPT = textwrap.dedent("""
 
 
 def test_coordination_heartbeat_timeout_is_ours():
-  from tfdp import launch  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import launch  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
   for mode, expected in (("upstream", "heartbeat_ms 0 sum 2.0"), ("fixed", "heartbeat_ms 45000 sum 2.0")):
     output = io.StringIO()
@@ -82,7 +85,7 @@ ALL_REDUCE_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
-    from tfdp import compat
+    from tfdp.distributed import compat
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
       w = keras.Variable(tf.zeros(2))
@@ -121,7 +124,7 @@ EMA_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
-    from tfdp import compat
+    from tfdp.distributed import compat
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
       model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False,

@@ -7,6 +7,8 @@ import helpers
 import yaml
 
 from tfdp import config as config_lib
+from tfdp.core import data as data_lib
+from tfdp.distributed import strategy as strategy_lib
 from tfdp.errors import ConfigError
 
 
@@ -85,13 +87,13 @@ def test_bad_files(tmp_path):
 
 def test_batch_must_split_over_replicas():
   config = config_lib.load_config([], ["trainer.global_batch_size=130"])
-  config_lib.check_batch_divides(config, 2)
+  data_lib.check_batch_divides(config, 2)
   with pytest.raises(ConfigError, match="global_batch_size.*4 replicas.*128"):
-    config_lib.check_batch_divides(config, 4)
-  assert config_lib.expected_replicas(config.runtime, 1) is None  # auto: depends on GPUs found
+    data_lib.check_batch_divides(config, 4)
+  assert strategy_lib.expected_replicas(config.runtime, 1) is None  # auto: depends on GPUs found
   config = config_lib.load_config([], ["runtime.cpu_replicas=3"])
-  assert config_lib.expected_replicas(config.runtime, 1) == 3
-  assert config_lib.expected_replicas(config.runtime, 2) is None  # multi-worker: known at run time
+  assert strategy_lib.expected_replicas(config.runtime, 1) == 3
+  assert strategy_lib.expected_replicas(config.runtime, 2) is None  # multi-worker: known at run time
 
 
 def test_shipped_configs_load_alone_and_with_their_smoke_layer():

@@ -6,8 +6,9 @@ import pytest
 
 import helpers
 from tfdp import config as config_lib
-from tfdp import data as data_lib
-from tfdp import tasks
+from tfdp.core import data as data_lib
+from tfdp.core import task as tasks
+from tfdp.workloads.vision import sources
 from tfdp.errors import DataError
 
 tf = pytest.importorskip("tensorflow")
@@ -165,7 +166,7 @@ def test_a_relative_tfds_data_dir_means_one_folder_for_every_process(tmp_path, m
   import sys  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv("TFDS_DATA_DIR", "rel/tfds")
-  assert data_lib.tfds_data_dir(config_lib.DataConfig()) == str(tmp_path / "rel" / "tfds")
+  assert sources.tfds_data_dir(config_lib.DataConfig()) == str(tmp_path / "rel" / "tfds")
   # The README's relative form, given to pytest in the repo: the test processes (which run in
   # other directories) get the absolute folder.
   code = ("import helpers; print(helpers.CIFAR_DIR, helpers.HAVE_CIFAR, "

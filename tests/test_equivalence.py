@@ -2,7 +2,7 @@
 weights really move, training learns, and BatchNorm statistics agree across replicas.
 
 Each run is a fresh process (logical CPU devices must be set before TensorFlow starts) built
-through tfdp.experiment.build by tests/scripts/probe.py, with a fixed seed and global batch.
+through tfdp.core.experiment.build by tests/scripts/probe.py, with a fixed seed and global batch.
 """
 import numpy as np
 import pytest

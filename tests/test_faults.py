@@ -12,7 +12,7 @@ import pandas as pd
 import psutil
 
 import helpers
-from tfdp import launch as launcher
+from tfdp.distributed import launch as launcher
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 SLEEPER = ("import os, sys, time\n"

@@ -1,4 +1,4 @@
-"""Tests for tfdp.gpus: which GPUs each local worker gets (no TensorFlow)."""
+"""Tests for tfdp.distributed.gpus: which GPUs each local worker gets (no TensorFlow)."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from tfdp import gpus
+from tfdp.distributed import gpus
 from tfdp.errors import ClusterError
 
 UNSET = None  # CUDA_VISIBLE_DEVICES not in the launcher's env.
@@ -145,6 +145,6 @@ def test_describe_lines():
 
 
 def test_gpus_module_does_not_import_tensorflow():
-  code = ("import sys, tfdp.gpus; "
+  code = ("import sys, tfdp.distributed.gpus; "
           "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
   subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import helpers
-from tfdp import interactions
+from tfdp.workloads.recommenders import interactions
 from tfdp.errors import DataError
 
 INSTEVAL = helpers.REPO.parent / "shared" / "interactions" / "insteval" / "InstEval.csv"
@@ -35,7 +35,7 @@ def frame_of(users, items, labels=None, weights=None) -> pd.DataFrame:
 
 
 def test_importing_starts_no_tensorflow():
-  proc = subprocess.run([sys.executable, "-c", "import sys, tfdp.interactions; "
+  proc = subprocess.run([sys.executable, "-c", "import sys, tfdp.workloads.recommenders.interactions; "
                          "print('tensorflow' in sys.modules)"], capture_output=True, text=True,
                         timeout=60, env=helpers.env(), cwd=str(helpers.REPO))
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -548,7 +548,7 @@ def test_id_mapping_errors(tmp_path):
     interactions.IdMapping.from_vocabulary_file(tmp_path / "none.vocab")
   assert one_line_error(excinfo) == (
       f"vocabulary file '{tmp_path}/none.vocab' does not exist; write it once from all the data "
-      "with tfdp.interactions.build_vocabulary (apps/split_interactions.py --item_vocabulary), "
+      "with tfdp.workloads.recommenders.interactions.build_vocabulary (apps/split_interactions.py --item_vocabulary), "
       "and give every worker the same file.")
   (tmp_path / "v.vocab").write_text("4\n9\n")
   exact = interactions.IdMapping.from_vocabulary_file(tmp_path / "v.vocab", oov_buckets=0)

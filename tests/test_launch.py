@@ -1,4 +1,4 @@
-"""Tests for tfdp.launch and apps/launch.py with real worker processes."""
+"""Tests for tfdp.distributed.launch and apps/launch.py with real worker processes."""
 
 import json
 import os
@@ -15,8 +15,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from tfdp import cluster as cluster_lib
-from tfdp import launch as launcher
+from tfdp.distributed import cluster as cluster_lib
+from tfdp.distributed import launch as launcher
 from tfdp.errors import ClusterError
 
 LAUNCH_APP = REPO_ROOT / "apps" / "launch.py"

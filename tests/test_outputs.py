@@ -3,7 +3,7 @@ import os
 
 import pandas as pd
 
-from tfdp import outputs
+from tfdp.core import outputs
 
 
 def test_non_chief_writes_to_its_own_temp_dir_and_stale_ones_are_removed(tmp_path, monkeypatch):

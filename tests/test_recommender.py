@@ -9,9 +9,9 @@ import pytest
 
 import helpers
 from tfdp import config as config_lib
-from tfdp import data as data_lib
-from tfdp import interactions
-from tfdp import tasks
+from tfdp.core import data as data_lib
+from tfdp.workloads.recommenders import interactions
+from tfdp.core import task as tasks
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 SIGMA = 0.3
@@ -94,7 +94,7 @@ def test_every_interaction_of_every_shard_is_used_once_per_epoch(planted):
   users, items = (interactions.IdMapping.from_vocabulary_file(str(planted / f"{n}.txt"))
                   for n in ("users", "items"))
   frame = pd.read_csv(planted / "all.csv")
-  from tfdp import recommender_tasks  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.recommenders import tasks as recommender_tasks  # pylint: disable=g-import-not-at-top
   train = recommender_tasks.holdout_split(interactions.read_interactions(
       str(planted / "all.csv"), "user", "item", "label"), data)
   expected = list(zip(users.lookup(train["user"].to_numpy()), items.lookup(train["item"].to_numpy())))

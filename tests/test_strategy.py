@@ -2,8 +2,8 @@
 import pytest
 
 from tfdp import config as config_lib
-from tfdp import strategy as strategy_lib
-from tfdp.cluster import Cluster
+from tfdp.distributed import strategy as strategy_lib
+from tfdp.distributed.cluster import Cluster
 from tfdp.errors import ConfigError
 
 SINGLE = Cluster()
@@ -64,9 +64,9 @@ def test_cpu_replicas_on_a_gpu_host_say_what_was_chosen_and_why():
   assert "ignored" not in cpu_only.reason and "CPU replicas" in cpu_only.reason
   # The batch is checked against the replicas the run will really have: not 2 when GPUs may
   # replace the CPU replicas, 2 when they surely cannot.
-  assert config_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=True) is None
-  assert config_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=False) == 2
-  assert not config_lib.gpus_may_be_visible({"CUDA_VISIBLE_DEVICES": ""})
+  assert strategy_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=True) is None
+  assert strategy_lib.expected_replicas(runtime(cpu_replicas=2), gpus_visible=False) == 2
+  assert not strategy_lib.gpus_may_be_visible({"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.parametrize("devices, expected", [

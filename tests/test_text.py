@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import helpers
-from tfdp import text
+from tfdp.workloads.text import inputs as text
 from tfdp.errors import ConfigError, DataError
 
 SHAKESPEARE = helpers.REPO.parent / "shared" / "text" / "shakespeare"
@@ -129,7 +129,7 @@ def test_read_text_files_from_folder_and_glob(tmp_path):
 
 
 def test_import_starts_no_tensorflow():
-  code = ("import sys, tfdp.text; "
+  code = ("import sys, tfdp.workloads.text.inputs; "
           "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', "
           "'keras_hub')))")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -167,8 +167,8 @@ def test_masked_lm_trains_in_mixed_precision(tmp_path, small_corpus, precision):
 def test_passages_are_a_plays_speeches_in_order_cut_to_the_sequence_length(tmp_path):
   from test_text import write_play  # pylint: disable=g-import-not-at-top
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tfdp import tasks  # pylint: disable=g-import-not-at-top
-  from tfdp import text_tasks  # pylint: disable=g-import-not-at-top
+  from tfdp.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.text import tasks as text_tasks  # pylint: disable=g-import-not-at-top
   words = words_of_vocabulary()
   speeches = {"comedy/a-play": [" ".join(words[i:i + 7]) for i in range(0, 70, 7)],
               "tragedy/b-play": [" ".join(words[i:i + 3]) for i in range(100, 106, 3)]}

@@ -8,9 +8,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from tfdp import config as config_lib  # pylint: disable=wrong-import-position
-from tfdp import data as data_lib  # pylint: disable=wrong-import-position
-from tfdp import experiment  # pylint: disable=wrong-import-position
-from tfdp import tasks  # pylint: disable=wrong-import-position
+from tfdp.core import data as data_lib  # pylint: disable=wrong-import-position
+from tfdp.core import experiment  # pylint: disable=wrong-import-position
+from tfdp.core import task as tasks  # pylint: disable=wrong-import-position
 
 TRUE_W, TRUE_B = np.array([1.5, -2.0, 0.5], np.float32), 0.25
 
@@ -91,7 +91,7 @@ TOY_EMA = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_d
 def test_the_weight_average_is_evaluated_exported_and_checkpointed_while_training_goes_on(tmp_path):
   """trainer.ema_decay: evaluation, `--mode=eval` and the exported model see the moving average
   of the weights; training continues from the weights themselves; the checkpoint carries both."""
-  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], [TOY_EMA + ",trainer.epochs=1"])
   exp = experiment.build(config, str(tmp_path / "run"), "train_and_eval", verbose=False)
   trainer, seen = exp.trainer, []
@@ -209,7 +209,7 @@ def test_crop_padding_bounds_the_random_shift_of_augmentation():
 
 def test_airbench_gives_logits_for_32_pixel_images_and_rejects_a_wrong_width_list():
   import keras  # pylint: disable=g-import-not-at-top
-  from tfdp import models  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
   model = models.build_model("airbench", (32, 32, 3), 10, widths=(8, 16, 16))
   assert model(tf.zeros((2, 32, 32, 3)), training=False).shape == (2, 10)
@@ -226,7 +226,7 @@ def test_the_whitened_stem_decorrelates_patches_of_the_training_images(tmp_path)
   """airbench's first layer, fixed from the data: on the images it was computed from, its first
   half of filters gives 2x2-patch coordinates whose second moments are the identity (up to eps),
   the second half their negatives; it is not trained, and the task feeds it training images."""
-  from tfdp import models  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   base = rng.normal(size=(32, 16, 16, 1)).astype(np.float32)
   images = np.concatenate([base, 0.5 * base + 0.3 * rng.normal(size=base.shape)], -1).astype(

@@ -3,8 +3,8 @@
 Importing tfdp does not start TensorFlow (configs and clusters are checked first).
 """
 from tfdp.errors import TfdpError
-from tfdp.models import register_model
-from tfdp.tasks import Task, register_task
+from tfdp.workloads.vision.models import register_model
+from tfdp.core.task import Task, register_task
 
 
 def fit(*args, **kwargs):
@@ -34,7 +34,9 @@ def launch_notebook(train_fn, num_workers: int = 2, **kwargs):
 def make_strategy(**runtime_overrides):
   """A tf.distribute strategy from runtime settings, e.g. make_strategy(cpu_replicas=2); with no
   arguments it picks as `runtime.strategy: auto` does."""
-  from tfdp import cluster, config, logs, strategy  # pylint: disable=g-import-not-at-top
+  from tfdp import config, logs  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster
+  from tfdp.distributed import strategy
   runtime = config.RuntimeConfig(**runtime_overrides)
   config.validate(config.ExperimentConfig(runtime=runtime))
   logs.start_tensorflow()

@@ -17,9 +17,9 @@ import threading
 import yaml
 
 from tfdp import config as config_lib
-from tfdp import data as data_lib
+from tfdp.core import data as data_lib
 from tfdp import logs
-from tfdp import outputs
+from tfdp.core import outputs
 from tfdp.errors import DataError
 
 
@@ -60,7 +60,7 @@ def fit(model_fn, train_dataset, eval_dataset=None, *, model_dir: str, epochs: i
     setattr(config.trainer, name, value)
   config_lib.validate(config)
   logs.start_tensorflow()
-  from tfdp import experiment  # pylint: disable=g-import-not-at-top
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   train_source = dataset_source(train_dataset)
   eval_source = (dataset_source(eval_dataset, train_source.num_classes)
                  if eval_dataset is not None else None)
@@ -77,7 +77,7 @@ def train(config_files=(), params: str | dict = "", *, model_dir: str,
   from tfdp import cli  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([cli.find_config(p) for p in config_files], _overrides(params))
   logs.start_tensorflow()
-  from tfdp import experiment  # pylint: disable=g-import-not-at-top
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   return _finished(experiment.run(config, model_dir, mode, verbose=verbose))
 
 

@@ -47,7 +47,8 @@ import time
 from typing import Any, Callable
 
 from tfdp import config as config_lib
-from tfdp import data as data_lib
+from tfdp.core import data as data_lib
+from tfdp.core import task as tasks
 from tfdp import tta
 from tfdp.errors import ConfigError, TfdpError
 
@@ -218,11 +219,10 @@ def load_checked(overrides: list[str], replicas: int | None = None,
   """The checks a cell would fail on, made up front: one bad cell must not waste the others."""
   config = config_lib.load_config(list(config_files), overrides)
   if replicas:
-    config_lib.check_batch_divides(config, replicas)
-    if config.runtime.jit_compile and replicas > 1:  # experiment.run's rule
-      raise ConfigError(f"runtime.jit_compile works with one replica; drop {replicas} from "
-                        "--replicas or set runtime.jit_compile=false.")
-  data_lib.check_source(config.task.train_data, "task.train_data")
+    data_lib.check_batch_divides(config, replicas)
+    from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    strategy_lib.check_jit_compile(config.runtime, replicas, "--replicas")
+  tasks.task_class(config.task.name).check_source(config.task.train_data, "task.train_data")
   return config
 
 
@@ -282,7 +282,7 @@ def run_cell(spec: dict, what: str, timeout: float) -> dict:
 
 def run_worker_group(spec: dict, num_workers: int, what: str) -> list[dict]:
   """One measurement on `num_workers` processes through tfdp's launcher; one result per rank."""
-  from tfdp import launch  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import launch  # pylint: disable=g-import-not-at-top
   output = io.StringIO()
   env = child_env()
   result = launch.run_group(cell_command(spec), num_workers, env=env, stop_grace_seconds=10,
@@ -558,10 +558,11 @@ def tta_jobs(opts: BenchOptions) -> dict[str, list[str]]:
       raise ConfigError("trainer.max_steps cuts an epoch short, and --mode=tta compares whole "
                         "epochs; set trainer.max_steps=0 and choose trainer.epochs.")
     for key in ("train_data", "eval_data"):  # every epoch evaluates
-      data_lib.check_source(getattr(config.task, key), f"task.{key}")
-    replicas = config_lib.expected_replicas(config.runtime)
+      tasks.task_class(config.task.name).check_source(getattr(config.task, key), f"task.{key}")
+    from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    replicas = strategy_lib.expected_replicas(config.runtime)
     if replicas:
-      config_lib.check_batch_divides(config, replicas)
+      data_lib.check_batch_divides(config, replicas)
   return jobs
 
 
@@ -786,8 +787,8 @@ def _time_blocks(run: Callable[[int], Any], warmup: int, steps: int, repeats: in
 
 def train_cell(spec: dict) -> dict:
   """Times Trainer.run_steps on the real pipeline, on one cached batch, and the pipeline alone."""
-  from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  from tfdp import experiment  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(spec.get("config_files", []), spec["overrides"])
   cluster = cluster_lib.resolve_cluster()
   # tfdp's whole flow, built once: strategy, data plan, task, model, trainer. The cell times
@@ -849,8 +850,8 @@ def train_cell(spec: dict) -> dict:
 def allreduce_cell(spec: dict) -> dict:
   """All-reduce SUM of float32 (and runtime.all_reduce_dtype) tensors via strategy.run + the
   replica context, timed per size."""
-  from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  from tfdp import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], spec["overrides"])
   strategy, plan = strategy_lib.make_strategy(config.runtime, cluster_lib.resolve_cluster())
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -6,7 +6,8 @@ import sys
 
 from absl import flags
 
-REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+from tfdp import paths
+
 
 
 def exit_with_error(prog: str, message, code: int = 2) -> None:
@@ -32,13 +33,7 @@ def flags_parser(prog: str):
   return parse
 
 
-def find_config(path: str) -> str:
-  """A config path as given, or else relative to the repository's configs/ folder."""
-  if os.path.exists(path):
-    return path
-  candidate = os.path.join(REPO_CONFIGS, os.path.relpath(path, "configs")
-                           if path.startswith("configs") else path)
-  return candidate if os.path.exists(candidate) else path
+find_config = paths.find_config  # the apps' name for it
 
 
 def quiet_tensorflow(level: str | None = None) -> str:

@@ -15,7 +15,8 @@ import sys
 import tempfile
 import traceback
 
-from tfdp import launch as launch_lib
+from tfdp.distributed import launch as launch_lib
+from tfdp import paths
 from tfdp.errors import TfdpError
 
 PAYLOAD = "payload.pkl"
@@ -41,7 +42,7 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
                     "and models inside train_fn.") from None
   worker_env = dict(os.environ if env is None else env)
   # The workers import the same tfdp as this kernel, whatever their working directory.
-  package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  package_root = paths.REPO_ROOT
   worker_env["PYTHONPATH"] = os.pathsep.join(
       p for p in (package_root, os.getcwd(), worker_env.get("PYTHONPATH", "")) if p)
   worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

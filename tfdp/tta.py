@@ -61,7 +61,7 @@ def keras_batches(dataset, task):
 
 def run_cell(spec: dict) -> dict:
   """Trains one run of the spec ({"run", "config_files", "overrides", "model_dir"})."""
-  from tfdp import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
   config = config_lib.load_config(spec["config_files"], spec["overrides"])
   exp = experiment.build(config, spec["model_dir"], "train_and_eval", verbose=False)
   if "accuracy" not in exp.task.metric_names:
@@ -88,7 +88,7 @@ def _train_tfdp(exp) -> list[dict]:
 def _fit_keras(exp, run: str) -> list[dict]:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   config, task, model = exp.config, exp.task, exp.trainer.model
   train = keras_batches(exp.train_dataset_fn()(tf.distribute.InputContext()), task)
   evaluation = keras_batches(data_lib.make_dataset_fn(

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from tfdp import compat  # pylint: disable=g-import-not-at-top
+from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
 from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
-from tfdp import experiment  # pylint: disable=g-import-not-at-top
+from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
 
 
 def weights(model) -> dict:

@@ -15,8 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
-from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
-from tfdp import experiment  # pylint: disable=g-import-not-at-top
+from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
 
 
 def reference_learning_rate(step, cfg, steps_per_epoch, total_steps):

@@ -4,15 +4,16 @@
 every worker read only its own file (shard policy `local`), and the workers exchange their
 example counts so that all run the same number of steps, the shorter shards padded with
 weight-0 rows. Ids become embedding rows the same way on every worker (a vocabulary file with
-out-of-vocabulary rows, or hashing: tfdp.interactions.IdMapping), decided by config alone.
+out-of-vocabulary rows, or hashing: tfdp.workloads.recommenders.interactions.IdMapping), decided by config alone.
 """
 from __future__ import annotations
 
 import math
 
-from tfdp import interactions
-from tfdp import tasks
-from tfdp.config import DataConfig, TaskConfig
+from tfdp.workloads.recommenders import interactions
+from tfdp.core import task as tasks
+from tfdp.core import warm_start
+from tfdp.config.schema import DataConfig, TaskConfig
 from tfdp.errors import ConfigError
 
 
@@ -79,7 +80,7 @@ class MatrixFactorizationTask(tasks.Task):
 
   def build_source(self, data: DataConfig):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     columns, local, users, items = self.read_rows(data)
     read = lambda files: tf.data.Dataset.from_tensor_slices(columns)
     return data_lib.Source([len(columns["user"])], read, "local" if local else "interactions",
@@ -116,7 +117,7 @@ class MatrixFactorizationTask(tasks.Task):
     OOV rows, or hash buckets): ids first seen now land in the OOV rows, which start as the
     pre-training left them (fresh when no OOV id was seen there)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tasks.restore_into(checkpoint_path, tf.train.Checkpoint(model=self.model), "this model")
+    warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(model=self.model), "this model")
 
   def artifacts(self, source):
     import json  # pylint: disable=g-import-not-at-top

@@ -17,8 +17,8 @@ import numpy as np
 import keras
 import tensorflow as tf
 
-from tfdp import compat
-from tfdp import outputs
+from tfdp.distributed import compat
+from tfdp.core import outputs
 from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
 from tfdp.errors import OutputError
 
@@ -416,7 +416,7 @@ class Trainer:
       self.strategy.run(lambda: [v.assign(c) for v, c in zip(variables, constants)])
     assign_everywhere()
 
-  # ---- public loops: the outer loop that calls them is tfdp.controller.Controller --------------------------------------------------------------------------
+  # ---- public loops: the outer loop that calls them is tfdp.core.controller.Controller --------------------------------------------------------------------------
 
   def run_steps(self, iterator, num_steps: int, stop_requested: bool = False
                 ) -> tuple[MetricSums, bool]:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from tfdp import gpus as gpus_lib
+from tfdp.distributed import gpus as gpus_lib
 from tfdp.errors import ClusterError, TfdpError
 
 TAIL_LINES = 20

@@ -9,14 +9,15 @@ from typing import Any
 
 from absl import logging
 
-from tfdp import cluster as cluster_lib
+from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
-from tfdp import data as data_lib
-from tfdp import outputs
-from tfdp import strategy as strategy_lib
-from tfdp import tasks
+from tfdp.core import data as data_lib
+from tfdp.core import outputs
+from tfdp.distributed import strategy as strategy_lib
+from tfdp.core import task as tasks
+from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
-from tfdp.errors import ClusterError, DataError, OutputError
+from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
@@ -25,7 +26,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
-    raise config_lib.ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
+    raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
   if cluster.task_type == "evaluator":
     raise ClusterError("TF_CONFIG makes this task an evaluator, but tfdp has no side-car "
                        "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
@@ -35,15 +36,16 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   if mode == "eval" and resume_from is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
                       "first, or point --model_dir at a trained run.")
+  task_class = tasks.task_class(config.task.name)
   if check_data and mode != "eval":
-    data_lib.check_source(config.task.train_data, "task.train_data")
+    task_class.check_source(config.task.train_data, "task.train_data")
   if check_data and mode != "train":
-    data_lib.check_source(config.task.eval_data, "task.eval_data")
+    task_class.check_source(config.task.eval_data, "task.eval_data")
   if config.task.init_checkpoint:
-    tasks.find_init_checkpoint(config.task.init_checkpoint)
-  replicas = config_lib.expected_replicas(config.runtime, cluster.num_workers)
+    warm_start.find_init_checkpoint(config.task.init_checkpoint)
+  replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:
-    config_lib.check_batch_divides(config, replicas)
+    data_lib.check_batch_divides(config, replicas)
   return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
 
 
@@ -98,7 +100,7 @@ class Experiment:
         if cluster.is_chief:
           outputs.atomic_write_text(self.write_plan.path("eval.json"), json.dumps(result, indent=2))
       else:
-        from tfdp import controller  # pylint: disable=g-import-not-at-top  (imports TF)
+        from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
         result.update(controller.Controller(
             trainer, self.train_dataset, self.eval_dataset,
             self.eval_plan.steps_per_epoch if self.eval_plan else 0).run())
@@ -150,10 +152,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__, precision=precision,
                                      precision_reason=why)
   replicas = strategy.num_replicas_in_sync
-  if config.runtime.jit_compile and replicas > 1:
-    # Not supported yet: XLA-compiled replica steps under a multi-replica strategy (untested).
-    raise config_lib.ConfigError(f"runtime.jit_compile works with one replica, but this run has "
-                                 f"{replicas}; set runtime.jit_compile=false.")
+  strategy_lib.check_jit_compile(config.runtime, replicas)
   if cluster.is_multi_worker:
     _check_workers_agree(config, model_dir, cluster, strategy, plan)
   if verbose:  # one line per process: under the launcher every worker's is prefixed
@@ -190,7 +189,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     moved = outputs.move_run_aside(model_dir)
     if moved:
       logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
-  from tfdp import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
+  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(trainer_cfg.seed)
   source = train_plan.source if train_plan else eval_plan.source  # what the model is built for
@@ -203,7 +202,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 precision=plan.precision, verbose=verbose)
   restored_step = 0 if start_over else trainer.restore()
   if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
-    init = tasks.find_init_checkpoint(config.task.init_checkpoint)
+    init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
     task.warm_start(init)
     logging.info("warm start: encoder restored from %s", init)
   if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
@@ -225,7 +224,7 @@ def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config:
   """Every worker's example count of a source each reads alone, in rank order."""
   if source.kind != "local" or not cluster.is_multi_worker:
     return None
-  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
   counts = [int(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, str(source.num_examples), timeout, topic=topic)]
@@ -237,7 +236,7 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
                          strategy, plan: strategy_lib.StrategyPlan) -> None:
   """Before the first collective: every worker has the same device count, all-reduce and config
   (one small exchange through the coordination service)."""
-  from tfdp import compat  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   digest = hashlib.sha256(f"{config_lib.config_to_json(config)}|{model_dir}".encode()).hexdigest()[:16]
   mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), digest)
   timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)

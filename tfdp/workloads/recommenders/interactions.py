@@ -495,7 +495,7 @@ def build_vocabulary(ids, path: str, min_count: int = 1) -> int:
 def read_id_vocabulary(path: str) -> np.ndarray:
   """The ids of a vocabulary file, in file order (row i is the i-th id); blank lines skipped."""
   path = os.fspath(path)
-  build = ("write it once from all the data with tfdp.interactions.build_vocabulary "
+  build = ("write it once from all the data with tfdp.workloads.recommenders.interactions.build_vocabulary "
            f"({SPLIT_COMMAND} --item_vocabulary)")
   if not os.path.isfile(path):
     raise DataError(f"vocabulary file '{path}' does not exist; {build}, and give every worker "

@@ -6,12 +6,14 @@ choose for; `make_strategy` only carries them out.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 from absl import logging
 
-from tfdp.cluster import Cluster
-from tfdp.config import RuntimeConfig
+from tfdp.distributed.cluster import Cluster
+from tfdp.config.schema import RuntimeConfig
+from tfdp.distributed import gpus
 from tfdp.errors import ConfigError
 
 
@@ -200,10 +202,48 @@ def communication_options(runtime: RuntimeConfig, implementation: str):
       implementation={"ring": impl.RING, "nccl": impl.NCCL, "auto": impl.AUTO}[implementation])
 
 
+def gpus_may_be_visible(env=None) -> bool:
+  """False only when this process surely sees no GPU (asked without starting TensorFlow)."""
+  env = os.environ if env is None else env
+  if "CUDA_VISIBLE_DEVICES" in env:
+    return bool(gpus.parse_visible_devices(env["CUDA_VISIBLE_DEVICES"]))
+  return gpus.count_nvidia_device_files() > 0
+
+
+def expected_replicas(runtime: RuntimeConfig, num_workers: int = 1,
+                      gpus_visible: bool | None = None) -> int | None:
+  """Replica count known from the config alone (None when it depends on GPUs found)."""
+  per_worker = None
+  if num_workers > 1:
+    return None  # one replica per worker on CPU, one per GPU otherwise: known once TF runs
+  if runtime.cpu_replicas:
+    if gpus_may_be_visible() if gpus_visible is None else gpus_visible:
+      return None  # GPUs, if TensorFlow finds any, replace CPU replicas (strategy.plan_strategy)
+    per_worker = runtime.cpu_replicas
+  elif runtime.devices:
+    per_worker = len(runtime.devices)
+  elif runtime.strategy in ("default", "one_device"):
+    per_worker = 1
+  if per_worker is None:
+    return None
+  return per_worker * max(1, num_workers)
+
+
+def check_jit_compile(runtime: RuntimeConfig, replicas: int, flag: str = "") -> None:
+  """XLA-compiled replica steps under a multi-replica strategy are not supported (untested).
+  `flag`: the command-line option that asked for the replicas, named in the fix."""
+  if runtime.jit_compile and replicas > 1:
+    if flag:
+      raise ConfigError(f"runtime.jit_compile works with one replica; drop {replicas} from "
+                        f"{flag} or set runtime.jit_compile=false.")
+    raise ConfigError(f"runtime.jit_compile works with one replica, but this run has "
+                      f"{replicas}; set runtime.jit_compile=false.")
+
+
 def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   """The one place a strategy is created. Returns (strategy, plan)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfdp import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   cluster = cluster or cluster_lib.Cluster(task_type="", task_index=0, cluster={}, source="none")
   num_cpus = configure_devices(runtime, multi_worker=cluster.is_multi_worker)
   # Physical devices only: listing logical ones would start the runtime, after which
@@ -217,7 +257,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
     if cluster.is_multi_worker:
-      from tfdp import compat  # pylint: disable=g-import-not-at-top
+      from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
       compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(

@@ -11,9 +11,12 @@ from __future__ import annotations
 import functools
 import os
 
-from tfdp import tasks
-from tfdp import text
-from tfdp.config import DataConfig, TaskConfig
+from tfdp.core import task as tasks
+from tfdp.workloads.text import inputs as text
+from tfdp import paths
+from tfdp.core import warm_start
+from tfdp.config import checks
+from tfdp.config.schema import DataConfig, TaskConfig
 from tfdp.errors import ConfigError, DataError
 
 TEXT_SOURCES = ("text_folder", "text_files")
@@ -24,8 +27,7 @@ BERT_KWARGS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dro
 def vocab_path(config: TaskConfig) -> str:
   """As given, else (a relative path that is not there) from the repository, as configs are."""
   path = config.text.vocab_path or text.SHIPPED_VOCAB
-  from tfdp import cli  # pylint: disable=g-import-not-at-top
-  return cli.find_config(path)
+  return paths.find_config(path)
 
 
 def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
@@ -65,6 +67,10 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
 
 
 def _check_text_task(config: TaskConfig) -> None:
+  checks.check_positive("task.text.sequence_length", config.text.sequence_length)
+  checks.check_positive("task.text.max_predictions", config.text.max_predictions, allow_zero=True)
+  if not 0.0 < config.text.mask_rate < 1.0:
+    raise ConfigError("config key 'task.text.mask_rate' must be in (0, 1), e.g. 0.15.")
   for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
     if data.source not in TEXT_SOURCES:
       raise ConfigError(f"config key '{key}.source' is '{data.source}', but task '{config.name}' "
@@ -115,7 +121,7 @@ class _BertTask(tasks.Task):
   def warm_start(self, checkpoint_path: str) -> None:
     """Restores the encoder (`model.backbone` in the other run's checkpoint) into this run's."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tasks.restore_into(checkpoint_path, tf.train.Checkpoint(
+    warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(
         model=tf.train.Checkpoint(backbone=self.encoder)), "this model's encoder")
 
 
@@ -130,7 +136,7 @@ class MaskedLMTask(_BertTask):
   def build_source(self, data):
     import numpy as np  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     documents, _, _ = read_documents(data)
     tokenizer = self.tokenizer()
     length = self.config.text.sequence_length
@@ -192,7 +198,7 @@ class TextClassificationTask(_BertTask):
 
   def build_source(self, data):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tfdp import data as data_lib  # pylint: disable=g-import-not-at-top
+    from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     documents, labels, classes = read_documents(data)
     tokenized = tf.data.Dataset.from_tensor_slices(documents).map(self.tokenizer())
     sequences, labels = text.classification_sequences(
@@ -231,4 +237,4 @@ class TextClassificationTask(_BertTask):
                                                         from_logits=True)
 
   def metric_sums(self, batch, outputs, per_example_loss):
-    return tasks.ImageClassificationTask.metric_sums(self, batch, outputs, per_example_loss)
+    return tasks.classification_sums(batch, outputs, per_example_loss)

@@ -10,24 +10,21 @@ here (pin_slurm_task_gpus), before TensorFlow first touches a GPU.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import itertools
 import json
 import os
-import re
-import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
-from tfdp import gpus as gpus_lib
+from tfdp.distributed import slurm
+from tfdp.distributed.slurm import (expand_nodelist, expand_tasks_per_node,  # noqa: F401
+                                    is_ascii_number, pin_slurm_task_gpus, slurm_task_gpus)
 from tfdp.errors import ClusterError
 
 # Task types TensorFlow knows; "ps" is recognised only to reject it clearly.
 _TRAINING_TASK_TYPES = ("chief", "worker")
 _SUPPORTED_TASK_TYPES = ("chief", "worker", "evaluator")
 _TOP_LEVEL_KEYS = ("cluster", "task", "environment", "rpc_layer")
-_DEFAULT_SLURM_PORT_BASE = 8888  # Same default as SlurmClusterResolver.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +92,6 @@ class Cluster:
 # --------------------------------------------------------------------------
 # TF_CONFIG
 # --------------------------------------------------------------------------
-
-
-def is_ascii_number(text: str) -> bool:
-  """Digits 0-9 only: str.isdigit() takes '²' and '٣', which int() or TensorFlow then reject."""
-  return bool(re.fullmatch(r"[0-9]+", text))
 
 
 def _fail(message: str) -> ClusterError:
@@ -289,261 +281,12 @@ def parse_tf_config(text: str | None) -> Cluster:
                  source="TF_CONFIG", rpc_layer=rpc_layer)
 
 
-# --------------------------------------------------------------------------
-# Slurm
-# --------------------------------------------------------------------------
-
-
-NODELIST_FIX = "; check SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (srun and sbatch set them)."
-
-
-def _expand_bracket(body: str, nodelist: str) -> list[str]:
-  """'01-03,07' -> ['01', '02', '03', '07'], keeping zero padding."""
-  values = []
-  for part in body.split(","):
-    low, dash, high = part.partition("-")
-    if not is_ascii_number(low) or (dash and not is_ascii_number(high)):
-      raise ClusterError(
-          f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} is not "
-          f"N or N-M{NODELIST_FIX}")
-    high = high if dash else low
-    if int(high) < int(low):
-      raise ClusterError(
-          f"Slurm: cannot expand nodelist {nodelist!r}: range {part!r} runs "
-          f"backwards{NODELIST_FIX}")
-    values.extend(
-        str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
-  return values
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-  """Expands a Slurm hostlist, keeping Slurm's order and any repeats.
-
-  'node[01-03,07]' -> node01 node02 node03 node07; 'a1,b2' -> a1 b2;
-  'r[1-2]-n[1-2]' -> r1-n1 r1-n2 r2-n1 r2-n2.
-  """
-  hosts: list[str] = []
-  depth, start = 0, 0
-  items = []
-  for position, char in enumerate(nodelist + ","):
-    if char == "[":
-      depth += 1
-    elif char == "]":
-      depth -= 1
-    elif char == "," and depth == 0:
-      items.append(nodelist[start:position])
-      start = position + 1
-    if depth not in (0, 1):
-      raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                         f"unbalanced or nested brackets{NODELIST_FIX}")
-  if depth != 0:
-    raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                       f"unbalanced brackets{NODELIST_FIX}")
-  for item in items:
-    item = item.strip()
-    if not item:
-      raise ClusterError(f"Slurm: cannot expand nodelist {nodelist!r}: "
-                         f"empty host name between commas{NODELIST_FIX}")
-    # Split into literal text and [ranges], then take the cartesian product.
-    pieces = re.split(r"(\[[^\]]*\])", item)
-    choices = [_expand_bracket(piece[1:-1], nodelist) if piece.startswith("[")
-               else [piece] for piece in pieces if piece]
-    hosts.extend("".join(combo) for combo in itertools.product(*choices))
-  return hosts
-
-
-def expand_tasks_per_node(tasks_per_node: str) -> list[int]:
-  """'2(x3),1' -> [2, 2, 2, 1] (the SLURM_TASKS_PER_NODE format)."""
-  counts: list[int] = []
-  for part in tasks_per_node.split(","):
-    match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
-    if not match:
-      raise ClusterError(
-          f"Slurm: cannot parse tasks per node {tasks_per_node!r}: {part!r} is "
-          "not N or N(xM).")
-    counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-  return counts
-
-
-def _slurm_int(env: Mapping[str, str], name: str) -> int:
-  value = env[name]
-  if not is_ascii_number(value.strip()):
-    raise ClusterError(
-        f"Slurm: {name}={value!r} is not a non-negative integer (ASCII digits); "
-        "launch with srun, which sets it.")
-  return int(value)
-
-
-def _slurm_num_tasks(env: Mapping[str, str]) -> int | None:
-  """Task count of the current step (srun) or else of the job."""
-  for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
-    if name in env:
-      return _slurm_int(env, name)
-  return None
-
-
 def from_slurm(env: Mapping[str, str],
-               port_base: int = _DEFAULT_SLURM_PORT_BASE) -> Cluster:
-  """Builds a worker-only Cluster from the environment srun gives each task.
-
-  Mirrors tf.distribute.cluster_resolver.SlurmClusterResolver with block task
-  distribution: node k runs the next tasks-per-node[k] ranks, on ports
-  port_base, port_base+1, ... Worker 0 is the chief. Unlike TF's resolver,
-  nodes keep Slurm's nodelist order instead of being sorted by name, so ranks
-  match SLURM_PROCID even for lists like 'node[9-10]'.
-
-  Raises:
-    ClusterError: a Slurm variable is missing or inconsistent (one line).
-  """
-  if "SLURM_PROCID" not in env:
-    raise ClusterError("Slurm: SLURM_PROCID is not set; launch the tasks with "
-                       "srun (or set TF_CONFIG instead).")
-  num_tasks = _slurm_num_tasks(env)
-  if num_tasks is None:
-    raise ClusterError("Slurm: neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS "
-                       "is set; launch with srun --ntasks=N.")
-  # Step variables describe what srun actually started; prefer them in pairs.
-  if "SLURM_STEP_NODELIST" in env:
-    nodelist_var, per_node_vars = "SLURM_STEP_NODELIST", (
-        "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-  elif "SLURM_JOB_NODELIST" in env or "SLURM_NODELIST" in env:
-    nodelist_var = ("SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env
-                    else "SLURM_NODELIST")
-    per_node_vars = ("SLURM_TASKS_PER_NODE",)
-  else:
-    raise ClusterError("Slurm: neither SLURM_STEP_NODELIST nor "
-                       "SLURM_JOB_NODELIST is set; launch with srun.")
-  hosts = expand_nodelist(env[nodelist_var])
-  per_node_var = next((name for name in per_node_vars if name in env), None)
-  if per_node_var is not None:
-    tasks_per_node = expand_tasks_per_node(env[per_node_var])
-  elif num_tasks % len(hosts) == 0:  # Even split is the only safe guess.
-    per_node_var = "(even split)"
-    tasks_per_node = [num_tasks // len(hosts)] * len(hosts)
-  else:
-    raise ClusterError(
-        f"Slurm: SLURM_STEP_TASKS_PER_NODE is not set and {num_tasks} tasks do "
-        f"not split evenly over {len(hosts)} nodes; use srun "
-        "--ntasks-per-node.")
-  if len(tasks_per_node) != len(hosts):
-    raise ClusterError(
-        f"Slurm: {nodelist_var} has {len(hosts)} nodes but {per_node_var} "
-        f"describes {len(tasks_per_node)}; they must match: start tfdp-train "
-        "with srun inside the allocation, which sets both.")
-  if sum(tasks_per_node) != num_tasks:
-    raise ClusterError(
-        f"Slurm: {per_node_var} adds up to {sum(tasks_per_node)} tasks but "
-        f"the task count is {num_tasks}; they must match: start tfdp-train "
-        "with srun inside the allocation, which sets both.")
-  if max(tasks_per_node, default=0) and not (
-      1 <= port_base and port_base + max(tasks_per_node) - 1 <= 65535):
-    raise ClusterError(f"Slurm: port_base {port_base} leaves ports outside "
-                       "1..65535; pick a port_base like 8888.")
-  addresses = [f"{host}:{port_base + local_id}"
-               for host, count in zip(hosts, tasks_per_node)
-               for local_id in range(count)]
-  rank = _slurm_int(env, "SLURM_PROCID")
-  if rank >= num_tasks:
-    raise ClusterError(f"Slurm: SLURM_PROCID {rank} is out of range for "
-                       f"{num_tasks} tasks (0..{num_tasks - 1}); start tfdp-train "
-                       "with srun, which sets SLURM_PROCID and the task count together.")
-  duplicates = sorted(a for a, n in collections.Counter(addresses).items()
-                      if n > 1)
-  if duplicates:
-    raise ClusterError(f"Slurm: nodelist repeats a node, giving duplicate "
-                       f"address {duplicates[0]!r}; check {nodelist_var}.")
+               port_base: int = slurm.DEFAULT_PORT_BASE) -> Cluster:
+  """A worker-only Cluster from the environment srun gives each task (slurm.slurm_workers)."""
+  rank, addresses = slurm.slurm_workers(env, port_base)
   return Cluster(task_type="worker", task_index=rank,
                  cluster={"worker": addresses}, source="slurm")
-
-
-def _running_under_srun(env: Mapping[str, str]) -> bool:
-  if "SLURM_PROCID" not in env:
-    return False
-  num_tasks = _slurm_num_tasks(env)  # a garbled count fails: it is not a single process either
-  return num_tasks is not None and num_tasks > 1
-
-
-def _tasks_on_this_node(env: Mapping[str, str]) -> int | None:
-  """Tasks of this step on this node, or None if the env does not say."""
-  name = next((name for name in ("SLURM_STEP_TASKS_PER_NODE",
-                                 "SLURM_TASKS_PER_NODE") if name in env), None)
-  if name is None:
-    return None
-  try:
-    counts = expand_tasks_per_node(env[name])
-  except ClusterError:
-    return None
-  if len(set(counts)) == 1:
-    return counts[0]
-  node = env.get("SLURM_NODEID", "")
-  if is_ascii_number(node) and int(node) < len(counts):
-    return counts[int(node)]
-  return None
-
-
-def slurm_task_gpus(env: Mapping[str, str]) -> str | None:
-  """This Slurm task's CUDA_VISIBLE_DEVICES if it must share the node's GPUs.
-
-  Tasks of one srun on a node that all see the same GPUs would each plan NCCL
-  over all of them ('Duplicate GPU detected'). Like TF's SlurmClusterResolver,
-  task SLURM_LOCALID of the L tasks on this node then takes the LOCALID-th
-  block of G // L consecutive GPUs (G % L stay idle); unlike it, the ids are
-  kept as listed (TF renumbers from 0, wrong for CUDA_VISIBLE_DEVICES=4,5,6,7).
-
-  A task cannot see the other tasks' environment, so it splits only when
-  nothing says Slurm already gave each task its own GPUs. When in doubt it
-  returns None (leave CUDA_VISIBLE_DEVICES alone):
-    - tfdp already narrowed this environment (TFDP_GPUS_ASSIGNED_BY is set);
-    - CUDA_VISIBLE_DEVICES is unset or lists no GPU (nothing to share; GPUs
-      Slurm did not allocate are not handed out);
-    - SLURM_GPUS_PER_TASK is set, or SLURM_GPU_BIND is set to other than
-      'none': Slurm binds GPUs per task itself;
-    - SLURM_STEP_GPUS (else SLURM_JOB_GPUS) lists a different number of GPUs
-      than CUDA_VISIBLE_DEVICES: this task already got a subset;
-    - L (SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE, the entry for
-      SLURM_NODEID) is unknown or 1, or SLURM_LOCALID is not in 0..L-1;
-    - fewer GPUs than tasks on this node (e.g. each task sees only the GPU it
-      needs): nothing sensible to split.
-  """
-  if gpus_lib.ASSIGNED_BY_VAR in env:
-    return None
-  ids = gpus_lib.parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES", ""))
-  if not ids:
-    return None
-  if "SLURM_GPUS_PER_TASK" in env or env.get("SLURM_GPU_BIND",
-                                             "none").strip() != "none":
-    return None
-  step_gpus = env.get("SLURM_STEP_GPUS", env.get("SLURM_JOB_GPUS"))
-  if step_gpus is not None and len(step_gpus.split(",")) != len(ids):
-    return None
-  tasks = _tasks_on_this_node(env)
-  local_id = env.get("SLURM_LOCALID", "")
-  if tasks is None or tasks < 2 or not is_ascii_number(local_id):
-    return None
-  if int(local_id) >= tasks or len(ids) < tasks:
-    return None
-  blocks = gpus_lib.split_gpus(ids, tasks, len(ids) // tasks)
-  return ",".join(blocks[int(local_id)])
-
-
-def pin_slurm_task_gpus(
-    environ: MutableMapping[str, str] = os.environ) -> str | None:
-  """Narrows CUDA_VISIBLE_DEVICES to this Slurm task's share, if it must.
-
-  The one place that changes the environment for Slurm GPU sharing (see
-  slurm_task_gpus for the rule). It must run before TensorFlow first touches
-  a GPU: CUDA reads the variable once. Returns the new value, or None.
-  """
-  value = slurm_task_gpus(environ)
-  if value is None:
-    return None
-  before = environ["CUDA_VISIBLE_DEVICES"]
-  environ["CUDA_VISIBLE_DEVICES"] = value
-  environ[gpus_lib.ASSIGNED_BY_VAR] = "slurm"
-  print(f"tfdp: Slurm task {environ.get('SLURM_LOCALID')} on this node uses "
-        f"CUDA_VISIBLE_DEVICES={value} of {before}.", file=sys.stderr,
-        flush=True)
-  return value
 
 
 def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
@@ -555,10 +298,10 @@ def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
   """
   if env.get("TF_CONFIG", "").strip():
     return parse_tf_config(env["TF_CONFIG"])
-  if _running_under_srun(env):
+  if slurm.running_under_srun(env):
     cluster = from_slurm(env)
     if env is os.environ:
-      pin_slurm_task_gpus(os.environ)
+      slurm.pin_slurm_task_gpus(os.environ)
     return cluster
   return Cluster()
 

@@ -16,6 +16,7 @@ import re
 
 from absl import logging
 
+from tfdp import paths
 from tfdp.errors import ConfigError, DataError
 
 TEXT_EXTENSIONS = (".txt", ".md")
@@ -23,8 +24,7 @@ TEXT_EXTENSIONS = (".txt", ".md")
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(RESERVED_TOKENS))
 VOCAB_COMMAND = "tfdp-vocab --input=<folder or glob> --vocab_size=8000 --output=FILE"
-SHIPPED_VOCAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "configs", "vocab", "shakespeare_wordpiece.txt")
+SHIPPED_VOCAB = paths.SHIPPED_VOCAB
 
 
 # ---- files (no TensorFlow) -------------------------------------------------------------------

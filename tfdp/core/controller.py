@@ -10,7 +10,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfdp import logs
-from tfdp import outputs
+from tfdp.core import outputs
 from tfdp.errors import Preempted, TrainingDiverged
 
 

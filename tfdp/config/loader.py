@@ -1,0 +1,252 @@
+"""YAML files and --params_override text → nested mappings → dataclasses, strictly.
+
+Generic: it knows no tfdp schema (the dataclass type is an argument), so its one-line errors
+name key paths of whatever config it builds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import typing
+from typing import Any
+
+import yaml
+
+from tfdp.errors import ConfigError
+
+MAX_INT = 2**31 - 1  # what TensorFlow's int32 shapes and counters hold
+MAX_NESTING = 32  # configs are a few levels deep; deeper is a mistake (or an attack)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+  """A value as an error message may show it: an alias bomb's repr is megabytes."""
+  import reprlib  # pylint: disable=g-import-not-at-top
+  shortener = reprlib.Repr()
+  shortener.maxlevel, shortener.maxstring, shortener.maxother = 3, limit, limit
+  return shortener.repr(value)[:limit * 2]
+
+
+def _too_deep(where: str) -> ConfigError:
+  return ConfigError(f"{where} is nested more than {MAX_NESTING} levels deep; a tfdp config is a "
+                     "few levels (task.model.kwargs...): flatten it.")
+
+
+def check_nesting(data: Any, where: str) -> None:
+  """Rejects data nested deeper than MAX_NESTING; walks each shared node once (YAML aliases
+  can make a small file a huge tree)."""
+  seen: set[int] = set()
+  stack = [(data, 1)]
+  while stack:
+    node, depth = stack.pop()
+    if not isinstance(node, (dict, list, tuple)) or id(node) in seen:
+      continue
+    if depth > MAX_NESTING:
+      raise _too_deep(where)
+    seen.add(id(node))
+    children = node.values() if isinstance(node, dict) else node
+    stack.extend((child, depth + 1) for child in children)
+  sizes: dict[int, int] = {}
+
+  def expanded_size(node) -> int:  # depth is bounded now: recursion is safe
+    if not isinstance(node, (dict, list, tuple)):
+      return 1
+    if id(node) not in sizes:
+      children = node.values() if isinstance(node, dict) else node
+      sizes[id(node)] = 1 + sum(expanded_size(child) for child in children)
+    return sizes[id(node)]
+  if expanded_size(data) > MAX_CONFIG_VALUES:
+    raise ConfigError(f"{where} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases "
+                      "repeat what they point to); a tfdp config is a few hundred: remove the "
+                      "repeated aliases.")
+
+
+def _type_name(tp: Any) -> str:
+  return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+  """Returns value as type tp, or raises ConfigError naming key."""
+  origin = typing.get_origin(tp)
+  if dataclasses.is_dataclass(tp):
+    if value is None:
+      value = {}
+    if not isinstance(value, dict):
+      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {short_repr(value)}.")
+    return from_dict(tp, value, key + ".")
+  if origin is list:
+    (item_tp,) = typing.get_args(tp)
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+      value = [value]  # `a.b=x` on the command line means a one-item list
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"config key '{key}' must be a list of {_type_name(item_tp)}, got "
+                        f"{short_repr(value)}.")
+    return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+  if tp is dict or origin is dict:
+    if not isinstance(value, dict):
+      raise ConfigError(f"config key '{key}' must be a mapping, got {short_repr(value)}.")
+    return dict(value)
+  if tp is bool:
+    if isinstance(value, bool):
+      return value
+    raise ConfigError(f"config key '{key}' must be true or false, got {short_repr(value)}.")
+  if tp is int:
+    if isinstance(value, float) and value.is_integer():
+      value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+      if abs(value) > MAX_INT:
+        raise ConfigError(f"config key '{key}' is {value:.3g}, beyond what TensorFlow counts "
+                          f"(at most {MAX_INT}); use a realistic value.")
+      return value
+    raise ConfigError(f"config key '{key}' must be a whole number, got {short_repr(value)}.")
+  if tp is float:
+    if isinstance(value, str) and re.fullmatch(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+",
+                                               value.strip()):
+      value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; YAML 1.2 and users don't
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      if not math.isfinite(value):
+        raise ConfigError(f"config key '{key}' is {value}; it must be a finite number.")
+      return float(value)
+    raise ConfigError(f"config key '{key}' must be a number, got {short_repr(value)}.")
+  if tp is str:
+    if isinstance(value, str):
+      return value
+    if value is None:
+      return ""
+    raise ConfigError(f"config key '{key}' must be a string, got {short_repr(value)}; quote it "
+                      "in YAML.")
+  raise ConfigError(f"config key '{key}' has an unsupported type {tp}.")  # a bug in tfdp
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+  """data (a nested mapping) → an instance of the dataclass cls; unknown keys and wrong types
+  are one-line errors naming the key path."""
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  kwargs = {}
+  for key, value in data.items():
+    if key not in names:
+      close = difflib.get_close_matches(str(key), names, n=1)
+      hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(names)}."
+      raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
+    kwargs[key] = _coerce(value, hints[key], prefix + key)
+  return cls(**kwargs)
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+  merged = dict(base)
+  for key, value in override.items():
+    if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "kwargs":
+      merged[key] = deep_merge(merged[key], value)
+    else:
+      merged[key] = value
+  return merged
+
+
+def _split_top_level(text: str, sep: str = ",") -> list[str]:
+  """Splits on sep outside brackets and quotes, so `a=[1,2],b=x` is two overrides."""
+  parts, depth, quote, current = [], 0, "", []
+  for ch in text:
+    if quote:
+      quote = "" if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "[{(":
+      depth += 1
+    elif ch in "]})":
+      depth -= 1
+    elif ch == sep and depth == 0:
+      parts.append("".join(current))
+      current = []
+      continue
+    current.append(ch)
+  parts.append("".join(current))
+  return [p.strip() for p in parts if p.strip()]
+
+
+def parse_overrides(text: str) -> dict:
+  """`a.b=1,c.d=x` or a YAML/JSON mapping → nested dict."""
+  text = text.strip()
+  if not text:
+    return {}
+  if len(text) > MAX_CONFIG_BYTES:
+    raise ConfigError(f"--params_override is {len(text)} characters long; put settings that "
+                      "large in a --config_file.")
+  if text.startswith("{") or "\n" in text or (":" in text and "=" not in text):
+    data = _safe_load(text, "--params_override")
+    if not isinstance(data, dict):
+      raise ConfigError(f"--params_override must be a mapping or a.b=1 pairs, got "
+                        f"{short_repr(text)}.")
+    check_nesting(data, "--params_override")
+    return data
+  result: dict = {}
+  for item in _split_top_level(text):
+    if "=" not in item:
+      raise ConfigError(f"--params_override item '{item}' has no '='; write it as key.path=value.")
+    path, raw = item.split("=", 1)
+    keys = path.strip().split(".")
+    if len(keys) > MAX_NESTING:
+      raise ConfigError(f"--params_override key '{short_repr(path)}' is nested more than "
+                        f"{MAX_NESTING} levels deep; tfdp keys are a few levels (a.b.c).")
+    if not all(keys):
+      raise ConfigError(f"--params_override key '{path}' is malformed; write it as a.b.c=value.")
+    try:
+      value = _safe_load(raw, f"--params_override value of '{path}'") if raw.strip() else ""
+    except ConfigError:
+      value = raw  # not YAML: the plain string
+    check_nesting(value, f"--params_override value of '{path}'")
+    node = result
+    for k in keys[:-1]:
+      node = node.setdefault(k, {})
+      if not isinstance(node, dict):
+        raise ConfigError(f"--params_override sets '{path}' and a key inside it; keep one.")
+    node[keys[-1]] = value
+  return result
+
+
+def _safe_load(text: str, where: str) -> Any:
+  """yaml.safe_load with one-line errors; PyYAML recurses once per nesting level."""
+  try:
+    return yaml.safe_load(text)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    at = f" at line {mark.line + 1}" if mark else ""
+    raise ConfigError(f"{where} is not valid YAML{at} ({short_repr(str(e).splitlines()[0])}); "
+                      "fix its syntax.") from None
+  except RecursionError:
+    raise _too_deep(where) from None
+
+
+def load_yaml(path: str) -> dict:
+  if os.path.isdir(path):
+    raise ConfigError(f"config file '{path}' is a directory; give the path of a YAML file in it, "
+                      "e.g. --config_file=configs/cifar10_quick.yaml.")
+  if not os.path.isfile(path):
+    raise ConfigError(f"config file '{path}' does not exist; check the --config_file path.")
+  try:
+    with open(path, "rb") as f:
+      raw = f.read(MAX_CONFIG_BYTES + 1)
+  except OSError as e:
+    raise ConfigError(f"config file '{path}' cannot be read ({e.strerror}); check its "
+                      "permissions.") from None
+  if len(raw) > MAX_CONFIG_BYTES:
+    raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MB; a tfdp "
+                      "config is a few hundred lines: check that this is the right file.")
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {e.start} is "
+                      f"{raw[e.start]:#04x}); give a YAML file.") from None
+  if "\x00" in text:
+    raise ConfigError(f"config file '{path}' holds binary data (a NUL byte); give a YAML file.")
+  data = _safe_load(text, f"config file '{path}'")
+  if data is None:
+    return {}
+  if not isinstance(data, dict):
+    raise ConfigError(f"config file '{path}' must hold a mapping with task/trainer/runtime keys.")
+  check_nesting(data, f"config file '{path}'")
+  return data

@@ -1,0 +1,284 @@
+"""Input pipelines: a Source of raw examples → per-replica batches (the readers: a registry).
+
+A source reads raw examples (dicts); the task's `preprocess` turns each into the model's
+features and labels. Every pipeline yields dict batches of a fixed per-replica size with a
+"weight" entry: the last batches of an epoch are padded with weight-0 examples (zeros shaped
+by the preprocessed element spec), so every replica runs the same number of steps with the same
+shapes (no empty or ragged final batch), and weighted sums count every real example once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import TYPE_CHECKING, Callable
+
+from absl import logging
+
+from tfdp.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # annotations only: core.task imports this module, and config imports core.task
+  from tfdp.config.schema import DataConfig, ExperimentConfig
+
+
+# ---- sources ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Source:
+  """Raw examples (dicts; images here: `{"image": uint8 HWC, "label": int64}`) split into files
+  (shard units), and what a task needs to know to build its model from them."""
+  file_counts: list[int]  # examples per file, in order
+  read: Callable  # read(file_indices: list[int]) -> tf.data.Dataset of examples
+  kind: str
+  read_slice: Callable | None = None  # TFDS: read_slice(i, n) reads the i-th of n even splits
+  num_classes: int = 0
+  image_shape: tuple = ()
+  info: dict = dataclasses.field(default_factory=dict)  # other facts (a vocabulary size, ...)
+  # After a decode error inside tf.data (whose message names no file): the first file that
+  # fails on its own, with TensorFlow's reason, or None.
+  find_unreadable: Callable[[], str | None] | None = None
+
+  @property
+  def num_examples(self) -> int:
+    return sum(self.file_counts)
+
+
+# ---- sources: a registry of readers by `source` name -------------------------------------------
+
+# The built-in readers live with their workload and are imported when first named (as tasks are):
+# core knows no workload. A task that reads its own data (text, interactions) builds its Source in
+# Task.build_source and needs no entry here.
+_BUILTIN_SOURCES = {name: "tfdp.workloads.vision.sources"
+                    for name in ("tfds", "image_folder", "tfrecord", "synthetic")}
+_SOURCES: dict[str, "SourceReader"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceReader:
+  check: Callable[[DataConfig, str], None]  # before TensorFlow starts: fail fast, one line
+  make: Callable[[DataConfig], Source]
+
+
+def register_source(name: str, check: Callable[[DataConfig, str], None],
+                    make: Callable[[DataConfig], Source]) -> None:
+  """`task.*_data.source: name` reads through `make` (after `check`)."""
+  _SOURCES[name] = SourceReader(check, make)
+
+
+def _reader(data: DataConfig) -> SourceReader | None:
+  if data.source not in _SOURCES and data.source in _BUILTIN_SOURCES:
+    importlib.import_module(_BUILTIN_SOURCES[data.source])  # registers its readers
+  return _SOURCES.get(data.source)
+
+
+def check_source(data: DataConfig, key: str) -> None:
+  """Fails fast (no download, no retries) when a dataset is not where the config says. A source
+  no reader is registered for is its task's to check (Task.check_source)."""
+  reader = _reader(data)
+  if reader is not None:
+    reader.check(data, key)
+
+
+def make_source(data: DataConfig) -> Source:
+  reader = _reader(data)
+  if reader is None:
+    raise DataError(f"data source '{data.source}' has no reader; the task must build it "
+                    "(Task.build_source).")
+  reader.check(data, "data")
+  return reader.make(data)
+
+
+
+# ---- sharding and batching -------------------------------------------------------------------
+
+
+def resolve_shard_policy(policy: str, source: Source, num_pipelines: int) -> str:
+  """TF's AUTO rule made explicit: shard files when every pipeline gets one, else elements.
+  A source that holds only this worker's own data (a {worker} path) is `local`."""
+  if source.kind == "local" or policy == "local":
+    if source.kind != "local":
+      raise DataError("shard_policy 'local' needs a source each worker reads alone: a path with "
+                      "{worker}; use shard_policy auto or data.")
+    return "local"
+  if num_pipelines == 1:
+    return "off"
+  num_files = len(source.file_counts)
+  if policy == "auto":
+    return "file" if num_files >= num_pipelines else "data"
+  if policy == "file" and num_files < num_pipelines:
+    raise DataError(f"shard_policy 'file' needs at least one file per worker, but the source has "
+                    f"{num_files} file(s) for {num_pipelines} workers; use shard_policy data or auto.")
+  if policy == "tfds_split" and source.kind != "tfds":
+    raise DataError("shard_policy 'tfds_split' works with TFDS sources only; use data or file.")
+  return policy
+
+
+def shard_counts(policy: str, source: Source, num_pipelines: int) -> list[int]:
+  """Real examples each input pipeline reads per epoch under the policy."""
+  n = source.num_examples
+  if policy in ("off", "local"):  # local: this worker's own count (the others' are exchanged)
+    return [n] * num_pipelines
+  if policy == "file":
+    return [sum(source.file_counts[i::num_pipelines]) for i in range(num_pipelines)]
+  return [len(range(i, n, num_pipelines)) for i in range(num_pipelines)]  # data, tfds_split
+
+
+def per_replica_batch(key: str, batch: int, num_replicas: int) -> int:
+  """The global batch is the user's number; every replica (and micro-step) gets an equal share.
+  `num_replicas` here counts replicas x gradient accumulation steps."""
+  if batch % num_replicas:
+    lower = batch - batch % num_replicas
+    raise ConfigError(
+        f"config key '{key}' is {batch}, which does not split evenly over {num_replicas} "
+        f"replicas x accumulation steps; use a multiple of {num_replicas} such as "
+        f"{lower or num_replicas}.")
+  return batch // num_replicas
+
+
+def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
+  """Before TensorFlow starts, where the replica count is known from the config alone (the
+  input plan divides, with the same check, once the strategy is made)."""
+  steps = config.trainer.gradient_accumulation_steps
+  per_replica_batch("trainer.global_batch_size", config.trainer.global_batch_size,
+                    num_replicas * steps)
+  per_replica_batch("trainer.eval_batch_size",
+                    config.trainer.eval_batch_size or config.trainer.global_batch_size, num_replicas)
+
+
+@dataclasses.dataclass
+class InputPlan:
+  """What the trainer needs to know about one split, identical on every worker."""
+  source: Source
+  policy: str
+  num_pipelines: int
+  per_replica_batch: int
+  replicas_per_pipeline: int
+  steps_per_epoch: int  # optimizer steps
+  counts: list[int]
+  accumulation_steps: int = 1  # per-replica batches (micro-steps) per optimizer step
+
+  @property
+  def pipeline_batch(self) -> int:
+    return self.per_replica_batch * self.replicas_per_pipeline
+
+  @property
+  def step_batch(self) -> int:
+    """Examples one pipeline gives per optimizer step."""
+    return self.pipeline_batch * self.accumulation_steps
+
+  @property
+  def global_batch(self) -> int:
+    return self.step_batch * self.num_pipelines
+
+
+def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
+               num_pipelines: int, batch_key: str = "trainer.global_batch_size",
+               accumulation_steps: int = 1, local_counts: list[int] | None = None) -> InputPlan:
+  """Decides once how one split is batched and sharded; the trainer takes its global batch and
+  steps per epoch from the plan that shaped the batches. `local_counts`: every worker's example
+  count of a local source (exchanged between workers), so all agree on the steps per epoch and
+  pad the shorter shards instead of hanging in a collective."""
+  policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
+  counts = (list(local_counts) if policy == "local" and local_counts is not None
+            else shard_counts(policy, source, num_pipelines))
+  per_replica = per_replica_batch(batch_key, global_batch,
+                                             num_replicas * accumulation_steps)
+  replicas_per_pipeline = num_replicas // num_pipelines
+  steps = math.ceil(max(counts) / (per_replica * replicas_per_pipeline * accumulation_steps))
+  return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline, max(steps, 1),
+                   counts, accumulation_steps)
+
+
+def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> bool:
+  """Decoded uint8 images of one pipeline take at most `fraction` of the available memory
+  (sources without images: counted as one byte per example)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  needed = num_examples * math.prod(source.image_shape)
+  if needed <= fraction * psutil.virtual_memory().available:
+    return True
+  logging.warning("data: not caching %.1f GiB of decoded images: more than %d%% of free memory",
+                  needed / 2**30, fraction * 100)
+  return False
+
+
+def _zeros_like_spec(spec):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not spec.shape.is_fully_defined():
+    raise DataError(f"preprocessed examples must have fixed shapes to be batched, got {spec}; "
+                    "pad or truncate them in the task's preprocess.")
+  if spec.dtype == tf.string:
+    return tf.fill(spec.shape, "")
+  return tf.zeros(spec.shape, spec.dtype)
+
+
+def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, seed: int,
+                    epochs: int = 1, start_step: int = 0):
+  """Returns dataset_fn(input_context) for `strategy.distribute_datasets_from_function`.
+
+  Training streams epochs [start_step // steps, epochs) in one dataset and skips the steps of the
+  first epoch already done, so a resumed run sees exactly the batches it would have seen.
+  `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
+  the example's position in the epoch's order): the same on every worker and replica.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  source, policy = plan.source, plan.policy
+  padded_len = plan.steps_per_epoch * plan.step_batch
+  start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
+  use_cache = data.cache and fits_in_memory(source, max(plan.counts))
+  buffer = max(data.shuffle_buffer or (source.num_examples if use_cache else 10000), 1)  # an
+  # empty local shard still takes part: every step is padding for it
+
+  def prepare(example, epoch):
+    stateless_seed = tf.stack([seed * 1000003 + epoch, example["index"]])
+    features = task.preprocess(example, data, training, stateless_seed)
+    weight = tf.cast(example.get("weight", 1.0), tf.float32)  # a source may weigh its examples
+    return {**features, "weight": weight}
+
+  def dataset_fn(ctx: tf.distribute.InputContext):
+    pipeline = ctx.input_pipeline_id if plan.num_pipelines > 1 else 0
+    n = plan.num_pipelines
+    files = list(range(len(source.file_counts)))
+    if policy == "file":
+      files = files[pipeline::n]
+    base = source.read_slice(pipeline, n) if policy == "tfds_split" else source.read(files)
+    if use_cache:
+      base = base.cache()
+    real = plan.counts[pipeline] if policy != "local" else source.num_examples
+    spec = base.enumerate().map(
+        lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
+    pad = tf.data.Dataset.from_tensors(tf.nest.map_structure(_zeros_like_spec, spec))
+
+    def one_epoch(epoch):
+      ds = base
+      if training and data.shuffle:
+        ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
+      # Position in the (same on every worker) shuffled order: a stable per-example seed.
+      ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
+      if policy == "data":
+        ds = ds.shard(n, pipeline)
+      skip = tf.where(epoch == start_epoch, tf.constant(skip_steps * plan.step_batch, tf.int64),
+                      tf.constant(0, tf.int64))
+      ds = ds.skip(skip).map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=data.deterministic)
+      return ds.concatenate(pad.repeat(padded_len - tf.maximum(tf.constant(real, tf.int64), skip)))
+
+    epochs_ds = tf.data.Dataset.range(start_epoch if training else 0, epochs if training else 1)
+    ds = epochs_ds.flat_map(one_epoch)
+    ds = ds.batch(plan.per_replica_batch, drop_remainder=True)
+    options = tf.data.Options()
+    options.deterministic = data.deterministic
+    if data.threadpool_size:
+      options.threading.private_threadpool_size = data.threadpool_size
+    # tfdp shards itself (policy above); TF's auto-sharding would shard a second time.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+  return dataset_fn
+
+
+def log_plan(name: str, plan: InputPlan) -> None:
+  logging.info("data %s: %d examples, %d step(s)/epoch of %d per replica, shard policy %s over %d "
+               "pipeline(s), real examples per pipeline %s", name, plan.source.num_examples,
+               plan.steps_per_epoch, plan.per_replica_batch, plan.policy, plan.num_pipelines,
+               plan.counts)

@@ -1,0 +1,143 @@
+"""Workloads as tasks: what a run reads, which model it trains, its loss and its metrics.
+
+The trainer, input planning, checkpoints, outputs and the launcher know no workload; the task
+tells them (TF Model Garden's `base_task.py`, without its weight):
+
+  build_source(data)            raw examples of one split: a `tfdp.core.data.Source`
+  preprocess(example, training, seed)
+                                one raw example → the model's features and labels, fixed shapes
+                                (a tf.data map; `seed` is stateless: (run seed, epoch, index))
+  build_model(source)           a Keras model, called inside `strategy.scope()`
+  per_example_loss(batch, outputs)
+                                a [batch] loss, before the example weight
+  metric_sums(batch, outputs, per_example_loss)
+                                {name: (numerator, denominator)}, weighted, for one batch; the
+                                trainer sums both parts over replicas and steps and divides last
+                                (flax's lm1b: token accuracy divides by tokens, not sequences)
+
+Every batch is a dict with a "weight" entry: 0 for padding examples, 1 otherwise.
+`task.name` picks a registered task; `register_task` adds a user's own.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from tfdp.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: config.checks imports this module
+  from tfdp.config.schema import DataConfig, TaskConfig
+
+_REGISTRY: dict[str, type] = {}
+# The built-in tasks, imported when first named (TF Model Garden's task_factory with its
+# registry_imports, torchtitan's models.<name> on use): core imports no workload.
+_BUILTIN_TASKS = {
+    "image_classification": "tfdp.workloads.vision.image_classification",
+    "masked_lm": "tfdp.workloads.text.tasks",
+    "text_classification": "tfdp.workloads.text.tasks",
+    "matrix_factorization": "tfdp.workloads.recommenders.tasks",
+    "retrieval": "tfdp.workloads.recommenders.tasks",
+}
+
+
+def register_task(name: str) -> Callable[[type], type]:
+  """Class decorator: `@tfdp.register_task("my_task") class MyTask(tfdp.Task)`."""
+  def decorate(cls: type) -> type:
+    _REGISTRY[name] = cls
+    return cls
+  return decorate
+
+
+def registered_tasks() -> list[str]:
+  return sorted(set(_REGISTRY) | set(_BUILTIN_TASKS))
+
+
+def task_class(name: str) -> type:
+  if name not in _REGISTRY and name in _BUILTIN_TASKS:
+    importlib.import_module(_BUILTIN_TASKS[name])  # registers it
+  if name not in _REGISTRY:
+    raise ConfigError(f"config key 'task.name' is '{name}'; use one of "
+                      f"{', '.join(registered_tasks())}.")
+  return _REGISTRY[name]
+
+
+def make_task(config: TaskConfig, worker: int = 0, num_workers: int = 1) -> "Task":
+  """`worker`/`num_workers`: which worker builds it (a task may read only its own data)."""
+  task = task_class(config.name)(config)
+  task.worker, task.num_workers = worker, num_workers
+  return task
+
+
+class Task:
+  """The base: subclasses say what their examples, model, loss and metrics are."""
+
+  metric_names: tuple[str, ...] = ("loss",)  # the order of the trainer's sums vector
+  supports_eval_flip = False  # task.eval_flip: its inputs are images whose mirror is one too
+
+  def __init__(self, config: TaskConfig):
+    self.config = config
+    self.worker, self.num_workers = 0, 1  # make_task sets them
+
+  @classmethod
+  def validate(cls, config: TaskConfig) -> None:
+    """Checks that need no TensorFlow (config.validate calls it): raise ConfigError/DataError."""
+
+  @classmethod
+  def check_source(cls, data: DataConfig, key: str) -> None:
+    """Before TensorFlow starts, for each split it reads (`key`: task.train_data, ...): that the
+    data is where the config says; one line (DataError) if not. The base checks a registered
+    source (core.data's readers); a task that builds its own source checks it here."""
+    from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+    data_lib.check_source(data, key)
+
+  def build_source(self, data: DataConfig):
+    from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+    return data_lib.make_source(data)
+
+  def preprocess(self, example: dict, data: DataConfig, training: bool, seed) -> dict:
+    del data, training, seed
+    return example
+
+  def build_model(self, source):
+    raise NotImplementedError
+
+  def warm_start(self, checkpoint_path: str) -> None:
+    """Called after build_model, before training from step 0, with task.init_checkpoint."""
+    raise ConfigError(f"task '{self.config.name}' has no encoder to warm-start; remove "
+                      "task.init_checkpoint.")
+
+  def model_inputs(self, batch: dict):
+    raise NotImplementedError
+
+  def per_example_loss(self, batch: dict, outputs):
+    raise NotImplementedError
+
+  def eval_outputs(self, model, batch: dict):
+    """The model's outputs for evaluation (a task may add test-time augmentation)."""
+    return model(self.model_inputs(batch), training=False)
+
+  def metric_sums(self, batch: dict, outputs, per_example_loss) -> dict:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    weight = batch["weight"]
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+
+  def artifacts(self, source) -> dict:
+    """Files the chief writes into model_dir beside the model: {file name: text} (e.g. the id
+    mapping a recommender's inference must use)."""
+    del source
+    return {}
+
+  def finalize_metric(self, name: str, value: float) -> float:
+    """The reported value from numerator / denominator (e.g. a square root for an RMSE)."""
+    del name
+    return value
+
+
+def classification_sums(batch: dict, logits, per_example_loss, label_key: str = "label") -> dict:
+  """Loss and accuracy of a classifier as weighted sums: {name: (numerator, denominator)}."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  weight = batch["weight"]
+  correct = tf.cast(tf.equal(tf.argmax(logits, -1), batch[label_key]), tf.float32)
+  count = tf.reduce_sum(weight)
+  return {"loss": (tf.reduce_sum(per_example_loss * weight), count),
+          "accuracy": (tf.reduce_sum(correct * weight), count)}

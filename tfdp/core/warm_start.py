@@ -1,0 +1,42 @@
+"""Warm start (`task.init_checkpoint`): find another run's checkpoint, restore part of a model.
+
+No TensorFlow at import; tasks call `restore_into` from their `warm_start`.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from tfdp.errors import ConfigError
+
+
+def find_init_checkpoint(path: str) -> str:
+  """task.init_checkpoint as given: a run's model_dir, its checkpoints/ folder, or a checkpoint
+  prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
+  path = os.path.abspath(os.path.expanduser(path))
+  for folder in (os.path.join(path, "checkpoints"), path):
+    indexes = glob.glob(os.path.join(folder, "ckpt-*.index"))
+    steps = [int(m.group(1)) for p in indexes if (m := re.search(r"ckpt-(\d+)\.index$", p))]
+    if steps:
+      return os.path.join(folder, f"ckpt-{max(steps)}")
+  if os.path.exists(path + ".index"):
+    return path
+  raise ConfigError(f"task.init_checkpoint '{path}' holds no checkpoint (ckpt-N.index); give the "
+                    "model_dir of a finished run, or a checkpoint prefix.")
+
+
+def restore_into(checkpoint_path: str, root, what: str) -> None:
+  """Restores `root` (a tf.train.Checkpoint tree naming where its objects sit in the other
+  run's checkpoint) for task.init_checkpoint; a mismatch is one line naming the variable."""
+  key, fix = "task.init_checkpoint", "use the same task.model.kwargs (and id mapping) as that run"
+  try:
+    root.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
+  except ValueError as e:  # a shape differs: TF names the variable and both shapes
+    raise ConfigError(f"{key} '{checkpoint_path}' does not fit {what}: "
+                      f"{str(e).splitlines()[0]}; {fix}.") from None
+  except AssertionError as e:  # variables the checkpoint has no value for
+    found = re.search(r"path=([^,]+), shape=\(([^)]*)\)", str(e))
+    missing = f"{found.group(1)} (shape {found.group(2)})" if found else "some variables"
+    raise ConfigError(f"{key} '{checkpoint_path}' has no value for {what}'s variable {missing}; "
+                      f"{fix}.") from None

@@ -1,0 +1,29 @@
+"""The one place that knows where the repository is: its root, configs/ and shipped files.
+
+Everything else asks here, so moving a module never silently breaks a path.
+"""
+from __future__ import annotations
+
+import os
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this file: tfdp/paths.py
+CONFIGS = os.path.join(REPO_ROOT, "configs")
+SHIPPED_VOCAB = os.path.join(CONFIGS, "vocab", "shakespeare_wordpiece.txt")
+BENCHMARKS = os.path.join(REPO_ROOT, "benchmarks")
+# The job tfdp-train and tfdp-bench run with no --config_file; TFDP_DEFAULT_CONFIG may name
+# another (a site default, the tests').
+DEFAULT_JOB = "configs/cifar10_quick.yaml"
+
+
+def default_job(env=None) -> str:
+  env = os.environ if env is None else env
+  return env.get("TFDP_DEFAULT_CONFIG") or DEFAULT_JOB
+
+
+def find_config(path: str) -> str:
+  """A config path as given, or else relative to the repository's configs/ folder."""
+  if os.path.exists(path):
+    return path
+  candidate = os.path.join(CONFIGS, os.path.relpath(path, "configs")
+                           if path.startswith("configs") else path)
+  return candidate if os.path.exists(candidate) else path

@@ -1,0 +1,107 @@
+"""Image classification: images → one of num_classes, cross-entropy on logits, accuracy.
+
+The default workload (CIFAR-10): per-example normalization and stateless augmentation, models
+from the vision registry (`task.model.name`), mirror test-time augmentation (`task.eval_flip`).
+"""
+from __future__ import annotations
+
+import difflib
+
+from tfdp.core import data as data_lib
+from tfdp.core import task as tasks
+from tfdp.errors import ConfigError
+from tfdp.workloads.vision import models
+from tfdp.workloads.vision import sources
+
+
+def _normalize(image, mean, std):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  image = tf.cast(image, tf.float32) / 255.0
+  return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def _augment(image, seed, padding: int = 4):
+  """Random crop of the reflect-padded image and horizontal flip, stateless: the same example,
+  epoch and seed give the same pixels whichever replica or worker reads it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(image)
+  padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
+  image = tf.image.stateless_random_crop(padded, shape, seed=seed)
+  return tf.image.stateless_random_flip_left_right(image, seed=seed + 1)
+
+
+@tasks.register_task("image_classification")
+class ImageClassificationTask(tasks.Task):
+  """Images → one of num_classes: cross-entropy on logits, accuracy."""
+
+  metric_names = ("loss", "accuracy")
+  supports_eval_flip = True
+  SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
+
+  @classmethod
+  def check_source(cls, data, key):
+    sources.check_source(data, key)
+
+  @classmethod
+  def validate(cls, config):
+    for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
+      if data.source not in cls.SOURCES:
+        raise ConfigError(f"config key '{key}.source' is '{data.source}', but task "
+                          f"'image_classification' reads images: use one of {', '.join(cls.SOURCES)}.")
+    if config.model.name not in models.registered_models():
+      close = difflib.get_close_matches(config.model.name, models.registered_models(), n=1)
+      hint = f" Did you mean '{close[0]}'?" if close else ""
+      raise ConfigError(f"config key 'task.model.name' is '{config.model.name}'; use one of "
+                        f"{', '.join(models.registered_models())}.{hint}")
+
+  def build_source(self, data):
+    return data_lib.make_source(data)
+
+  def preprocess(self, example, data, training, seed):
+    image = example["image"]
+    if training and data.augment:
+      image = _augment(image, seed, data.crop_padding)
+    return {"image": _normalize(image, data.mean, data.std), "label": example["label"]}
+
+  SAMPLE_IMAGES = 5000  # for a builder that initializes from data (airbench: 5000 images)
+
+  def build_model(self, source):
+    model = self.config.model
+    kwargs = dict(model.kwargs)
+    if models.takes_sample_images(model.name):
+      kwargs["sample_images"] = self.sample_images(source, self.SAMPLE_IMAGES)
+    return models.build_model(model.name, source.image_shape, source.num_classes, **kwargs)
+
+  def sample_images(self, source, count: int):
+    """The source's first `count` images, normalized as evaluation sees them (NHWC numpy)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    data = self.config.train_data
+    examples = source.read(list(range(len(source.file_counts)))).take(count)
+    images = examples.map(lambda ex: _normalize(ex["image"], data.mean, data.std),
+                          num_parallel_calls=tf.data.AUTOTUNE).batch(count)
+    return next(iter(images)).numpy()
+
+  def model_inputs(self, batch):
+    return batch["image"]
+
+  def eval_outputs(self, model, batch):
+    if not self.config.eval_flip:
+      return super().eval_outputs(model, batch)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    image = self.model_inputs(batch)
+    mirrored = tf.reverse(image, axis=[2])  # [batch, height, width, channels]: width
+    return (tf.cast(model(image, training=False), tf.float32)
+            + tf.cast(model(mirrored, training=False), tf.float32)) / 2.0
+
+  def per_example_loss(self, batch, outputs):
+    import keras  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    logits = tf.cast(outputs, tf.float32)
+    if self.config.label_smoothing:
+      labels = tf.one_hot(batch["label"], tf.shape(logits)[-1])
+      return keras.losses.categorical_crossentropy(
+          labels, logits, from_logits=True, label_smoothing=self.config.label_smoothing)
+    return keras.losses.sparse_categorical_crossentropy(batch["label"], logits, from_logits=True)
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    return tasks.classification_sums(batch, outputs, per_example_loss)
