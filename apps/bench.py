@@ -20,6 +20,7 @@ from absl import flags
 
 from tfdp import bench
 from tfdp import cli
+from tfdp import paths
 from tfdp.errors import TfdpError
 
 PROG = bench.PROG
@@ -43,7 +44,7 @@ flags.DEFINE_enum("data", DEFAULTS.data, bench.DATA_CHOICES,
                   "synthetic (1024 cached 32x32 images) or cifar10 (TFDS, train split).")
 flags.DEFINE_multi_string("config_file", None, "Benchmark the job of these configs (e.g. "
                           "configs/shakespeare_mlm.yaml) instead of the --models x --data grid; "
-                          f"tta: default {bench.DEFAULT_JOB}.")
+                          f"tta: default {paths.default_job()}.")
 flags.DEFINE_multi_string("params_override", None, "tfdp config overrides for every run: a.b=1,c.d=x "
                           "(tta: trainer.epochs=N sets the epochs of all runs).")
 flags.DEFINE_bool("baseline", DEFAULTS.baseline, "throughput: also time plain Keras model.fit.")

@@ -1,0 +1,125 @@
+"""The parent's child processes: one measurement per fresh process (`python -m tfdp.bench
+CELL_JSON`, or a worker group through tfdp's launcher), its environment, time limit and result
+line; and what every row carries about the machine it ran on."""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+
+from tfdp import paths
+from tfdp.bench.options import PROG, BenchError
+
+RESULT_PREFIX = "tfdp-bench-result: "
+
+
+def machine_info() -> dict:
+  """Carried by every row: results mean little without the machine and load they came from."""
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+
+  def version(package: str) -> str:
+    try:
+      return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      return ""
+
+  return {"nproc": os.cpu_count(), "cpu": cpu, "tf_version": version("tensorflow"),
+          "keras_version": version("keras"),
+          "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+def load_average() -> float:
+  return round(os.getloadavg()[0], 2)  # other work on the machine skews every number
+
+
+def progress(text: str) -> None:
+  print(f"{PROG}: {text}", flush=True)
+
+
+def child_env() -> dict:
+  env = dict(os.environ)
+  env["PYTHONPATH"] = paths.REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  env["PYTHONUNBUFFERED"] = "1"
+  env.pop("TF_CONFIG", None)  # single-process cells must not join someone's cluster
+  return env
+
+
+def _error_line(text: str) -> str:
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  mine = [l for l in lines if l.startswith(f"{PROG}: error:")]
+  if mine:
+    return mine[-1][len(f"{PROG}: error:"):].strip()
+  return lines[-1][:300] if lines else "no output"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)  # the process and anything it started
+  except (ProcessLookupError, PermissionError):
+    pass
+  proc.wait()
+
+
+def run_process(cmd: list[str], what: str, timeout: float) -> str:
+  """Runs one measurement process; returns its stdout. Nothing it started outlives this call."""
+  proc = subprocess.Popen(cmd, env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    raise BenchError(f"{what} did not finish in {timeout:.0f}s; raise --timeout_seconds or "
+                     "use fewer --steps.") from None
+  finally:
+    _kill_group(proc)
+  if proc.returncode:
+    raise BenchError(f"{what} failed (exit code {proc.returncode}): {_error_line(err or out)}")
+  return out
+
+
+def cell_command(spec: dict) -> list[str]:
+  return [sys.executable, "-m", "tfdp.bench", json.dumps(spec)]
+
+
+def run_cell(spec: dict, what: str, timeout: float) -> dict:
+  out = run_process(cell_command(spec), what, timeout)
+  results = [json.loads(l[len(RESULT_PREFIX):]) for l in out.splitlines()
+             if l.startswith(RESULT_PREFIX)]
+  if not results:
+    raise BenchError(f"{what} printed no result line.")
+  return results[-1]
+
+
+def run_worker_group(spec: dict, num_workers: int, what: str) -> list[dict]:
+  """One measurement on `num_workers` processes through tfdp's launcher; one result per rank."""
+  from tfdp.distributed import launch  # pylint: disable=g-import-not-at-top
+  output = io.StringIO()
+  env = child_env()
+  result = launch.run_group(cell_command(spec), num_workers, env=env, stop_grace_seconds=10,
+                            output=output)
+  if result.interrupted_by is not None:
+    raise BenchError(f"{what}: {result.failure_summary()}.")
+  if not result.ok:
+    failed = result.first_failed if result.first_failed is not None else 0
+    tail = "\n".join(result.last_lines[failed]) if result.last_lines else ""
+    raise BenchError(f"{what}: {result.failure_summary()}: {_error_line(tail)}")
+  rows: dict[int, dict] = {}
+  for line in output.getvalue().splitlines():
+    match = re.match(r"\[w(\d+)\] " + re.escape(RESULT_PREFIX) + r"(.*)$", line)
+    if match:
+      rows[int(match.group(1))] = json.loads(match.group(2))
+  if len(rows) != num_workers:
+    raise BenchError(f"{what}: {len(rows)} of {num_workers} workers printed a result line.")
+  return [rows[i] for i in range(num_workers)]
