@@ -1,0 +1,271 @@
+"""Reading one worker's interactions file: which file a worker reads (`resolve_shard_path`), CSV
+or TFRecord into a frame of user, item, label, weight, with every fixable problem one DataError
+line naming the file, column and row. TensorFlow is imported only by the TFRecord reader.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pandas as pd
+
+from tfdp.errors import DataError
+
+COLUMNS = ("user", "item", "label", "weight")
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip")
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz",
+                     ".tfrec.gz")
+SPLIT_COMMAND = "apps/split_interactions.py"
+_WORKER = re.compile(r"\{worker(?::([^{}]*))?\}")  # {worker} or {worker:03d}
+
+
+# ---- which file a worker reads ---------------------------------------------------------------
+
+
+def resolve_shard_path(path: str, worker: int | None, num_workers: int) -> str:
+  """This worker's file: `{worker}` (or a formatted `{worker:03d}`) becomes its index; a plain
+  path is one file every process reads, returned as is. A `{worker}` path on a single-process
+  run (num_workers <= 1) needs an explicit worker index: reading shard 0 alone by default would
+  silently train on a part of the data."""
+  path = os.fspath(path)
+  if not _WORKER.search(path):
+    return path
+  if worker is None:
+    if num_workers <= 1:
+      raise DataError(f"interactions path '{path}' has a {{worker}} placeholder, but this is a "
+                      "single-process run; give the path of one file (e.g. the unsplit data) or "
+                      "an explicit worker index.")
+    raise DataError(f"interactions path '{path}' has a {{worker}} placeholder, but no worker "
+                    f"index was given for this run of {num_workers} workers; pass the worker's "
+                    "index (its task id).")
+  if worker < 0 or (num_workers > 1 and worker >= num_workers):
+    raise DataError(f"worker {worker} is not one of the {max(num_workers, 1)} worker(s) of this "
+                    f"run (0..{max(num_workers, 1) - 1}), so '{path}' names no shard of it; pass "
+                    "the worker's task id.")
+
+  def substitute(match):
+    try:
+      return format(worker, match.group(1) or "")
+    except ValueError:
+      raise DataError(f"interactions path '{path}' has the placeholder '{match.group(0)}', which "
+                      "cannot format a worker index; write {worker} or e.g. {worker:03d}."
+                      ) from None
+  return _WORKER.sub(substitute, path)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def _empty_frame() -> pd.DataFrame:
+  return pd.DataFrame({"user": np.zeros(0, np.int64), "item": np.zeros(0, np.int64),
+                       "label": np.zeros(0, np.float32), "weight": np.zeros(0, np.float32)})
+
+
+def _prefix(worker: int | None) -> str:
+  return "" if worker is None else f"worker {worker}: "
+
+
+def read_interactions(path: str, user_column: str, item_column: str, label_column: str = "",
+                      weight_column: str = "", worker: int | None = None) -> pd.DataFrame:
+  """One file of interactions (CSV with a header line, or TFRecord of tf.train.Example with int64
+  ids and a float or int64 label) → a frame of user, item, label, weight in file order.
+
+  label 1.0 when label_column is empty (implicit data: every row is a positive); weight 1.0 when
+  weight_column is empty. `worker` names the worker in errors (and fills a `{worker}` placeholder).
+  An empty file gives an empty frame: the caller decides (`check_not_empty`) whether that is
+  an error. Every problem a user can fix is one DataError line that names the file and column.
+  """
+  path = os.fspath(path)
+  if _WORKER.search(path):
+    path = resolve_shard_path(path, worker, num_workers=0)  # an explicit index, or an error
+  prefix = _prefix(worker)
+  where = f"{prefix}interactions file '{path}'"
+  for role, name in (("user", user_column), ("item", item_column)):
+    if not name:
+      raise DataError(f"{prefix}no {role} column is named for '{path}'; set {role}_column to the "
+                      f"column that holds the {role} ids.")
+  if not os.path.exists(path):
+    raise DataError(f"{where} does not exist; copy this worker's shard there ({SPLIT_COMMAND} "
+                    "writes one per worker) or fix the path.")
+  if os.path.isdir(path):
+    raise DataError(f"{where} is a folder; give the path of one CSV or TFRecord file.")
+  columns = {role: name for role, name in zip(COLUMNS, (user_column, item_column, label_column,
+                                                         weight_column)) if name}
+  lower = path.lower()
+  if lower.endswith(CSV_SUFFIXES):
+    raw, row_name = _read_csv(path, columns, where), _csv_row
+  elif lower.endswith(TFRECORD_SUFFIXES):
+    raw, row_name = _read_tfrecord(path, columns, where), _record_row
+  else:
+    raise DataError(f"{where} is neither CSV ({', '.join(CSV_SUFFIXES)}) nor TFRecord "
+                    f"({', '.join(TFRECORD_SUFFIXES)}); name it by its format.")
+  if raw is None:
+    return _empty_frame()
+  return _to_frame(raw, columns, where, row_name)
+
+
+def check_not_empty(frame: pd.DataFrame, path: str, worker: int | None = None) -> pd.DataFrame:
+  """A worker with no interactions would train on padding only; say so before training."""
+  if len(frame) == 0:
+    raise DataError(f"{_prefix(worker)}interactions file '{path}' holds no interactions; give "
+                    f"every worker a non-empty shard (split again with fewer shards or other "
+                    f"fractions: {SPLIT_COMMAND}).")
+  return frame
+
+
+def _csv_row(index: int) -> str:
+  return f"row {index + 1} (line {index + 2})"  # line 1 is the header
+
+
+def _record_row(index: int) -> str:
+  return f"record {index + 1}"
+
+
+def _check_columns(available: list, columns: dict, where: str) -> None:
+  for role, name in columns.items():
+    if name not in available:
+      listed = ", ".join(map(str, available)) or "(none)"
+      raise DataError(f"{where} has no {role} column '{name}'; its columns are {listed}: set "
+                      f"{role}_column to one of them.")
+
+
+def _read_csv(path: str, columns: dict, where: str) -> dict | None:
+  try:
+    header = list(pd.read_csv(path, nrows=0).columns)
+    _check_columns(header, columns, where)
+    # Every column, not usecols: with usecols pandas accepts a row with too many fields (an
+    # unquoted comma shifting the columns) without a word.
+    frame = pd.read_csv(path, low_memory=False)
+  except pd.errors.EmptyDataError:
+    return None  # a zero-byte file
+  except (pd.errors.ParserError, UnicodeDecodeError) as e:
+    raise DataError(f"{where} cannot be read as CSV: {str(e).strip().splitlines()[0]}; fix that "
+                    "line.") from None
+  except OSError as e:
+    raise DataError(f"{where} cannot be read ({e.strerror or e}); fix its permissions.") from None
+  if frame.empty:
+    return None
+  return {role: frame[name] for role, name in columns.items()}
+
+
+def _read_tfrecord(path: str, columns: dict, where: str) -> dict | None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from google.protobuf import message  # pylint: disable=g-import-not-at-top
+  compression = "GZIP" if path.lower().endswith(".gz") else ""
+  records = tf.data.TFRecordDataset(path, compression_type=compression)
+  damaged = f"{where} cannot be read as TFRecord of tf.train.Example"
+  try:
+    first = next(iter(records.take(1)), None)
+    if first is None:
+      return None
+    features = tf.train.Example.FromString(first.numpy()).features.feature
+  except (tf.errors.OpError, message.DecodeError) as e:
+    reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+    raise DataError(f"{damaged}: {reason.strip().splitlines()[0]}; write it again.") from None
+  _check_columns(sorted(features), columns, where)
+  kinds, spec = {}, {}
+  for role, name in columns.items():
+    kinds[name] = features[name].WhichOneof("kind")
+    problem = _feature_problem(role, name, kinds[name], kinds[name])
+    if problem:
+      raise DataError(f"{where} {_record_row(0)}: {problem}")
+    dtype = tf.float32 if kinds[name] == "float_list" else tf.int64
+    spec[name] = tf.io.FixedLenFeature([], dtype)
+  parts = {name: [] for name in spec}
+  try:
+    for batch in records.batch(8192).map(lambda r: tf.io.parse_example(r, spec)):
+      for name in spec:
+        parts[name].append(batch[name].numpy())
+  except tf.errors.InvalidArgumentError as e:  # a record unlike the first: find and name it
+    raise _bad_record(path, compression, columns, kinds, where, e.message) from None
+  except tf.errors.OpError as e:
+    raise DataError(f"{damaged}: {e.message.strip().splitlines()[0]}; write it again.") from None
+  return {role: pd.Series(np.concatenate(parts[name])) for role, name in columns.items()}
+
+
+def _feature_problem(role: str, name: str, kind: str | None, first_kind: str,
+                     count: int = 1) -> str:
+  """What is wrong with one record's feature, or ''."""
+  if kind is None:
+    return f"feature '{name}' ({role}) is missing; give every record the same features."
+  if role in ("user", "item") and kind != "int64_list":
+    return (f"feature '{name}' ({role}) holds a {kind}, not int64 ids; write ids as an "
+            "int64_list.")
+  if kind == "bytes_list":
+    return (f"feature '{name}' ({role}) holds bytes, not a number; write it as a float_list or "
+            "int64_list.")
+  if kind != first_kind:
+    return (f"feature '{name}' ({role}) holds a {kind}, but the first record a {first_kind}; "
+            "write one type in every record.")
+  if count != 1:
+    return f"feature '{name}' ({role}) holds {count} values, not one; write one per record."
+  return ""
+
+
+def _bad_record(path: str, compression: str, columns: dict, kinds: dict, where: str,
+                tf_message: str) -> DataError:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+  for index, record in enumerate(dataset.as_numpy_iterator()):
+    features = tf.train.Example.FromString(record).features.feature
+    for role, name in columns.items():
+      kind = features[name].WhichOneof("kind") if name in features else None
+      count = len(getattr(features[name], kind).value) if kind else 0
+      problem = _feature_problem(role, name, kind, kinds[name], count)
+      if problem:
+        return DataError(f"{where} {_record_row(index)}: {problem}")
+  return DataError(f"{where} cannot be parsed: {tf_message.strip().splitlines()[0]}")
+
+
+def _value_problem(where: str, role: str, name: str, raw: pd.Series, index: int, row_name) -> str:
+  value = raw.iloc[index]
+  if pd.isna(value):
+    shown = "has no value"
+  else:
+    shown = f"holds {value.item() if isinstance(value, np.generic) else value!r}"
+  return f"{where} column '{name}' ({role}) {shown} in {row_name(index)}"
+
+
+def _numbers(raw: pd.Series, role: str, name: str, where: str, row_name) -> np.ndarray:
+  """float64 values; the first that is not a finite number is named with its row."""
+  values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+  bad = np.flatnonzero(~np.isfinite(values))
+  if bad.size:
+    raise DataError(f"{_value_problem(where, role, name, raw, bad[0], row_name)}, not a number; "
+                    "fix or remove that row.")
+  return values
+
+
+def _ids(raw: pd.Series, role: str, name: str, where: str, row_name) -> np.ndarray:
+  if pd.api.types.is_integer_dtype(raw.dtype):
+    ids = raw.to_numpy(np.int64)  # exact: large ids never pass through float64
+  else:
+    values = _numbers(raw, role, name, where, row_name)
+    fractional = np.flatnonzero(values != np.floor(values))
+    if fractional.size:
+      raise DataError(f"{_value_problem(where, role, name, raw, fractional[0], row_name)}, not a "
+                      "whole number; ids must be integers >= 0: renumber them.")
+    ids = values.astype(np.int64)
+  negative = np.flatnonzero(ids < 0)
+  if negative.size:
+    raise DataError(f"{_value_problem(where, role, name, raw, negative[0], row_name)}; ids must "
+                    "be integers >= 0: renumber them from 0.")
+  return ids
+
+
+def _to_frame(raw: dict, columns: dict, where: str, row_name) -> pd.DataFrame:
+  count = len(raw["user"])
+  frame = {"user": _ids(raw["user"], "user", columns["user"], where, row_name),
+           "item": _ids(raw["item"], "item", columns["item"], where, row_name)}
+  for role in ("label", "weight"):
+    if role not in columns:
+      frame[role] = np.ones(count, np.float32)
+      continue
+    values = _numbers(raw[role], role, columns[role], where, row_name)
+    negative = np.flatnonzero(values < 0)
+    if role == "weight" and negative.size:
+      problem = _value_problem(where, role, columns[role], raw[role], negative[0], row_name)
+      raise DataError(f"{problem}; weights must be >= 0: fix or remove that row.")
+    frame[role] = values.astype(np.float32)
+  return pd.DataFrame(frame)
