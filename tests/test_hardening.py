@@ -218,6 +218,11 @@ CASES = [
          trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").write_text("hello\n")),
     Case("checkpoint_index_missing", ("ckpt-8.index", "missing", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").unlink()),
+    # A `[` in model_dir once made the checkpoint glob match nothing: this guard was skipped.
+    Case("checkpoint_state_file_missing_bracket_dir", ("no 'checkpoint' state file", "--start_over"),
+         args=("--model_dir={folder}/lr[0.1]",),
+         setup=lambda folder: (write("lr[0.1]/checkpoints/ckpt-8.index", "x")(folder),
+                               write("lr[0.1]/checkpoints/ckpt-8.data-00000-of-00001", "x")(folder))),
     Case("checkpoint_state_file_missing", ("no 'checkpoint' state file", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
     Case("checkpoint_index_garbage", ("ckpt-8", "damaged", "--start_over"), trained=True,

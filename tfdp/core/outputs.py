@@ -65,7 +65,7 @@ def latest_checkpoint(model_dir: str) -> str | None:
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
   directory = os.path.join(model_dir, CHECKPOINT_DIR)
   state = os.path.join(directory, "checkpoint")
-  indexes = sorted(glob.glob(os.path.join(directory, "*.index")))
+  indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))  # `[` in paths
   if not os.path.exists(state):
     if indexes:
       raise OutputError(f"'{directory}' holds checkpoints ({os.path.basename(indexes[-1])}) but "
