@@ -377,3 +377,17 @@ def test_stop_on_nan_off_trains_on(trained_run, tmp_path):
                            "--mode=train", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (model_dir / "checkpoints" / "ckpt-4.index").exists()
+
+
+def test_an_empty_metrics_csv_is_set_aside_after_the_checkpoint_is_saved(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "metrics.csv").write_text("")
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY},trainer.epochs=1",
+                           "--mode=train", timeout=300)
+  assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-4.index").exists()
+  (aside,) = model_dir.glob("metrics.csv.bad-*")
+  assert aside.read_text() == ""
+  assert "metrics.csv" in proc.stderr and str(aside.name) in proc.stderr  # one line says where
+  assert (model_dir / "metrics.csv").read_text().startswith("epoch,")

@@ -37,3 +37,14 @@ def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tm
   outputs.write_config(plan, "trainer: {epochs: 2}\n")
   assert (tmp_path / "config.yaml").read_text() == "trainer: {epochs: 2}\n"
   assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
+
+
+def test_unreadable_metrics_csv_is_set_aside_and_a_fresh_one_started(tmp_path):
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  for bad in (b"", b"\x00\xff garbage\n\"unclosed", b"step,loss\n10,2.0\n"):  # last: no epoch column
+    (tmp_path / "metrics.csv").write_bytes(bad)
+    outputs.append_metrics(plan, {"epoch": 1, "step": 10, "loss": 2.0})
+    assert pd.read_csv(tmp_path / "metrics.csv")["epoch"].tolist() == [1]
+  kept = sorted(p.read_bytes() for p in tmp_path.glob("metrics.csv.bad-*"))
+  assert len(kept) == 3 and b"" in kept  # three set aside, none overwritten
+

@@ -143,11 +143,32 @@ def remove_stale_worker_dirs() -> None:
       shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def _fsync_dir(directory: str) -> None:
+  try:
+    fd = os.open(directory, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:  # some file systems cannot sync a folder
+    pass
+  finally:
+    os.close(fd)
+
+
+def _replace_synced(tmp: str, path: str) -> None:
+  """Renames tmp over path once its bytes are on disk: a crash leaves the old file or the new."""
+  with open(tmp, "rb") as f:
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  _fsync_dir(os.path.dirname(path))
+
+
 def atomic_write_text(path: str, text: str) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
     f.write(text)
-  os.replace(tmp, path)
+  _replace_synced(tmp, path)
 
 
 def write_config(plan: WritePlan, text: str) -> None:
@@ -170,14 +191,31 @@ def append_metrics(plan: WritePlan, row: dict) -> None:
   import pandas as pd  # pylint: disable=g-import-not-at-top
   path = plan.path(METRICS_FILE)
   frame = pd.DataFrame([row])
-  if os.path.exists(path):
-    old = pd.read_csv(path)
+  old = read_metrics(path) if os.path.exists(path) else None
+  if old is not None:
     old = old[old["epoch"] != row["epoch"]]
     frame = pd.concat([old, frame], ignore_index=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  frame.to_csv(tmp, index=False)
-  os.replace(tmp, path)
+  atomic_write_text(path, frame.to_csv(index=False))
   write_metrics_png(plan)
+
+
+def read_metrics(path: str):
+  """metrics.csv, or None when it cannot be read: it is set aside (never deleted), and losing a
+  table of past epochs must not stop a run."""
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+  try:
+    frame = pd.read_csv(path)
+    if "epoch" not in frame.columns:
+      raise ValueError("it has no 'epoch' column")
+    return frame
+  except ValueError as error:  # pandas' EmptyDataError and ParserError, UnicodeDecodeError
+    aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while os.path.exists(aside):
+      aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
+    os.replace(path, aside)
+    logging.warning("%s could not be read (%s); set aside as %s, a fresh one started", path,
+                    " ".join(str(error).split()) or type(error).__name__, os.path.basename(aside))
+    return None
 
 
 def write_metrics_png(plan: WritePlan) -> None:
@@ -196,5 +234,5 @@ def export_model(plan: WritePlan, model) -> str | None:
   path = plan.path(EXPORT_FILE)
   tmp = plan.path(f".tmp-{os.getpid()}-{EXPORT_FILE}")
   model.save(tmp)
-  os.replace(tmp, path)
+  _replace_synced(tmp, path)
   return path
