@@ -251,6 +251,12 @@ CASES = [
          args=("--", "no-such-program")),
     Case("launch_bad_gpus_per_worker", ("--gpus_per_worker",), launch=True,
          args=("--gpus_per_worker=lots", "--", "true")),
+    Case("launch_nan_stop_grace", ("--stop_grace_seconds", "nan", "30"), launch=True,
+         args=("--stop_grace_seconds=nan", "--", "true")),  # nan: workers never SIGKILLed
+    Case("launch_inf_stop_grace", ("--stop_grace_seconds", "inf", "30"), launch=True,
+         args=("--stop_grace_seconds=inf", "--", "true")),
+    Case("launch_negative_stop_grace", ("--stop_grace_seconds", "-1", "30"), launch=True,
+         args=("--stop_grace_seconds=-1", "--", "true")),
     Case("launch_unknown_flag", ("'num_worker'", "Did you mean: num_workers"), launch=True, args=("--num_worker=2", "--", "true")),
 ]
 NEEDS_CIFAR = {"tfds_version_not_prepared", "tfds_broken_dataset_info"}
