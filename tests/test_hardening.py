@@ -106,6 +106,9 @@ CASES = [
     Case("tf_config_no_task_type", ("task.type",), env=tf_config({"index": 0})),
     Case("tf_config_index_as_string", ("task.index", "without quotes"),
          env=tf_config({"type": "worker", "index": "0"})),
+    Case("tf_config_rpc_layer_verbs", ("rpc_layer", "grpc+verbs", '"grpc"'),
+         env={"TF_CONFIG": json.dumps({"cluster": TWO_WORKERS, "rpc_layer": "grpc+verbs",
+                                       "task": {"type": "worker", "index": 0}})}),
     Case("tf_config_chief_missing", ("cluster.chief",), env=tf_config({"type": "chief", "index": 0})),
     # ---- Slurm -------------------------------------------------------------------------------
     Case("slurm_superscript_ntasks", ("SLURM_NTASKS", "srun"), env=dict(SLURM, SLURM_NTASKS="²")),
