@@ -48,3 +48,29 @@ def test_unreadable_metrics_csv_is_set_aside_and_a_fresh_one_started(tmp_path):
   kept = sorted(p.read_bytes() for p in tmp_path.glob("metrics.csv.bad-*"))
   assert len(kept) == 3 and b"" in kept  # three set aside, none overwritten
 
+
+def test_temp_files_are_created_exclusively_and_never_follow_a_planted_link(tmp_path):
+  victim = tmp_path / "victim"
+  victim.write_text("keep\n")
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  for name in ("config.yaml", "metrics.csv"):  # the old predictable temp name, planted
+    (model_dir / f"{name}.tmp-{os.getpid()}").symlink_to(victim)
+  plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
+  outputs.write_config(plan, "a: 1\n")
+  outputs.append_metrics(plan, {"epoch": 1})
+  assert victim.read_text() == "keep\n"
+  assert (model_dir / "config.yaml").read_text() == "a: 1\n" and not os.path.islink(model_dir / "config.yaml")
+  assert not [p for p in model_dir.iterdir() if ".tmp" in p.name and not p.is_symlink()]
+
+
+def test_export_writes_a_loadable_model_through_an_exclusive_temp_file(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  path = outputs.export_model(plan, model)
+  assert keras.saving.load_model(path).count_params() == 8
+  mask = os.umask(0)
+  os.umask(mask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+  assert os.listdir(tmp_path) == ["model.keras"]

@@ -164,11 +164,27 @@ def _replace_synced(tmp: str, path: str) -> None:
   _fsync_dir(os.path.dirname(path))
 
 
+def _temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
+  """A temp file created exclusively beside path (O_EXCL: never a planted file or symlink),
+  with the mode a plain open() would give it."""
+  directory, name = os.path.split(path)
+  fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp-{os.getpid()}-", suffix=suffix, dir=directory)
+  mask = os.umask(0)
+  os.umask(mask)
+  os.fchmod(fd, 0o666 & ~mask)
+  return fd, tmp
+
+
 def atomic_write_text(path: str, text: str) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  _replace_synced(tmp, path)
+  fd, tmp = _temp_beside(path)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    _replace_synced(tmp, path)
+  except BaseException:
+    if os.path.lexists(tmp):
+      os.unlink(tmp)
+    raise
 
 
 def write_config(plan: WritePlan, text: str) -> None:
@@ -232,7 +248,13 @@ def export_model(plan: WritePlan, model) -> str | None:
   if not plan.is_chief:
     return None
   path = plan.path(EXPORT_FILE)
-  tmp = plan.path(f".tmp-{os.getpid()}-{EXPORT_FILE}")
-  model.save(tmp)
-  _replace_synced(tmp, path)
+  fd, tmp = _temp_beside(path, suffix=".keras")  # Keras saves only to a name ending .keras
+  os.close(fd)
+  try:
+    model.save(tmp)
+    _replace_synced(tmp, path)
+  except BaseException:
+    if os.path.lexists(tmp):
+      os.unlink(tmp)
+    raise
   return path
