@@ -215,6 +215,8 @@ CASES = [
          setup=write("afile", "x")),
     Case("model_dir_inside_a_file", ("--model_dir", "afile"), args=("--model_dir={folder}/afile/run",),
          setup=write("afile", "x")),
+    Case("model_dir_world_writable", ("--model_dir", "{folder}/run", "chmod o-w"),
+         setup=lambda folder: (folder / "run").chmod(0o777)),  # anyone could swap checkpoints
     Case("checkpoint_state_garbage", ("checkpoints/checkpoint", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "checkpoint").write_bytes(b"\x00garbage\xff")),
     Case("checkpoint_state_unparsable", ("checkpoints/checkpoint", "model_checkpoint_path", "--start_over"),

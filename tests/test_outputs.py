@@ -2,8 +2,10 @@
 import os
 
 import pandas as pd
+import pytest
 
 from tfdp.core import outputs
+from tfdp.errors import OutputError
 
 
 def test_non_chief_writes_to_its_own_temp_dir_and_stale_ones_are_removed(tmp_path, monkeypatch):
@@ -74,3 +76,27 @@ def test_export_writes_a_loadable_model_through_an_exclusive_temp_file(tmp_path)
   os.umask(mask)
   assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
   assert os.listdir(tmp_path) == ["model.keras"]
+
+
+@pytest.mark.parametrize("mode,refused", [(0o777, True), (0o1777, False), (0o755, False)])
+def test_a_world_writable_model_dir_is_refused_unless_sticky(tmp_path, mode, refused):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  model_dir.chmod(mode)
+  if not refused:
+    assert outputs.prepare_model_dir(str(model_dir)) == str(model_dir)
+    return
+  with pytest.raises(OutputError) as error:
+    outputs.prepare_model_dir(str(model_dir))
+  assert str(model_dir) in str(error.value) and "chmod o-w" in str(error.value)
+  assert os.listdir(model_dir) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_model_dir_owned_by_another_user_is_refused(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  os.chown(model_dir, 12345, -1)
+  with pytest.raises(OutputError) as error:
+    outputs.prepare_model_dir(str(model_dir))
+  assert str(model_dir) in str(error.value) and "your own" in str(error.value)

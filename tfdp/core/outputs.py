@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 
@@ -32,6 +33,8 @@ def prepare_model_dir(model_dir: str) -> str:
   start that fails a later check leaves the file system as it was (create_model_dir makes it)."""
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
+  if os.path.isdir(model_dir):
+    check_model_dir_owner(model_dir)
   existing = model_dir
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -45,6 +48,18 @@ def prepare_model_dir(model_dir: str) -> str:
     raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror} in "
                       f"'{existing}'); choose a folder you can write to.") from None
   return model_dir
+
+
+def check_model_dir_owner(model_dir: str) -> None:
+  """Whoever else can write model_dir can replace the checkpoints a run restores. The folder
+  itself only: its parents are the system's (/tmp is world-writable, and sticky)."""
+  info = os.stat(model_dir)
+  if info.st_uid != os.geteuid():
+    raise OutputError(f"--model_dir '{model_dir}' belongs to another user (uid {info.st_uid}), "
+                      "who could replace its checkpoints; use a folder of your own.")
+  if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+    raise OutputError(f"--model_dir '{model_dir}' is writable by every user, who could replace "
+                      f"its checkpoints; run chmod o-w '{model_dir}', or use a folder of your own.")
 
 
 def create_model_dir(model_dir: str) -> None:
