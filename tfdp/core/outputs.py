@@ -190,16 +190,24 @@ def _temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
   return fd, tmp
 
 
-def atomic_write_text(path: str, text: str) -> None:
-  fd, tmp = _temp_beside(path)
+def _write_into_place(path: str, write, suffix: str = "") -> None:
+  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path."""
+  fd, tmp = _temp_beside(path, suffix)
   try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
+    write(fd, tmp)
     _replace_synced(tmp, path)
   except BaseException:
     if os.path.lexists(tmp):
       os.unlink(tmp)
     raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  def write(fd: int, tmp: str) -> None:
+    del tmp
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+  _write_into_place(path, write)
 
 
 def write_config(plan: WritePlan, text: str) -> None:
@@ -263,13 +271,8 @@ def export_model(plan: WritePlan, model) -> str | None:
   if not plan.is_chief:
     return None
   path = plan.path(EXPORT_FILE)
-  fd, tmp = _temp_beside(path, suffix=".keras")  # Keras saves only to a name ending .keras
-  os.close(fd)
-  try:
+  def write(fd: int, tmp: str) -> None:
+    os.close(fd)
     model.save(tmp)
-    _replace_synced(tmp, path)
-  except BaseException:
-    if os.path.lexists(tmp):
-      os.unlink(tmp)
-    raise
+  _write_into_place(path, write, suffix=".keras")  # Keras saves only to a name ending .keras
   return path
