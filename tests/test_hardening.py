@@ -106,6 +106,9 @@ CASES = [
     Case("tf_config_no_task_type", ("task.type",), env=tf_config({"index": 0})),
     Case("tf_config_index_as_string", ("task.index", "without quotes"),
          env=tf_config({"type": "worker", "index": "0"})),
+    Case("tf_config_rpc_layer_verbs", ("rpc_layer", "grpc+verbs", '"grpc"'),
+         env={"TF_CONFIG": json.dumps({"cluster": TWO_WORKERS, "rpc_layer": "grpc+verbs",
+                                       "task": {"type": "worker", "index": 0}})}),
     Case("tf_config_chief_missing", ("cluster.chief",), env=tf_config({"type": "chief", "index": 0})),
     # ---- Slurm -------------------------------------------------------------------------------
     Case("slurm_superscript_ntasks", ("SLURM_NTASKS", "srun"), env=dict(SLURM, SLURM_NTASKS="²")),
@@ -212,12 +215,19 @@ CASES = [
          setup=write("afile", "x")),
     Case("model_dir_inside_a_file", ("--model_dir", "afile"), args=("--model_dir={folder}/afile/run",),
          setup=write("afile", "x")),
+    Case("model_dir_world_writable", ("--model_dir", "{folder}/run", "chmod o-w"),
+         setup=lambda folder: (folder / "run").chmod(0o777)),  # anyone could swap checkpoints
     Case("checkpoint_state_garbage", ("checkpoints/checkpoint", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "checkpoint").write_bytes(b"\x00garbage\xff")),
     Case("checkpoint_state_unparsable", ("checkpoints/checkpoint", "model_checkpoint_path", "--start_over"),
          trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").write_text("hello\n")),
     Case("checkpoint_index_missing", ("ckpt-8.index", "missing", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").unlink()),
+    # A `[` in model_dir once made the checkpoint glob match nothing: this guard was skipped.
+    Case("checkpoint_state_file_missing_bracket_dir", ("no 'checkpoint' state file", "--start_over"),
+         args=("--model_dir={folder}/lr[0.1]",),
+         setup=lambda folder: (write("lr[0.1]/checkpoints/ckpt-8.index", "x")(folder),
+                               write("lr[0.1]/checkpoints/ckpt-8.data-00000-of-00001", "x")(folder))),
     Case("checkpoint_state_file_missing", ("no 'checkpoint' state file", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
     Case("checkpoint_index_garbage", ("ckpt-8", "damaged", "--start_over"), trained=True,
@@ -246,6 +256,12 @@ CASES = [
          args=("--", "no-such-program")),
     Case("launch_bad_gpus_per_worker", ("--gpus_per_worker",), launch=True,
          args=("--gpus_per_worker=lots", "--", "true")),
+    Case("launch_nan_stop_grace", ("--stop_grace_seconds", "nan", "30"), launch=True,
+         args=("--stop_grace_seconds=nan", "--", "true")),  # nan: workers never SIGKILLed
+    Case("launch_inf_stop_grace", ("--stop_grace_seconds", "inf", "30"), launch=True,
+         args=("--stop_grace_seconds=inf", "--", "true")),
+    Case("launch_negative_stop_grace", ("--stop_grace_seconds", "-1", "30"), launch=True,
+         args=("--stop_grace_seconds=-1", "--", "true")),
     Case("launch_unknown_flag", ("'num_worker'", "Did you mean: num_workers"), launch=True, args=("--num_worker=2", "--", "true")),
 ]
 NEEDS_CIFAR = {"tfds_version_not_prepared", "tfds_broken_dataset_info"}
@@ -372,3 +388,17 @@ def test_stop_on_nan_off_trains_on(trained_run, tmp_path):
                            "--mode=train", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (model_dir / "checkpoints" / "ckpt-4.index").exists()
+
+
+def test_an_empty_metrics_csv_is_set_aside_after_the_checkpoint_is_saved(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "metrics.csv").write_text("")
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY},trainer.epochs=1",
+                           "--mode=train", timeout=300)
+  assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-4.index").exists()
+  (aside,) = model_dir.glob("metrics.csv.bad-*")
+  assert aside.read_text() == ""
+  assert "metrics.csv" in proc.stderr and str(aside.name) in proc.stderr  # one line says where
+  assert (model_dir / "metrics.csv").read_text().startswith("epoch,")

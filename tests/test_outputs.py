@@ -2,8 +2,10 @@
 import os
 
 import pandas as pd
+import pytest
 
 from tfdp.core import outputs
+from tfdp.errors import OutputError
 
 
 def test_non_chief_writes_to_its_own_temp_dir_and_stale_ones_are_removed(tmp_path, monkeypatch):
@@ -37,3 +39,64 @@ def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tm
   outputs.write_config(plan, "trainer: {epochs: 2}\n")
   assert (tmp_path / "config.yaml").read_text() == "trainer: {epochs: 2}\n"
   assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
+
+
+def test_unreadable_metrics_csv_is_set_aside_and_a_fresh_one_started(tmp_path):
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  for bad in (b"", b"\x00\xff garbage\n\"unclosed", b"step,loss\n10,2.0\n"):  # last: no epoch column
+    (tmp_path / "metrics.csv").write_bytes(bad)
+    outputs.append_metrics(plan, {"epoch": 1, "step": 10, "loss": 2.0})
+    assert pd.read_csv(tmp_path / "metrics.csv")["epoch"].tolist() == [1]
+  kept = sorted(p.read_bytes() for p in tmp_path.glob("metrics.csv.bad-*"))
+  assert len(kept) == 3 and b"" in kept  # three set aside, none overwritten
+
+
+def test_temp_files_are_created_exclusively_and_never_follow_a_planted_link(tmp_path):
+  victim = tmp_path / "victim"
+  victim.write_text("keep\n")
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  for name in ("config.yaml", "metrics.csv"):  # the old predictable temp name, planted
+    (model_dir / f"{name}.tmp-{os.getpid()}").symlink_to(victim)
+  plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
+  outputs.write_config(plan, "a: 1\n")
+  outputs.append_metrics(plan, {"epoch": 1})
+  assert victim.read_text() == "keep\n"
+  assert (model_dir / "config.yaml").read_text() == "a: 1\n" and not os.path.islink(model_dir / "config.yaml")
+  assert not [p for p in model_dir.iterdir() if ".tmp" in p.name and not p.is_symlink()]
+
+
+def test_export_writes_a_loadable_model_through_an_exclusive_temp_file(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  path = outputs.export_model(plan, model)
+  assert keras.saving.load_model(path).count_params() == 8
+  mask = os.umask(0)
+  os.umask(mask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+  assert os.listdir(tmp_path) == ["model.keras"]
+
+
+@pytest.mark.parametrize("mode,refused", [(0o777, True), (0o1777, False), (0o755, False)])
+def test_a_world_writable_model_dir_is_refused_unless_sticky(tmp_path, mode, refused):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  model_dir.chmod(mode)
+  if not refused:
+    assert outputs.prepare_model_dir(str(model_dir)) == str(model_dir)
+    return
+  with pytest.raises(OutputError) as error:
+    outputs.prepare_model_dir(str(model_dir))
+  assert str(model_dir) in str(error.value) and "chmod o-w" in str(error.value)
+  assert os.listdir(model_dir) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_model_dir_owned_by_another_user_is_refused(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  os.chown(model_dir, 12345, -1)
+  with pytest.raises(OutputError) as error:
+    outputs.prepare_model_dir(str(model_dir))
+  assert str(model_dir) in str(error.value) and "your own" in str(error.value)

@@ -211,10 +211,11 @@ class Controller:
         with trainer.evaluation_weights():  # the weights' moving average, if kept
           self._precise_batchnorm_if_due(epoch, step)
           self._evaluate_if_due(epoch, step, row)
-        row["wall_time"] = time.time()
-        outputs.append_metrics(trainer.write_plan, row)
+        # The checkpoint first: a metrics.csv that fails to write must not cost the epoch.
         if not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps:
           trainer.save()
+        row["wall_time"] = time.time()
+        outputs.append_metrics(trainer.write_plan, row)
         last_row = row
     finally:
       profile.stop(step)

@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 
@@ -32,6 +33,8 @@ def prepare_model_dir(model_dir: str) -> str:
   start that fails a later check leaves the file system as it was (create_model_dir makes it)."""
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
+  if os.path.isdir(model_dir):
+    check_model_dir_owner(model_dir)
   existing = model_dir
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -45,6 +48,18 @@ def prepare_model_dir(model_dir: str) -> str:
     raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror} in "
                       f"'{existing}'); choose a folder you can write to.") from None
   return model_dir
+
+
+def check_model_dir_owner(model_dir: str) -> None:
+  """Whoever else can write model_dir can replace the checkpoints a run restores. The folder
+  itself only: its parents are the system's (/tmp is world-writable, and sticky)."""
+  info = os.stat(model_dir)
+  if info.st_uid != os.geteuid():
+    raise OutputError(f"--model_dir '{model_dir}' belongs to another user (uid {info.st_uid}), "
+                      "who could replace its checkpoints; use a folder of your own.")
+  if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+    raise OutputError(f"--model_dir '{model_dir}' is writable by every user, who could replace "
+                      f"its checkpoints; run chmod o-w '{model_dir}', or use a folder of your own.")
 
 
 def create_model_dir(model_dir: str) -> None:
@@ -65,7 +80,7 @@ def latest_checkpoint(model_dir: str) -> str | None:
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
   directory = os.path.join(model_dir, CHECKPOINT_DIR)
   state = os.path.join(directory, "checkpoint")
-  indexes = sorted(glob.glob(os.path.join(directory, "*.index")))
+  indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))  # `[` in paths
   if not os.path.exists(state):
     if indexes:
       raise OutputError(f"'{directory}' holds checkpoints ({os.path.basename(indexes[-1])}) but "
@@ -143,11 +158,56 @@ def remove_stale_worker_dirs() -> None:
       shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def atomic_write_text(path: str, text: str) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
+def _fsync_dir(directory: str) -> None:
+  try:
+    fd = os.open(directory, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:  # some file systems cannot sync a folder
+    pass
+  finally:
+    os.close(fd)
+
+
+def _replace_synced(tmp: str, path: str) -> None:
+  """Renames tmp over path once its bytes are on disk: a crash leaves the old file or the new."""
+  with open(tmp, "rb") as f:
+    os.fsync(f.fileno())
   os.replace(tmp, path)
+  _fsync_dir(os.path.dirname(path))
+
+
+def _temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
+  """A temp file created exclusively beside path (O_EXCL: never a planted file or symlink),
+  with the mode a plain open() would give it."""
+  directory, name = os.path.split(path)
+  fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp-{os.getpid()}-", suffix=suffix, dir=directory)
+  mask = os.umask(0)
+  os.umask(mask)
+  os.fchmod(fd, 0o666 & ~mask)
+  return fd, tmp
+
+
+def _write_into_place(path: str, write, suffix: str = "") -> None:
+  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path."""
+  fd, tmp = _temp_beside(path, suffix)
+  try:
+    write(fd, tmp)
+    _replace_synced(tmp, path)
+  except BaseException:
+    if os.path.lexists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  def write(fd: int, tmp: str) -> None:
+    del tmp
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+  _write_into_place(path, write)
 
 
 def write_config(plan: WritePlan, text: str) -> None:
@@ -170,14 +230,31 @@ def append_metrics(plan: WritePlan, row: dict) -> None:
   import pandas as pd  # pylint: disable=g-import-not-at-top
   path = plan.path(METRICS_FILE)
   frame = pd.DataFrame([row])
-  if os.path.exists(path):
-    old = pd.read_csv(path)
+  old = read_metrics(path) if os.path.exists(path) else None
+  if old is not None:
     old = old[old["epoch"] != row["epoch"]]
     frame = pd.concat([old, frame], ignore_index=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  frame.to_csv(tmp, index=False)
-  os.replace(tmp, path)
+  atomic_write_text(path, frame.to_csv(index=False))
   write_metrics_png(plan)
+
+
+def read_metrics(path: str):
+  """metrics.csv, or None when it cannot be read: it is set aside (never deleted), and losing a
+  table of past epochs must not stop a run."""
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+  try:
+    frame = pd.read_csv(path)
+    if "epoch" not in frame.columns:
+      raise ValueError("it has no 'epoch' column")
+    return frame
+  except ValueError as error:  # pandas' EmptyDataError and ParserError, UnicodeDecodeError
+    aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while os.path.exists(aside):
+      aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
+    os.replace(path, aside)
+    logging.warning("%s could not be read (%s); set aside as %s, a fresh one started", path,
+                    " ".join(str(error).split()) or type(error).__name__, os.path.basename(aside))
+    return None
 
 
 def write_metrics_png(plan: WritePlan) -> None:
@@ -194,7 +271,8 @@ def export_model(plan: WritePlan, model) -> str | None:
   if not plan.is_chief:
     return None
   path = plan.path(EXPORT_FILE)
-  tmp = plan.path(f".tmp-{os.getpid()}-{EXPORT_FILE}")
-  model.save(tmp)
-  os.replace(tmp, path)
+  def write(fd: int, tmp: str) -> None:
+    os.close(fd)
+    model.save(tmp)
+  _write_into_place(path, write, suffix=".keras")  # Keras saves only to a name ending .keras
   return path

@@ -25,6 +25,9 @@ from tfdp.errors import ClusterError
 _TRAINING_TASK_TYPES = ("chief", "worker")
 _SUPPORTED_TASK_TYPES = ("chief", "worker", "evaluator")
 _TOP_LEVEL_KEYS = ("cluster", "task", "environment", "rpc_layer")
+# The only server factory TF 2.21's pip build registers ("grpc+verbs", "grpc+gdr", "grpc+mpi"
+# left TF core; tf.distribute.Server raises NotFoundError for them).
+RPC_LAYERS = ("grpc",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +272,9 @@ def parse_tf_config(text: str | None) -> Cluster:
     raise _fail("task is missing; add e.g. \"task\": {\"type\": \"worker\", "
                 "\"index\": 0}.")
   rpc_layer = config.get("rpc_layer", "grpc")
-  if not isinstance(rpc_layer, str) or not rpc_layer:
-    raise _fail(f"rpc_layer must be a non-empty string such as \"grpc\", got "
-                f"{_describe(rpc_layer)}.")
+  if rpc_layer not in RPC_LAYERS:
+    raise _fail(f"rpc_layer {_describe(rpc_layer)} is not supported; the allowed value is "
+                f"{', '.join(map(json.dumps, RPC_LAYERS))} (or leave rpc_layer out).")
   if "environment" in config and not isinstance(config["environment"], str):
     raise _fail(f"environment must be a string, got "
                 f"{_describe(config['environment'])}.")

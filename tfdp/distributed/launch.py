@@ -31,6 +31,7 @@ import collections
 import dataclasses
 import ipaddress
 import json
+import math
 import os
 import selectors
 import signal
@@ -83,6 +84,13 @@ def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
   finally:
     for sock in sockets:
       sock.close()
+
+
+def check_stop_grace_seconds(seconds: float) -> None:
+  # nan compares false with every deadline: a stuck worker would never be SIGKILLed.
+  if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+    raise TfdpError(f"--stop_grace_seconds must be a finite number of seconds, 0 or more, got "
+                    f"{seconds}; e.g. --stop_grace_seconds={DEFAULT_STOP_GRACE_SECONDS:g}.")
 
 
 def _format_address(host: str, port: int) -> str:
@@ -335,6 +343,7 @@ def run_group(command: Sequence[str], num_workers: int,
     raise TfdpError(f"num_workers must be at least 1, got {num_workers}.")
   if not command:
     raise TfdpError("no worker command given.")
+  check_stop_grace_seconds(stop_grace_seconds)
   output = output or sys.stdout
   base_env = os.environ if env is None else env
   gpu_plan = gpus_lib.plan_worker_gpus(
@@ -498,6 +507,7 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
         "--allow_many_workers if you mean it.")
   if max_restarts < 0:
     raise TfdpError(f"--max_restarts must be 0 or more, got {max_restarts}.")
+  check_stop_grace_seconds(stop_grace_seconds)
   gpus_lib.parse_gpus_per_worker(gpus_per_worker)  # A typo fails first.
   if not command:
     raise TfdpError("no worker command given; put it after '--', e.g. "
