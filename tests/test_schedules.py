@@ -6,7 +6,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from tfdp import config as config_lib  # pylint: disable=wrong-import-position
-from tfdp.core import trainer as trainer_lib  # pylint: disable=wrong-import-position
+from tfdp.core import optim as trainer_lib  # pylint: disable=wrong-import-position
 
 
 def values(schedule, steps):

@@ -2,9 +2,10 @@
 
 Importing tfdp does not start TensorFlow (configs and clusters are checked first).
 """
+from tfdp.core.data import Source
+from tfdp.core.task import Task, register_task
 from tfdp.errors import TfdpError
 from tfdp.workloads.vision.models import register_model
-from tfdp.core.task import Task, register_task
 
 
 def fit(*args, **kwargs):
@@ -45,5 +46,5 @@ def make_strategy(**runtime_overrides):
   return strategy.make_strategy(runtime, cluster.resolve_cluster())[0]
 
 
-__all__ = ["Task", "TfdpError", "fit", "launch_notebook", "make_strategy", "plot_metrics",
+__all__ = ["Source", "Task", "TfdpError", "fit", "launch_notebook", "make_strategy", "plot_metrics",
            "register_model", "register_task", "train"]

@@ -7,10 +7,7 @@ The same code runs under the default, mirrored and multi-worker strategies.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import re
-import sys
 
 from absl import logging
 import numpy as np
@@ -19,96 +16,9 @@ import tensorflow as tf
 
 from tfdp.distributed import compat
 from tfdp.core import outputs
-from tfdp.config import ExperimentConfig, LearningRateConfig, OptimizerConfig
+from tfdp.config.schema import ExperimentConfig
+from tfdp.core import optim
 from tfdp.errors import OutputError
-
-
-class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
-  """Linear warmup to `peak_lr`, then constant, cosine, linear or step decay."""
-
-  def __init__(self, peak_lr, warmup_steps, total_steps, schedule="cosine", boundaries=(),
-               decay_rate=0.1, final_lr_fraction=0.0, power=1.0):
-    self.peak_lr = float(peak_lr)
-    self.warmup_steps = int(warmup_steps)
-    self.total_steps = max(int(total_steps), 1)
-    self.schedule = schedule
-    self.boundaries = [int(b) for b in boundaries]
-    self.decay_rate = float(decay_rate)
-    self.final_lr_fraction = float(final_lr_fraction)
-    self.power = float(power) if schedule == "polynomial" else 1.0
-
-  def __call__(self, step):
-    step = tf.cast(step, tf.float32)
-    peak = tf.constant(self.peak_lr, tf.float32)
-    final = peak * self.final_lr_fraction
-    decay_len = float(max(self.total_steps - self.warmup_steps, 1))
-    progress = tf.clip_by_value((step - self.warmup_steps) / decay_len, 0.0, 1.0)
-    if self.schedule == "cosine":
-      lr = final + (peak - final) * 0.5 * (1.0 + tf.cos(math.pi * progress))
-    elif self.schedule in ("linear", "polynomial"):
-      lr = final + (peak - final) * tf.pow(1.0 - progress, self.power)
-    elif self.schedule == "step":
-      passed = tf.add_n([tf.cast(step >= b, tf.float32) for b in self.boundaries])
-      lr = peak * tf.pow(self.decay_rate, passed)
-    else:
-      lr = peak
-    if self.warmup_steps:
-      lr = tf.where(step < self.warmup_steps, peak * (step + 1.0) / self.warmup_steps, lr)
-    return lr
-
-  def get_config(self):
-    return {"peak_lr": self.peak_lr, "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps, "schedule": self.schedule,
-            "boundaries": self.boundaries, "decay_rate": self.decay_rate,
-            "final_lr_fraction": self.final_lr_fraction, "power": self.power}
-
-
-def scaled_learning_rate(base_lr: float, global_batch_size: int, base_batch_size: int) -> float:
-  """The linear scaling rule (Goyal et al. 2017): lr grows with the global batch."""
-  return base_lr * global_batch_size / base_batch_size
-
-
-def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: int,
-                  total_steps: int) -> WarmupDecaySchedule:
-  return WarmupDecaySchedule(
-      scaled_learning_rate(lr.base_lr, global_batch, lr.base_batch_size),
-      warmup_steps=round(lr.warmup_epochs * steps_per_epoch), total_steps=total_steps,
-      schedule=lr.schedule, boundaries=[round(e * steps_per_epoch) for e in lr.decay_epochs],
-      decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction, power=lr.power)
-
-
-def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False,
-                   ema_decay: float = 0.0):
-  """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
-  ema_decay > 0 keeps Keras's moving average of the weights in the optimizer, so checkpoints
-  carry it. (Its `ema_overwrite_frequency`, a lookahead, fails under MirroredStrategy: a
-  merge_call inside a cond.)"""
-  wd = opt.weight_decay or None
-  ema = {"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}
-  if opt.name == "sgd":
-    optimizer = keras.optimizers.SGD(learning_rate, momentum=opt.momentum, nesterov=opt.nesterov,
-                                     weight_decay=wd, **ema)
-  elif opt.name == "adamw":
-    optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
-                                       beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon,
-                                       **ema)
-  elif opt.name == "adagrad":  # sparse-friendly: updates only the embedding rows a batch touches
-    optimizer = keras.optimizers.Adagrad(learning_rate, epsilon=opt.epsilon, weight_decay=wd,
-                                         **ema)
-  elif opt.name == "lamb":  # layer-wise trust ratio: large-batch BERT (You et al. 2019)
-    optimizer = keras.optimizers.Lamb(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
-                                      epsilon=opt.epsilon, weight_decay=wd, **ema)
-  else:
-    optimizer = keras.optimizers.Adam(learning_rate, beta_1=opt.beta_1, beta_2=opt.beta_2,
-                                      epsilon=opt.epsilon, weight_decay=wd, **ema)
-  if wd or opt.name == "adamw":
-    optimizer.exclude_from_weight_decay(
-        var_list=[v for v in model.trainable_variables if len(v.shape) <= 1])
-  if mixed_float16:
-    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-  optimizer.build(model.trainable_variables)
-  compat.skip_optimizer_all_reduce(optimizer)  # the trainer all-reduces, then clips and applies
-  return optimizer
 
 
 def _add_gradients(a, b):
@@ -190,11 +100,11 @@ class Trainer:
       self.model = model_fn()
       self._replica_local = (compat.replica_local_statistics(self.model)
                              if strategy.num_replicas_in_sync > 1 else [])
-      self.schedule = make_schedule(trainer.learning_rate, self.global_batch, steps_per_epoch,
-                                    self.total_steps)
-      self.optimizer = make_optimizer(trainer.optimizer, self.schedule, self.model,
-                                      mixed_float16=precision == "mixed_float16",
-                                      ema_decay=trainer.ema_decay)
+      self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
+                                          steps_per_epoch, self.total_steps)
+      self.optimizer = optim.make_optimizer(trainer.optimizer, self.schedule, self.model,
+                                            mixed_float16=precision == "mixed_float16",
+                                            ema_decay=trainer.ema_decay)
       # The global step counts training steps, taken or skipped: under mixed_float16 the loss
       # scale skips non-finite steps and `optimizer.iterations` does not advance on them
       # (keras-team/keras#20878), but checkpoints, resume and the data position must.
