@@ -68,7 +68,7 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
   tasks = int(sbatch["nodes"]) * int(sbatch["ntasks-per-node"])
   assert tasks == num_workers
   srun = next(line for line in text.splitlines() if line.startswith("srun "))
-  args = shlex.split(srun)[1:]
+  args = [a for a in shlex.split(srun)[1:] if a != "$@"]  # "$@": the sbatch arguments
   # What srun gives task 1 of this allocation:
   env = {"SLURM_PROCID": "1", "SLURM_NTASKS": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks),
          "SLURM_STEP_NODELIST": f"node[01-{tasks:02d}]",

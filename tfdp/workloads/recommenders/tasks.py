@@ -14,7 +14,7 @@ from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config.schema import DataConfig, TaskConfig
-from tfdp.errors import ConfigError
+from tfdp.errors import ConfigError, DataError
 
 
 def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interactions.IdMapping]:
@@ -49,6 +49,13 @@ class MatrixFactorizationTask(tasks.Task):
   KWARGS = ("embedding_dim", "l2", "global_mean")
 
   NEEDS_LABELS = True  # explicit ratings
+
+  @classmethod
+  def check_source(cls, data: DataConfig, key: str) -> None:
+    import os  # pylint: disable=g-import-not-at-top
+    if "{worker" not in data.path and not os.path.isfile(data.path):  # {worker}: checked on read
+      raise DataError(f"{key}.path '{data.path}' is not a file; give a CSV/TFRecord file, or a "
+                      "path with {worker} for per-worker shards.")
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

@@ -9,6 +9,7 @@ download from the internet); `task.init_checkpoint` warm-starts the encoder from
 from __future__ import annotations
 
 import functools
+import glob
 import os
 
 from tfdp.core import task as tasks
@@ -92,6 +93,13 @@ def _check_text_task(config: TaskConfig) -> None:
 
 class _BertTask(tasks.Task):
   """What both text tasks share: the vocabulary, the tokenizer and the encoder."""
+
+  @classmethod
+  def check_source(cls, data: DataConfig, key: str) -> None:
+    if data.source == "text_folder" and not os.path.isdir(data.path):
+      raise DataError(f"{key}.path '{data.path}' is not a folder; point it at root/<label>/*.txt.")
+    if data.source == "text_files" and not glob.glob(data.path, recursive=True):
+      raise DataError(f"{key}.path '{data.path}' matches no text files; fix the glob.")
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

@@ -1,0 +1,141 @@
+"""tfdp under a real Slurm: the shipped sbatch template, srun with 3 tasks, a requeued job.
+
+Needs slurmctld + slurmd + munged running (`.ci/run` starts them with
+tests/scripts/start_slurm.sh); skipped with that reason where Slurm is absent.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import helpers
+
+
+def _slurm_up() -> str | None:
+  if not shutil.which("sbatch") or not shutil.which("sinfo"):
+    return "Slurm is not installed (apt-get install slurm-wlm munge)"
+  try:
+    states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                            timeout=20).stdout.split()
+  except (OSError, subprocess.TimeoutExpired):
+    return "sinfo does not answer"
+  if not any(s in ("idle", "mixed", "allocated") for s in states):
+    return "no Slurm node is up (start one: bash tests/scripts/start_slurm.sh)"
+  return None
+
+
+pytestmark = pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or "")
+
+SYNTHETIC = ",".join([
+    "task.model.name=small_cnn", "task.model.kwargs.filters=8",
+    "task.train_data.source=synthetic", "task.train_data.image_size=16",
+    "task.train_data.num_classes=4", "task.eval_data.source=synthetic",
+    "task.eval_data.num_examples=96", "task.eval_data.image_size=16",
+    "task.eval_data.num_classes=4", "runtime.intra_op_threads=1", "runtime.inter_op_threads=1",
+])
+
+
+def slurm_env() -> dict:
+  env = helpers.env()
+  # Jobs start tfdp-train from this virtualenv and read the repository's configs.
+  env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+  return env
+
+
+def squeue_state(job_id: str) -> str:
+  out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                       text=True, timeout=20).stdout.strip()
+  return out
+
+
+def cancel(job_id: str) -> None:
+  subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
+
+
+@pytest.mark.skipif(not helpers.HAVE_CIFAR, reason=helpers.NO_CIFAR_REASON)
+def test_the_shipped_sbatch_template_runs_to_the_end_on_one_node(tmp_path):
+  """configs/cluster/slurm_cifar10_quick.sbatch as shipped, its node count overridden to the
+  one node here and a runlocal job layered on: 2 workers from SLURM_* variables."""
+  out = tmp_path / "job.out"
+  proc = subprocess.run(
+      ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+       f"--output={out}", "configs/cluster/slurm_cifar10_quick.sbatch",
+       "--config_file=configs/runlocal.yaml", f"--model_dir={tmp_path / 'run'}",
+       "--params_override=trainer.export_model=false"],
+      capture_output=True, text=True, timeout=600, env=slurm_env(), cwd=str(helpers.REPO))
+  log = out.read_text() if out.exists() else ""
+  assert proc.returncode == 0, proc.stderr + log[-3000:]
+  assert "worker 0 of 2 (slurm)" in log and "worker 1 of 2 (slurm)" in log, log[-3000:]
+  assert "tfdp-train: done" in log
+  assert len(pd.read_csv(tmp_path / "run" / "metrics.csv")) == 1
+
+
+def test_three_tasks_under_srun_train_as_one_group(tmp_path):
+  proc = subprocess.run(
+      ["srun", "--ntasks=3", "--cpus-per-task=1", "--kill-on-bad-exit=1", "--time=10",
+       sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+       f"--params_override={SYNTHETIC},task.train_data.num_examples=384,"
+       "trainer.global_batch_size=48,trainer.epochs=1,trainer.export_model=false"],
+      capture_output=True, text=True, timeout=600, env=slurm_env(), cwd=str(helpers.REPO))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for rank in range(3):
+    assert f"worker {rank} of 3 (slurm)" in proc.stdout + proc.stderr
+  assert pd.read_csv(tmp_path / "run" / "metrics.csv")["step"].tolist() == [8]  # 384 / 48
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
+  """`scontrol requeue` mid-run (as a preemption does): Slurm stops the steps with SIGTERM,
+  every worker saves the same step, the job runs again from the top of its script and resumes
+  there; the final step is exact and each epoch appears once in metrics.csv."""
+  run = tmp_path / "run"
+  script = tmp_path / "job.sbatch"
+  steps_per_epoch, epochs = 40, 3
+  script.write_text(
+      "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --cpus-per-task=1\n"
+      "#SBATCH --requeue\n#SBATCH --time=20\n"
+      f"srun --kill-on-bad-exit=1 {sys.executable} {helpers.TRAIN_APP} --model_dir={run} "
+      f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 32},"
+      f"trainer.global_batch_size=32,trainer.epochs={epochs},trainer.steps_per_loop=2,"
+      "trainer.checkpoint_every_steps=10,trainer.export_model=false\n")
+  out = tmp_path / "job.out"  # both runs, the first and the requeued one
+  submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
+                              str(script)],
+                             capture_output=True, text=True, timeout=60, env=slurm_env(),
+                             cwd=str(helpers.REPO))
+  assert submitted.returncode == 0, submitted.stderr
+  job_id = submitted.stdout.strip().split(";")[0]
+  try:
+    deadline = time.monotonic() + 400
+    while not list((run / "checkpoints").glob("ckpt-*.index")):  # a first save: mid-run
+      assert time.monotonic() < deadline, "no checkpoint appeared"
+      assert squeue_state(job_id), "the job ended before it was requeued"
+      time.sleep(0.5)
+    requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                              timeout=30)
+    assert requeued.returncode == 0, requeued.stderr
+    while squeue_state(job_id) not in ("PENDING", ""):  # the steps are being stopped
+      time.sleep(0.2)
+    # Slurm holds a requeued job back for 2 minutes (BeginTime); a real preemption waits for
+    # nodes anyway: start it at once.
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                   capture_output=True, timeout=30)
+    while squeue_state(job_id):  # pending again, then running, then gone when done
+      assert time.monotonic() < deadline + 400, "the requeued job did not finish"
+      time.sleep(1)
+  finally:
+    cancel(job_id)
+  text = out.read_text()
+  assert text.count("worker 0 of 2 (slurm)") == 2, text[-3000:]  # the first run and the requeued one
+  resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", text)]
+  assert len(resumed) == 2 and resumed[0] == resumed[1] > 0, text[-3000:]  # both workers, one step
+  metrics = pd.read_csv(run / "metrics.csv")
+  assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
+  assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
