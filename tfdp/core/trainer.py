@@ -240,7 +240,18 @@ class Trainer:
     latest = self.manager.latest_checkpoint
     return int(latest.rsplit("-", 1)[1]) if latest else None
 
+  run_record = None  # what a step means (experiment._run_record); the chief keeps it beside
+  run_record_from_step = 0  # the checkpoints, from the first save on
+
   def save(self) -> None:
+    if self.write_plan.is_chief and self.run_record is not None:
+      # Written before the checkpoint: a checkpoint of this run never exists without it.
+      old = (outputs.read_run_record(self.write_plan.model_dir) if self.run_record_from_step
+             else None)  # a fresh run: a record left without a checkpoint is stale
+      record = outputs.updated_run_record(old, self.run_record, self.run_record_from_step)
+      if record != getattr(self, "_run_record_written", None):
+        outputs.write_run_record(self.write_plan.model_dir, record)
+        self._run_record_written = record
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     self.manager.save(checkpoint_number=self.global_step)
 
