@@ -4,7 +4,10 @@ The refused resumes are rows of tests/test_hardening.py's table."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import numpy as np
 
 import helpers
 from test_hardening import TINY
@@ -40,3 +43,29 @@ def test_more_epochs_on_another_replica_count_continue_and_a_run_without_record_
   assert legacy.returncode == 0, legacy.stderr[-3000:]
   assert (model_dir / "checkpoints" / "ckpt-12.index").exists()
   assert record(model_dir)["history"] == [{"from_step": 8, "workers": 1, "replicas": 2}]
+
+
+def test_a_checkpoint_kept_after_a_divergence_holds_sane_weights(tmp_path):
+  """base_lr=1e30: step 1's loss is finite, but its update blows the weights up (~1e29 each);
+  saving them as step 1's checkpoint made the "last good checkpoint" one that diverges at once."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "run"
+  diverge = (f"{CONSTANT},trainer.epochs=1,trainer.steps_per_loop=1,"
+             "trainer.checkpoint_every_steps=1,trainer.learning_rate.base_lr=1e30")
+  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={diverge}",
+                           "--mode=train", timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "diverged" in lines[0] and "base_lr" in lines[0], lines[0]
+  kept = re.search(r"last good checkpoint \(step (\d+)\) is kept", lines[0])
+  if kept:
+    assert (model_dir / "checkpoints" / f"ckpt-{kept.group(1)}.index").exists(), lines[0]
+  else:
+    assert "no checkpoint was saved" in lines[0], lines[0]
+  for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
+    reader = tf.train.load_checkpoint(str(index)[:-len(".index")])
+    for name in reader.get_variable_to_shape_map():  # weights (Keras 3 keeps them under
+      value = np.asarray(reader.get_tensor(name))  # optimizer/_trainable_variables) and slots
+      if value.dtype.kind == "f":
+        assert np.all(np.abs(value) < 1e15), (index.name, name, float(np.max(np.abs(value))))
