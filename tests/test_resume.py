@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import numpy as np
 import helpers
 from test_hardening import TINY
 
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 CONSTANT = f"{TINY},trainer.learning_rate.schedule=constant"
 
 
@@ -69,3 +73,37 @@ def test_a_checkpoint_kept_after_a_divergence_holds_sane_weights(tmp_path):
       value = np.asarray(reader.get_tensor(name))  # optimizer/_trainable_variables) and slots
       if value.dtype.kind == "f":
         assert np.all(np.abs(value) < 1e15), (index.name, name, float(np.max(np.abs(value))))
+
+
+WRAPPER = """
+    import pathlib, subprocess, sys
+    marker, train, args = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    first = not marker.exists()
+    marker.write_text("started")
+    if first:  # the first start trains half the run, then its worker "crashes"
+      args.append("--params_override=trainer.max_steps=4")
+    code = subprocess.call([sys.executable, train, *args])
+    sys.exit(3 if first and code == 0 else code)
+"""
+
+
+def test_a_restarted_group_resumes_despite_start_over(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "metrics.csv").write_text("epoch,step\n1,10\n")  # an earlier run to start over from
+  wrapper = tmp_path / "wrapper.py"
+  wrapper.write_text(textwrap.dedent(WRAPPER))
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=1", "--max_restarts=1", "--stop_grace_seconds=5",
+       "--", sys.executable, str(wrapper), str(tmp_path / "marker"), helpers.TRAIN_APP,
+       f"--model_dir={model_dir}", "--mode=train", "--start_over", f"--params_override={CONSTANT}"],
+      capture_output=True, text=True, timeout=600, env=helpers.env(), cwd=str(helpers.REPO))
+  output = proc.stdout + proc.stderr
+  assert proc.returncode == 0, output[-3000:]
+  assert "restart 1 of 1" in output, output[-3000:]
+  assert "--start_over ignored" in output and "TFDP_RESTART_COUNT" in output, output[-3000:]
+  assert re.search(r"resumed from \S+ckpt-4 at step 4", output), output[-3000:]
+  (attic,) = model_dir.glob("previous-*")  # the first start moved the earlier run aside
+  assert sorted(p.name for p in attic.iterdir()) == ["metrics.csv"]  # and only that
+  assert sorted(p.name for p in (model_dir / "checkpoints").glob("ckpt-*.index")) == [
+      "ckpt-4.index", "ckpt-8.index"]
