@@ -23,6 +23,12 @@ def record(model_dir: Path) -> dict:
   return json.loads((model_dir / "checkpoints" / "run.json").read_text())
 
 
+def only_error_line(proc, code: int) -> str:
+  assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = helpers.error_lines(proc)
+  return line
+
+
 def test_more_epochs_on_another_replica_count_continue_and_a_run_without_record_resumes(tmp_path):
   model_dir = tmp_path / "run"
   first = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
@@ -56,17 +62,14 @@ def test_a_checkpoint_kept_after_a_divergence_holds_sane_weights(tmp_path):
   model_dir = tmp_path / "run"
   diverge = (f"{CONSTANT},trainer.epochs=1,trainer.steps_per_loop=1,"
              "trainer.checkpoint_every_steps=1,trainer.learning_rate.base_lr=1e30")
-  proc = helpers.run_train(f"--model_dir={model_dir}", f"--params_override={diverge}",
-                           "--mode=train", timeout=300)
-  assert proc.returncode == 2, proc.stderr[-3000:]
-  lines = helpers.error_lines(proc)
-  assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert "diverged" in lines[0] and "base_lr" in lines[0], lines[0]
-  kept = re.search(r"last good checkpoint \(step (\d+)\) is kept", lines[0])
-  if kept:
-    assert (model_dir / "checkpoints" / f"ckpt-{kept.group(1)}.index").exists(), lines[0]
+  line = only_error_line(helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                                            f"--params_override={diverge}", timeout=300), code=2)
+  assert "diverged" in line and "base_lr" in line, line
+  kept = re.search(r"last good checkpoint \(step (\d+)\) is kept", line)
+  if kept:  # the checkpoint it names exists (and, below, is sane)
+    assert (model_dir / "checkpoints" / f"ckpt-{kept.group(1)}.index").exists(), line
   else:
-    assert "no checkpoint was saved" in lines[0], lines[0]
+    assert "no checkpoint was saved" in line, line
   for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
     reader = tf.train.load_checkpoint(str(index)[:-len(".index")])
     for name in reader.get_variable_to_shape_map():  # weights (Keras 3 keeps them under
