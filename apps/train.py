@@ -53,7 +53,7 @@ def main(argv):
     logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
                  "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)
     try:
-      result = experiment.run(config, model_dir, FLAGS.mode, start_over=FLAGS.start_over)
+      result = experiment.run(config, model_dir, FLAGS.mode, start_over=_start_over())
     except Preempted as stop:
       cli.exit_with_error(PROG, stop, code=stop.exit_code)
     except KeyboardInterrupt:
@@ -64,6 +64,20 @@ def main(argv):
   print(f"{PROG}: done: " + ", ".join(
       f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()), flush=True)
   cli.exit_now(0)
+
+
+def _start_over() -> bool:
+  """--start_over, unless this process is a restart (tfdp-launch --max_restarts, Slurm
+  --requeue) of a group that already started over: it resumes the run it was training."""
+  if not FLAGS.start_over:
+    return False
+  for name in ("TFDP_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+    count = os.environ.get(name, "").strip()
+    if count.isdigit() and int(count) > 0:
+      logging.warning("--start_over ignored: this is restart %s (%s), which resumes the run "
+                      "the first start began", count, name)
+      return False
+  return True
 
 
 def run():

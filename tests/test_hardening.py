@@ -238,6 +238,18 @@ CASES = [
          trained=True, override="task.model.name=resnet8"),
     Case("checkpoint_of_another_width", ("ckpt-8", "(8,)", "(32,)"), trained=True,
          override="task.model.kwargs.filters=8"),
+    # A resume that would give the restored step another meaning (issue 20, item 1).
+    Case("resume_with_another_batch_and_length", ("global_batch_size was 16, now 32",
+                                                  "trainer.global_batch_size", "--start_over",
+                                                  "new --model_dir"),
+         trained=True, override="trainer.global_batch_size=32,trainer.epochs=4"),
+    Case("resume_longer_with_a_cosine_schedule", ("total_steps was 8, now 16", "cosine",
+                                                  "--start_over"),
+         trained=True, override="trainer.epochs=4"),
+    Case("resume_with_another_seed", ("data_order_seed was 42, now 7", "trainer.seed"),
+         trained=True, override="trainer.seed=7"),
+    Case("run_record_garbage", ("run.json", "--start_over"), trained=True,
+         spoil=lambda d: (d / "checkpoints" / "run.json").write_text("{ not json")),
     Case("eval_of_damaged_checkpoint", ("ckpt-8", "damaged"), args=("--mode=eval",), trained=True,
          spoil=truncate_data),
     # ---- tfdp-launch ---------------------------------------------------------------------------

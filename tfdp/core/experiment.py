@@ -182,6 +182,11 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
+  run_record = _run_record(config, train_plan, cluster, replicas) if train_plan else None
+  if run_record and not start_over and outputs.latest_checkpoint(model_dir):
+    recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
+    if recorded:  # before anything is written: a refused resume leaves model_dir as it was
+      outputs.check_resume(recorded, run_record, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
@@ -201,6 +206,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 accumulation_steps=batch_plan.accumulation_steps,
                                 precision=plan.precision, verbose=verbose)
   restored_step = 0 if start_over else trainer.restore()
+  trainer.run_record, trainer.run_record_from_step = run_record, restored_step
   if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
     init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
     task.warm_start(init)
@@ -217,6 +223,23 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:
   """Builds the experiment and runs it: see `build` for the arguments."""
   return build(config, model_dir, mode, **kwargs).run()
+
+
+def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: cluster_lib.Cluster,
+                replicas: int) -> dict:
+  """What a step of this run means (outputs.check_resume compares it on a resume), and the
+  group that takes it."""
+  trainer_cfg = config.trainer
+  total_steps = trainer_cfg.epochs * plan.steps_per_epoch  # as the Trainer counts them
+  if trainer_cfg.max_steps:
+    total_steps = min(total_steps, trainer_cfg.max_steps)
+  return {"global_batch_size": plan.global_batch, "steps_per_epoch": plan.steps_per_epoch,
+          "examples_per_epoch": (sum(plan.counts) if plan.policy == "local"  # each worker's own
+                                 else plan.source.num_examples), "data_order_seed": trainer_cfg.seed,
+          "shard_policy": config.task.train_data.shard_policy,
+          "gradient_accumulation_steps": plan.accumulation_steps,
+          "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
+          "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas}
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,

@@ -276,3 +276,75 @@ def export_model(plan: WritePlan, model) -> str | None:
     model.save(tmp)
   _write_into_place(path, write, suffix=".keras")  # Keras saves only to a name ending .keras
   return path
+
+
+# ---- the run record: what a step of the run in model_dir means -------------------------------
+
+RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
+# Changing any of these reinterprets the restored step: another data position, another batch,
+# another order. (gradient_accumulation_steps is recorded but not compared: with the same global
+# batch it only splits the step differently, as a different replica count does.)
+RESUME_FIELDS = {"global_batch_size": "trainer.global_batch_size",
+                 "steps_per_epoch": "the training data or trainer.global_batch_size",
+                 "examples_per_epoch": "task.train_data",
+                 "data_order_seed": "trainer.seed",
+                 "shard_policy": "task.train_data.shard_policy"}
+LENGTH_DEPENDENT_SCHEDULES = ("cosine", "linear", "polynomial")  # decay over the whole run
+
+
+def run_record_path(model_dir: str) -> str:
+  return os.path.join(model_dir, CHECKPOINT_DIR, RUN_RECORD)
+
+
+def read_run_record(model_dir: str) -> dict | None:
+  """The run record of the run in model_dir, or None when it has none (a fresh model_dir, or
+  a run from before records were written)."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = run_record_path(model_dir)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, "rb") as f:
+      record = json.loads(f.read(1 << 20).decode("utf-8"))
+    if not isinstance(record, dict):
+      raise ValueError("not a JSON object")
+  except (OSError, ValueError) as e:
+    raise OutputError(f"run record '{path}' cannot be read ({' '.join(str(e).split())[:200]}); "
+                      f"{START_OVER_HINT}.") from None
+  return record
+
+
+def check_resume(record: dict, current: dict, model_dir: str) -> None:
+  """Refuses a resume whose config gives the restored step another meaning. A longer or shorter
+  run is a continuation only when the learning-rate schedule does not decay over its length."""
+  changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
+             for field, key in RESUME_FIELDS.items()
+             if field in record and record[field] != current[field]]
+  if (current["schedule"] in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
+      and record["total_steps"] != current["total_steps"]):
+    changed.append(f"total_steps was {record['total_steps']}, now {current['total_steps']} "
+                   f"(trainer.epochs / trainer.max_steps, with the '{current['schedule']}' "
+                   "learning-rate schedule that decays over the whole run)")
+  if changed:
+    raise OutputError(
+        f"--model_dir '{model_dir}' holds a run this config cannot resume: {'; '.join(changed)}. "
+        "Its checkpoint's step would mean another batch, data position or schedule; restore the "
+        "earlier value (a constant schedule may train longer), pass --start_over to move the "
+        "earlier run aside, or use a new --model_dir.")
+
+
+def updated_run_record(old: dict | None, current: dict, from_step: int) -> dict:
+  """The record to keep: the current fields, and the history of worker counts, a new entry from
+  `from_step` (the restored step) whenever the group's size changed."""
+  history = list(old.get("history", [])) if old else []
+  group = {"workers": current["workers"], "replicas": current["replicas"]}
+  if not history or {k: history[-1].get(k) for k in group} != group:
+    history.append({"from_step": from_step, **group})
+  record = {k: v for k, v in current.items() if k not in group}
+  return {"version": 1, **record, "history": history}
+
+
+def write_run_record(model_dir: str, record: dict) -> None:
+  import json  # pylint: disable=g-import-not-at-top
+  os.makedirs(os.path.join(model_dir, CHECKPOINT_DIR), exist_ok=True)
+  atomic_write_text(run_record_path(model_dir), json.dumps(record, indent=2) + "\n")

@@ -18,7 +18,7 @@ from tfdp.distributed import compat
 from tfdp.core import outputs
 from tfdp.config.schema import ExperimentConfig
 from tfdp.core import optim
-from tfdp.errors import OutputError
+from tfdp.errors import OutputError, TrainingDiverged
 
 
 def _add_gradients(a, b):
@@ -240,9 +240,50 @@ class Trainer:
     latest = self.manager.latest_checkpoint
     return int(latest.rsplit("-", 1)[1]) if latest else None
 
+  run_record = None  # what a step means (experiment._run_record); the chief keeps it beside
+  run_record_from_step = 0  # the checkpoints, from the first save on
+
   def save(self) -> None:
+    # A checkpoint is good only if its weights are: the loss checked before a save was computed
+    # with the weights of the step before, not with those the last update made.
+    if not self._weights_finite():
+      saved = self.last_saved_step
+      kept = (f"the last good checkpoint (step {saved}) is kept" if saved is not None
+              else "no checkpoint was saved")
+      raise TrainingDiverged(
+          f"training diverged: the weights after step {self.global_step} are not finite (or "
+          f"too large to square in float32); stopped without saving, {kept}. Lower "
+          "trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
+          "trainer.stop_on_nan=false to train on regardless.")
+    if self.write_plan.is_chief and self.run_record is not None:
+      # Written before the checkpoint: a checkpoint of this run never exists without it.
+      old = (outputs.read_run_record(self.write_plan.model_dir) if self.run_record_from_step
+             else None)  # a fresh run: a record left without a checkpoint is stale
+      record = outputs.updated_run_record(old, self.run_record, self.run_record_from_step)
+      if record != getattr(self, "_run_record_written", None):
+        outputs.write_run_record(self.write_plan.model_dir, record)
+        self._run_record_written = record
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     self.manager.save(checkpoint_number=self.global_step)
+
+  def _weights_finite(self) -> bool:
+    """Whether every replica's trainable weights are finite and their squares are too (a
+    weight beyond ~1e19 is blown up, and makes the next loss overflow): one all-reduce, so
+    every worker decides alike. With trainer.stop_on_nan=false, always true."""
+    if not self.config.trainer.stop_on_nan:
+      return True
+    if getattr(self, "_weights_check", None) is None:
+      variables = self.model.trainable_variables
+
+      @tf.function
+      def weights_check():
+        def replica_bad():
+          squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
+          return 1.0 - tf.cast(tf.math.is_finite(squares), tf.float32)
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(replica_bad),
+                                    axis=None)
+      self._weights_check = weights_check
+    return float(self._weights_check()) == 0.0
 
   # ---- the weights evaluation and export see ------------------------------------------------
 

@@ -519,7 +519,9 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
         "--allow_remote (allow_remote=True) if the network is trusted.")
   restarts = 0
   while True:
-    result = run_group(command, num_workers, host=host, env=env,
+    # A restarted group resumes: tfdp-train ignores --start_over when this is above 0.
+    group_env = dict(os.environ if env is None else env, TFDP_RESTART_COUNT=str(restarts))
+    result = run_group(command, num_workers, host=host, env=group_env,
                        stop_grace_seconds=stop_grace_seconds, output=output,
                        gpus_per_worker=gpus_per_worker)
     if result.ok:

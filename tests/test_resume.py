@@ -1,0 +1,112 @@
+"""Resuming: what a continuation may change (the run record beside the checkpoints), which
+checkpoint is good after a divergence, and a restarted group that resumes despite --start_over.
+The refused resumes are rows of tests/test_hardening.py's table."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+import helpers
+from test_hardening import TINY
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+CONSTANT = f"{TINY},trainer.learning_rate.schedule=constant"
+
+
+def record(model_dir: Path) -> dict:
+  return json.loads((model_dir / "checkpoints" / "run.json").read_text())
+
+
+def only_error_line(proc, code: int) -> str:
+  assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = helpers.error_lines(proc)
+  return line
+
+
+def test_more_epochs_on_another_replica_count_continue_and_a_run_without_record_resumes(tmp_path):
+  model_dir = tmp_path / "run"
+  first = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                            f"--params_override={CONSTANT},trainer.epochs=1", timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert record(model_dir)["history"] == [{"from_step": 0, "workers": 1, "replicas": 2}]
+  assert record(model_dir)["global_batch_size"] == 16 and record(model_dir)["steps_per_epoch"] == 4
+  # A constant schedule does not depend on the run's length, and one replica takes the same
+  # global batch in the same steps: a continuation, the group's size kept in the history.
+  longer = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                             f"--params_override={CONSTANT},trainer.epochs=2,runtime.cpu_replicas=1",
+                             timeout=300)
+  assert longer.returncode == 0, longer.stderr[-3000:]
+  assert "resumed from" in longer.stderr and (model_dir / "checkpoints" / "ckpt-8.index").exists()
+  assert record(model_dir)["history"] == [{"from_step": 0, "workers": 1, "replicas": 2},
+                                          {"from_step": 4, "workers": 1, "replicas": 1}]
+  assert record(model_dir)["total_steps"] == 8
+  # A run from before run records: resumed, and its record written from then on.
+  (model_dir / "checkpoints" / "run.json").unlink()
+  legacy = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                             f"--params_override={CONSTANT},trainer.epochs=3", timeout=300)
+  assert legacy.returncode == 0, legacy.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-12.index").exists()
+  assert record(model_dir)["history"] == [{"from_step": 8, "workers": 1, "replicas": 2}]
+
+
+def test_a_checkpoint_kept_after_a_divergence_holds_sane_weights(tmp_path):
+  """base_lr=1e30: step 1's loss is finite, but its update blows the weights up (~1e29 each);
+  saving them as step 1's checkpoint made the "last good checkpoint" one that diverges at once."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "run"
+  diverge = (f"{CONSTANT},trainer.epochs=1,trainer.steps_per_loop=1,"
+             "trainer.checkpoint_every_steps=1,trainer.learning_rate.base_lr=1e30")
+  line = only_error_line(helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                                            f"--params_override={diverge}", timeout=300), code=2)
+  assert "diverged" in line and "base_lr" in line, line
+  kept = re.search(r"last good checkpoint \(step (\d+)\) is kept", line)
+  if kept:  # the checkpoint it names exists (and, below, is sane)
+    assert (model_dir / "checkpoints" / f"ckpt-{kept.group(1)}.index").exists(), line
+  else:
+    assert "no checkpoint was saved" in line, line
+  for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
+    reader = tf.train.load_checkpoint(str(index)[:-len(".index")])
+    for name in reader.get_variable_to_shape_map():  # weights (Keras 3 keeps them under
+      value = np.asarray(reader.get_tensor(name))  # optimizer/_trainable_variables) and slots
+      if value.dtype.kind == "f":
+        assert np.all(np.abs(value) < 1e15), (index.name, name, float(np.max(np.abs(value))))
+
+
+WRAPPER = """
+    import pathlib, subprocess, sys
+    marker, train, args = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    first = not marker.exists()
+    marker.write_text("started")
+    if first:  # the first start trains half the run, then its worker "crashes"
+      args.append("--params_override=trainer.max_steps=4")
+    code = subprocess.call([sys.executable, train, *args])
+    sys.exit(3 if first and code == 0 else code)
+"""
+
+
+def test_a_restarted_group_resumes_despite_start_over(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "metrics.csv").write_text("epoch,step\n1,10\n")  # an earlier run to start over from
+  wrapper = tmp_path / "wrapper.py"
+  wrapper.write_text(textwrap.dedent(WRAPPER))
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=1", "--max_restarts=1", "--stop_grace_seconds=5",
+       "--", sys.executable, str(wrapper), str(tmp_path / "marker"), helpers.TRAIN_APP,
+       f"--model_dir={model_dir}", "--mode=train", "--start_over", f"--params_override={CONSTANT}"],
+      capture_output=True, text=True, timeout=600, env=helpers.env(), cwd=str(helpers.REPO))
+  output = proc.stdout + proc.stderr
+  assert proc.returncode == 0, output[-3000:]
+  assert "restart 1 of 1" in output, output[-3000:]
+  assert "--start_over ignored" in output and "TFDP_RESTART_COUNT" in output, output[-3000:]
+  assert re.search(r"resumed from \S+ckpt-4 at step 4", output), output[-3000:]
+  (attic,) = model_dir.glob("previous-*")  # the first start moved the earlier run aside
+  assert sorted(p.name for p in attic.iterdir()) == ["metrics.csv"]  # and only that
+  assert sorted(p.name for p in (model_dir / "checkpoints").glob("ckpt-*.index")) == [
+      "ckpt-4.index", "ckpt-8.index"]
