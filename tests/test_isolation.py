@@ -143,6 +143,22 @@ def test_without_namespaces_one_warning_line_names_the_risk(monkeypatch, capfd):
   assert "Operation not permitted" in warnings[0] and "without authentication" in warnings[0]
 
 
+@needs_namespaces
+def test_a_namespace_the_workers_cannot_join_counts_as_none(monkeypatch):
+  # e.g. a seccomp filter that allows unshare but not setns: fall back instead of failing workers
+  monkeypatch.setattr(isolation, "WORKER_SHIM", (
+      "import sys; print(\"tfdp-launch: error: cannot join the group's private user namespace "
+      "(Operation not permitted).\", file=sys.stderr); sys.exit(126)"))
+  network = isolation.PrivateNetwork()
+  try:
+    assert not network.start()
+  finally:
+    network.close()
+  assert network.pid is None
+  assert network.failure == ("cannot join the group's private user namespace (Operation not "
+                             "permitted).")
+
+
 def test_notebook_worker_refuses_a_folder_others_can_write(tmp_path):
   import cloudpickle  # pylint: disable=g-import-not-at-top
   marker = tmp_path / "ran"

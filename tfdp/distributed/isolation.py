@@ -112,6 +112,17 @@ class PrivateNetwork:
       self.close()
       return False
     self.pid = holder.pid
+    # Joining can be refused where creating was not (a seccomp filter on setns): try it once.
+    try:
+      probe = subprocess.run(worker_command([sys.executable, "-c", ""], self),
+                             capture_output=True, text=True, timeout=_READY_SECONDS)
+      failure = "" if probe.returncode == 0 else probe.stderr.strip() or "cannot join it"
+    except (OSError, subprocess.TimeoutExpired) as error:
+      failure = str(error)
+    if failure:
+      self.failure = failure.splitlines()[-1].removeprefix("tfdp-launch: error: ")
+      self.close()
+      return False
     return True
 
   def close(self) -> None:
