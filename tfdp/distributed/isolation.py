@@ -61,9 +61,12 @@ except OSError as error:
 """
 
 # Runs as its own process: a new user + network namespace with loopback up, held until stdin
-# closes (the launcher is done with it, or died).
+# closes (the launcher is done with it, or died). It forks away first, so that the launcher's
+# children stay exactly its workers (tools and tests find the workers that way).
 _HOLDER = r"""
 import ctypes, fcntl, os, socket, struct, sys
+if os.fork():
+  os._exit(0)
 uid, gid = os.getuid(), os.getgid()
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
@@ -80,7 +83,7 @@ try:
 except OSError as error:
   print(f"loopback: {error.strerror or error}", flush=True)
   sys.exit(1)
-print("ready", flush=True)
+print("ready", os.getpid(), flush=True)
 sys.stdin.read()
 """
 
@@ -106,12 +109,13 @@ class PrivateNetwork:
       return False
     self._holder = holder
     ready, _, _ = select.select([holder.stdout], [], [], _READY_SECONDS)
-    line = holder.stdout.readline().decode(errors="replace").strip() if ready else ""
-    if line != "ready":
-      self.failure = line or "the namespace holder did not start"
+    line = holder.stdout.readline().decode(errors="replace").split() if ready else []
+    if len(line) != 2 or line[0] != "ready":
+      self.failure = " ".join(line) or "the namespace holder did not start"
       self.close()
       return False
-    self.pid = holder.pid
+    self.pid = int(line[1])
+    holder.wait()  # the forking parent, gone already; the holder itself ends when stdin closes
     # Joining can be refused where creating was not (a seccomp filter on setns): try it once.
     try:
       probe = subprocess.run(worker_command([sys.executable, "-c", ""], self),
@@ -126,6 +130,7 @@ class PrivateNetwork:
     return True
 
   def close(self) -> None:
+    """Ends the holder (its stdin closes); the namespace goes when its last worker does."""
     holder, self._holder, self.pid = self._holder, None, None
     if holder is None:
       return
@@ -134,9 +139,7 @@ class PrivateNetwork:
         stream.close()
       except OSError:
         pass
-    try:
-      holder.wait(timeout=5)
-    except subprocess.TimeoutExpired:
+    if holder.poll() is None:  # it never said ready
       holder.kill()
       holder.wait()
 
