@@ -159,6 +159,25 @@ def test_a_namespace_the_workers_cannot_join_counts_as_none(monkeypatch):
                              "permitted).")
 
 
+@needs_namespaces
+def test_a_worker_joins_only_the_holders_namespace_not_a_reused_pid(tmp_path):
+  marker = tmp_path / "ran"
+  network = isolation.PrivateNetwork()
+  try:
+    assert network.start()
+    network.inode += 1  # as if the holder died and its pid went to another namespace
+    completed = subprocess.run(
+        isolation.worker_command([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], network),
+        capture_output=True, text=True, timeout=60)
+  finally:
+    network.close()
+  assert completed.returncode == 126
+  assert completed.stderr.strip().splitlines() == [
+      "tfdp-launch: error: cannot join the group's private user namespace (the namespace "
+      "holder is gone)."]
+  assert not marker.exists()
+
+
 def test_notebook_worker_refuses_a_folder_others_can_write(tmp_path):
   import cloudpickle  # pylint: disable=g-import-not-at-top
   marker = tmp_path / "ran"

@@ -30,23 +30,27 @@ from tfdp.errors import ClusterError
 
 _READY_SECONDS = 10.0
 
-# argv: parent pid, holder pid (0: no namespace), then the command. Errors: one line, exit 126/127.
+# argv: parent pid, holder "pid:net-ns-inode" (0: no namespace), then the command. Errors: one
+# line, exit 126/127. The inode guards against a reused pid: only the holder's namespace is joined.
 WORKER_SHIM = r"""
 import ctypes, errno, os, signal, sys
-parent, holder, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+parent, holder, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 libc = ctypes.CDLL(None, use_errno=True)
-if holder:
+if holder != "0":
+  pid, inode = holder.split(":")
   for name, flag in (("user", 0x10000000), ("net", 0x40000000)):
     try:
-      fd = os.open(f"/proc/{holder}/ns/{name}", os.O_RDONLY)
+      fd = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY)
+      if name == "user" and os.stat(f"/proc/{pid}/ns/net").st_ino != int(inode):
+        raise OSError(errno.ESRCH, "the namespace holder is gone")
       ok = libc.setns(fd, flag) == 0
+      why = os.strerror(ctypes.get_errno())
       os.close(fd)
     except OSError as error:
-      ok = False
-      ctypes.set_errno(error.errno or 0)
+      ok, why = False, error.strerror or str(error)
     if not ok:
-      print(f"tfdp-launch: error: cannot join the group's private {name} namespace "
-            f"({os.strerror(ctypes.get_errno())}).", file=sys.stderr, flush=True)
+      print(f"tfdp-launch: error: cannot join the group's private {name} namespace ({why}).",
+            file=sys.stderr, flush=True)
       os._exit(126)
 if sys.platform.startswith("linux"):
   libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -93,6 +97,7 @@ class PrivateNetwork:
 
   def __init__(self):
     self.pid: int | None = None
+    self.inode = 0  # of its network namespace
     self.failure = ""  # why there is none, for the warning line
     self._holder: subprocess.Popen | None = None
 
@@ -115,6 +120,12 @@ class PrivateNetwork:
       self.close()
       return False
     self.pid = int(line[1])
+    try:
+      self.inode = os.stat(f"/proc/{self.pid}/ns/net").st_ino
+    except OSError as error:
+      self.failure = error.strerror or str(error)
+      self.close()
+      return False
     holder.wait()  # the forking parent, gone already; the holder itself ends when stdin closes
     # Joining can be refused where creating was not (a seccomp filter on setns): try it once.
     try:
@@ -146,8 +157,8 @@ class PrivateNetwork:
 
 def worker_command(command: Sequence[str], network: PrivateNetwork | None) -> list[str]:
   """The argv that starts one worker through WORKER_SHIM (in `network` if it has a namespace)."""
-  holder = network.pid if network is not None and network.pid else 0
-  return [sys.executable, "-c", WORKER_SHIM, str(os.getpid()), str(holder), *command]
+  holder = (f"{network.pid}:{network.inode}" if network is not None and network.pid else "0")
+  return [sys.executable, "-c", WORKER_SHIM, str(os.getpid()), holder, *command]
 
 
 def is_loopback_host(host: str) -> bool:
