@@ -25,7 +25,10 @@ flags.DEFINE_string(
     "GPUs per worker, each its own CUDA_VISIBLE_DEVICES: auto (the visible "
     "GPUs split evenly; a CPU run stays as it is), 0 (CPU only) or N.")
 flags.DEFINE_string("host", "127.0.0.1", "Address written into TF_CONFIG.")
-flags.DEFINE_bool("allow_remote", False, "Allow a non-loopback --host.")
+flags.DEFINE_bool(
+    "allow_remote", False,
+    "Allow a non-loopback --host and run the workers on the shared network (by default they run "
+    "in a private network namespace, loopback only: nothing outside the group reaches their ports).")
 flags.DEFINE_bool("allow_many_workers", False, "Allow more than 4 local workers per CPU core.")
 flags.DEFINE_float("stop_grace_seconds", launcher.DEFAULT_STOP_GRACE_SECONDS,
                    "Wait between SIGTERM and SIGKILL when stopping workers.")

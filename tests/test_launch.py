@@ -205,10 +205,11 @@ def test_remote_host_is_refused_without_opt_in():
       "localhost")
 
 
-def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
-  script = f"""
+def _term_recording_worker(folder: Path) -> list[str]:
+  """A worker that writes ready-I (its pid), then term-I when it gets SIGTERM, and exits 0."""
+  return _python(f"""
       import os, pathlib, signal, sys, time
-      out = pathlib.Path({str(tmp_path)!r})
+      out = pathlib.Path({str(folder)!r})
       index = os.environ["TFDP_WORKER_INDEX"]
       def on_term(signum, frame):
         (out / f"term-{{index}}").write_text("saved checkpoint")
@@ -216,10 +217,13 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
       signal.signal(signal.SIGTERM, on_term)
       (out / f"ready-{{index}}").write_text(str(os.getpid()))
       time.sleep(60)
-  """
+  """)
+
+
+def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
   app = subprocess.Popen(
       [sys.executable, str(LAUNCH_APP), "--num_workers", "2",
-       "--stop_grace_seconds", "5", "--"] + _python(script),
+       "--stop_grace_seconds", "5", "--"] + _term_recording_worker(tmp_path),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     assert _wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2)
@@ -235,6 +239,42 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
                                                              "term-1"]
   assert "launcher got SIGTERM" in err
   _assert_all_gone(worker_pids)
+
+
+def test_workers_start_without_preexec_fn_and_get_sigterm_when_the_launcher_is_killed(
+    tmp_path, monkeypatch):
+  # preexec_fn runs Python between fork and exec: in a threaded parent (a Jupyter kernel) a lock
+  # held by another thread at fork time deadlocks it. The workers must start without it.
+  seen = []
+  real_popen = subprocess.Popen
+
+  def recording_popen(*args, **kwargs):
+    seen.append(kwargs.get("preexec_fn"))
+    return real_popen(*args, **kwargs)
+
+  monkeypatch.setattr(launcher.subprocess, "Popen", recording_popen)
+  assert launcher.run_group(_python("pass"), 2, stop_grace_seconds=5).ok
+  monkeypatch.undo()
+  assert seen and all(fn is None for fn in seen), seen
+  # PR_SET_PDEATHSIG still holds: SIGKILL the launcher, the workers get SIGTERM.
+  app = subprocess.Popen([sys.executable, str(LAUNCH_APP), "--num_workers", "2", "--"] +
+                         _term_recording_worker(tmp_path), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+  pids = []
+  try:
+    assert _wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 30)
+    pids = _read_pids(tmp_path, "ready-*")
+    app.kill()
+    app.wait()
+    assert _wait_for(lambda: len(list(tmp_path.glob("term-*"))) == 2)
+  finally:
+    if app.poll() is None:
+      app.kill()
+      app.wait()
+    for pid in pids:
+      if _is_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+  _assert_all_gone(pids)
 
 
 @pytest.mark.parametrize("args", [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import stat
 import sys
 import tempfile
 import traceback
@@ -26,13 +27,28 @@ def _result_path(folder: str, index: int) -> str:
   return os.path.join(folder, f"result-{index}.pkl")
 
 
+def check_private_folder(folder: str) -> None:
+  """Refuses a folder others could write: its pickles run code when loaded, and its name is on
+  the workers' command line for any local user to see."""
+  try:
+    st = os.lstat(folder)
+  except OSError as error:
+    raise TfdpError(f"launch_notebook: cannot read folder {folder}: "
+                    f"{error.strerror or error}.") from None
+  if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    raise TfdpError(f"launch_notebook: folder {folder} is not private (a directory of this user "
+                    f"with mode 0700, found {stat.filemode(st.st_mode)} of uid {st.st_uid}); "
+                    "refusing to load pickles from it.")
+
+
 def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: dict | None = None,
-                    env: dict | None = None, output=None) -> list:
+                    env: dict | None = None, output=None, allow_remote: bool = False) -> list:
   """Runs train_fn(*args, **kwargs) on num_workers local worker processes under
   MultiWorkerMirroredStrategy (each gets TF_CONFIG; `tfdp.fit` and `tfdp.make_strategy()` pick
   the multi-worker strategy from it). Their output is printed as `[wI] line`. Returns the list
   of the workers' return values, worker 0 (the chief) first. A failed worker raises TfdpError
-  naming it, with its last lines."""
+  naming it, with its last lines. The workers run in a private network namespace (loopback
+  only) where the kernel allows it; allow_remote=True runs them on the shared network."""
   import cloudpickle  # pylint: disable=g-import-not-at-top
   try:
     payload = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
@@ -46,16 +62,20 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
   worker_env["PYTHONPATH"] = os.pathsep.join(
       p for p in (package_root, os.getcwd(), worker_env.get("PYTHONPATH", "")) if p)
   worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  # mkdtemp: created here, mode 0700, so no other user can plant a result for us to unpickle.
   with tempfile.TemporaryDirectory(prefix="tfdp-notebook-") as folder:
+    check_private_folder(folder)
     with open(os.path.join(folder, PAYLOAD), "wb") as f:
       f.write(payload)
     command = [sys.executable, "-m", "tfdp.notebook", folder]
-    result = launch_lib.run_group(command, num_workers, env=worker_env, output=output)
+    result = launch_lib.run_group(command, num_workers, env=worker_env, output=output,
+                                  private_network=not allow_remote)
     if not result.ok:
       failed = result.first_failed if result.first_failed is not None else 0
       tail = "".join(f"\n  [w{failed}] {line}" for line in result.last_lines[failed][-10:])
       raise TfdpError(f"launch_notebook: {result.failure_summary() or 'the workers stopped'}; "
                       f"its last lines:{tail}")
+    check_private_folder(folder)  # still ours and still private before we unpickle from it
     returned = []
     for index in range(num_workers):
       with open(_result_path(folder, index), "rb") as f:
@@ -69,6 +89,10 @@ def worker_main(folder: str) -> None:
   from tfdp import cli, logs  # pylint: disable=g-import-not-at-top
   cli.guard_output_pipes()  # the notebook (the launcher) may go away before this worker does
   index = int(os.environ.get("TFDP_WORKER_INDEX", "0"))
+  try:
+    check_private_folder(folder)  # before anything is unpickled from it
+  except TfdpError as error:
+    cli.exit_with_error("launch_notebook worker", error, code=1)
   logs.start_tensorflow()
   try:
     with open(os.path.join(folder, PAYLOAD), "rb") as f:

@@ -285,7 +285,7 @@ def parse_tf_config(text: str | None) -> Cluster:
 
 
 def from_slurm(env: Mapping[str, str],
-               port_base: int = slurm.DEFAULT_PORT_BASE) -> Cluster:
+               port_base: int | None = None) -> Cluster:
   """A worker-only Cluster from the environment srun gives each task (slurm.slurm_workers)."""
   rank, addresses = slurm.slurm_workers(env, port_base)
   return Cluster(task_type="worker", task_index=rank,

@@ -16,26 +16,23 @@ tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc hard-codes
 `AddListeningPort("0.0.0.0:" + port)`, which gRPC opens as dual-stack `[::]`;
 ServerDef's only related field, `port`, overrides the port but not the host,
 and the TF_GRPC_* environment variables tune client channels, not the
-listener. There is no supported way to bind to 127.0.0.1 only. The launcher
-therefore writes loopback addresses (so workers talk to each other over
-loopback) and refuses other hosts without `allow_remote=True`, but the ports
-are still reachable from the network while training runs and the servers
-have no authentication. To really isolate a local run, firewall the ports or
-run the launcher inside a private network namespace, e.g.
-`unshare --net --map-root-user sh -c 'ip link set lo up; tfdp-launch ...'`.
+listener. There is no supported way to bind to 127.0.0.1 only. So a local group runs in a
+private network namespace (isolation.py: loopback only, nothing outside the group can connect)
+wherever the kernel allows it; elsewhere, and with allow_remote, the ports are reachable from
+the network while training runs. The launcher writes loopback addresses and refuses other hosts
+without allow_remote.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import ipaddress
 import json
 import math
 import os
 import selectors
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +41,8 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from tfdp.distributed import gpus as gpus_lib
+from tfdp.distributed import isolation
+from tfdp.distributed.isolation import is_loopback_host, pick_free_ports  # noqa: F401 (API)
 from tfdp.errors import ClusterError, TfdpError
 
 TAIL_LINES = 20
@@ -58,32 +57,9 @@ _STATE_POLL_SECONDS = 0.5
 # More local workers than this per core is a typo, not a job (each is a TensorFlow process).
 WORKERS_PER_CORE_LIMIT = 4
 _POLL_SECONDS = 0.05
+_BIND_RETRIES = 3  # reruns after a worker could not bind its port
 _DRAIN_SECONDS = 2.0  # How long to wait for output after every worker exited.
 _MAX_PARTIAL_LINE = 64 * 1024  # Emit over-long lines rather than buffer them.
-
-
-def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-  """Returns n distinct ports that the OS reports free on `host`.
-
-  All sockets stay open until every port is picked, so the OS cannot hand out
-  the same port twice. The ports are free only at this moment: a worker has
-  to bind them soon after (the launcher starts workers right away).
-  """
-  family = socket.AF_INET6 if ":" in host else socket.AF_INET
-  sockets = []
-  try:
-    for _ in range(n):
-      sock = socket.socket(family, socket.SOCK_STREAM)
-      sockets.append(sock)
-      sock.bind((host.strip("[]"), 0))  # Port 0: the OS picks; never a fixed port.
-    return [sock.getsockname()[1] for sock in sockets]
-  except OSError as error:  # socket.gaierror for an unknown name, EADDRNOTAVAIL for another's
-    raise ClusterError(
-        f"cannot open ports on host {host!r} ({error.strerror or error}); --host must be an "
-        "address of this machine, e.g. 127.0.0.1 or this machine's IP.") from None
-  finally:
-    for sock in sockets:
-      sock.close()
 
 
 def check_stop_grace_seconds(seconds: float) -> None:
@@ -108,15 +84,6 @@ def worker_tf_configs(num_workers: int, host: str,
                   "task": {"type": "worker", "index": index}})
       for index in range(num_workers)
   ]
-
-
-def is_loopback_host(host: str) -> bool:
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host.strip("[]")).is_loopback
-  except ValueError:
-    return False  # A host name other than localhost: assume it is remote.
 
 
 def describe_returncode(returncode: int | None) -> str:
@@ -211,21 +178,6 @@ class _StopRequest:
     self.signals.append(signum)
 
 
-def _die_with_parent(parent_pid: int):
-  """A worker gets SIGTERM (it checkpoints and exits) when the launcher dies, even by SIGKILL,
-  instead of training on as an orphan until TF's heartbeat ends it. Linux only (prctl)."""
-  if not sys.platform.startswith("linux"):
-    return None
-
-  def set_parent_death_signal():
-    import ctypes  # pylint: disable=g-import-not-at-top
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-      os.kill(os.getpid(), signal.SIGTERM)
-  return set_parent_death_signal
-
-
 def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
   """Running workers whose process tree has a stopped process (state T), with when it was
   first seen stopped; a worker that runs again is forgiven."""
@@ -250,8 +202,8 @@ def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
 
 
 def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
-                   base_env: Mapping[str, str],
-                   gpus: Sequence[str] | None) -> list[_Worker]:
+                   base_env: Mapping[str, str], gpus: Sequence[str] | None,
+                   network: isolation.PrivateNetwork | None = None) -> list[_Worker]:
   workers: list[_Worker] = []
   base_env = dict(base_env)
   # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
@@ -264,11 +216,10 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
       if gpus is not None:
         worker_env.update({"CUDA_VISIBLE_DEVICES": gpus[index],
                            gpus_lib.ASSIGNED_BY_VAR: "tfdp-launch"})
-      popen = subprocess.Popen(
-          list(command), env=worker_env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-          start_new_session=True,  # Own group: we can kill its children too.
-          preexec_fn=_die_with_parent(os.getpid()))
+      popen = subprocess.Popen(  # the shim joins `network` and sets PDEATHSIG, then execs
+          isolation.worker_command(command, network), env=worker_env,
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          start_new_session=True)  # Own group: we can kill its children too.
       workers.append(_Worker(index, popen))
   except OSError as error:
     for worker in workers:
@@ -307,7 +258,8 @@ def run_group(command: Sequence[str], num_workers: int,
               host: str = "127.0.0.1", env: Mapping[str, str] | None = None,
               stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
               output: TextIO | None = None,
-              gpus_per_worker: int | str = gpus_lib.AUTO) -> GroupResult:
+              gpus_per_worker: int | str = gpus_lib.AUTO,
+              private_network: bool = True) -> GroupResult:
   """Runs `num_workers` copies of `command` until all exit or one fails.
 
   Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on
@@ -331,6 +283,8 @@ def run_group(command: Sequence[str], num_workers: int,
     output: Where prefixed lines go; defaults to sys.stdout at call time.
     gpus_per_worker: 'auto'/-1 (split the visible GPUs evenly; without GPUs
       the env is left as it is), 0 (CPU only) or N GPUs per worker.
+    private_network: run the group in a private network namespace, loopback
+      only (isolation.py), where the kernel allows it; else one warning line.
 
   Returns:
     A GroupResult; `.ok` is True only if every worker exited 0.
@@ -351,7 +305,9 @@ def run_group(command: Sequence[str], num_workers: int,
       gpus_lib.count_nvidia_device_files())
   if gpu_plan.describe():
     _log(gpu_plan.describe())
+  _check_command(command, base_env)
   ports = pick_free_ports(num_workers, host)
+  network = isolation.open_network(num_workers, ports, private_network)
   stop_request = _StopRequest()
   # Handlers can only be installed from the main thread; elsewhere the
   # caller owns signal handling.
@@ -365,7 +321,7 @@ def run_group(command: Sequence[str], num_workers: int,
   try:
     workers = _start_workers(command, worker_tf_configs(num_workers, host,
                                                         ports), base_env,
-                             gpu_plan.devices)
+                             gpu_plan.devices, network)
     result = _supervise(workers, ports, stop_request, stop_grace_seconds,
                         output, started)
     result.gpus = gpu_plan.devices
@@ -376,8 +332,17 @@ def run_group(command: Sequence[str], num_workers: int,
       if worker.popen.poll() is None:
         worker.popen.wait()
       worker.popen.stdout.close()
+    if network is not None:
+      network.close()
     for signum, handler in previous_handlers.items():
       signal.signal(signum, handler)
+
+
+def _check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
+  # The shim execs the command, so a missing one would surface as a worker exit; say it first.
+  if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+    raise TfdpError(f"cannot start worker command {command[0]!r}: not found or not "
+                    "executable.")
 
 
 def _supervise(workers: list[_Worker], ports: list[int],
@@ -517,13 +482,20 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
         f"host {host!r} is not a loopback address and the TensorFlow gRPC "
         "servers have no authentication; use 127.0.0.1, or pass "
         "--allow_remote (allow_remote=True) if the network is trusted.")
-  restarts = 0
+  restarts = bind_retries = 0
   while True:
     # A restarted group resumes: tfdp-train ignores --start_over when this is above 0.
     group_env = dict(os.environ if env is None else env, TFDP_RESTART_COUNT=str(restarts))
     result = run_group(command, num_workers, host=host, env=group_env,
                        stop_grace_seconds=stop_grace_seconds, output=output,
-                       gpus_per_worker=gpus_per_worker)
+                       gpus_per_worker=gpus_per_worker, private_network=not allow_remote)
+    if (not result.ok and result.interrupted_by is None and bind_retries < _BIND_RETRIES
+        and isolation.bind_failure(result.last_lines, result.first_failed)):
+      # A port taken between picking and binding is not the job's failure: not a restart.
+      bind_retries += 1
+      _log(f"worker {result.first_failed} could not bind its port; rerunning the group with "
+           f"fresh ports (not counted as a restart).")
+      continue
     if result.ok:
       if restarts:
         _log(f"all {num_workers} workers finished after {restarts} "

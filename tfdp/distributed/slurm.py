@@ -15,7 +15,26 @@ from collections.abc import Mapping, MutableMapping
 from tfdp.distributed import gpus as gpus_lib
 from tfdp.errors import ClusterError
 
-DEFAULT_PORT_BASE = 8888  # Same default as SlurmClusterResolver.
+DEFAULT_PORT_BASE = 8888  # SlurmClusterResolver's; used only without SLURM_JOB_ID.
+PORT_BASE_VAR = "TFDP_SLURM_PORT_BASE"  # an explicit port base wins over the job's
+# Fixed ports let two jobs that share a node collide. Each job takes a block of JOB_PORT_SLOT
+# ports by its id: JOB_PORT_FIRST + (SLURM_JOB_ID % JOB_PORT_SLOTS) * JOB_PORT_SLOT, i.e.
+# 12000..31199, below Linux's ephemeral range (32768+) so outgoing connections do not take them.
+# Jobs whose ids differ by less than 300 never collide (with up to 64 tasks per node).
+JOB_PORT_FIRST, JOB_PORT_SLOT, JOB_PORT_SLOTS = 12000, 64, 300
+
+
+def job_port_base(env: Mapping[str, str]) -> int:
+  """The first port of this job's workers on each node (see JOB_PORT_FIRST)."""
+  if env.get(PORT_BASE_VAR, "").strip():
+    value = env[PORT_BASE_VAR].strip()
+    if not is_ascii_number(value):
+      raise ClusterError(f"Slurm: {PORT_BASE_VAR}={value!r} is not a port number; e.g. "
+                         f"{PORT_BASE_VAR}=20000.")
+    return int(value)
+  if "SLURM_JOB_ID" not in env:
+    return DEFAULT_PORT_BASE
+  return JOB_PORT_FIRST + _slurm_int(env, "SLURM_JOB_ID") % JOB_PORT_SLOTS * JOB_PORT_SLOT
 
 
 def is_ascii_number(text: str) -> bool:
@@ -202,12 +221,13 @@ def pin_slurm_task_gpus(
 
 
 def slurm_workers(env: Mapping[str, str],
-                  port_base: int = DEFAULT_PORT_BASE) -> tuple[int, list[str]]:
+                  port_base: int | None = None) -> tuple[int, list[str]]:
   """(this task's rank, every worker's address) from the environment srun gives each task.
 
   Mirrors tf.distribute.cluster_resolver.SlurmClusterResolver with block task
   distribution: node k runs the next tasks-per-node[k] ranks, on ports
-  port_base, port_base+1, ... Worker 0 is the chief. Unlike TF's resolver,
+  port_base, port_base+1, ... (default: job_port_base, from SLURM_JOB_ID or
+  TFDP_SLURM_PORT_BASE). Worker 0 is the chief. Unlike TF's resolver,
   nodes keep Slurm's nodelist order instead of being sorted by name, so ranks
   match SLURM_PROCID even for lists like 'node[9-10]'.
 
@@ -254,6 +274,8 @@ def slurm_workers(env: Mapping[str, str],
         f"Slurm: {per_node_var} adds up to {sum(tasks_per_node)} tasks but "
         f"the task count is {num_tasks}; they must match: start tfdp-train "
         "with srun inside the allocation, which sets both.")
+  if port_base is None:
+    port_base = job_port_base(env)
   if max(tasks_per_node, default=0) and not (
       1 <= port_base and port_base + max(tasks_per_node) - 1 <= 65535):
     raise ClusterError(f"Slurm: port_base {port_base} leaves ports outside "
