@@ -39,8 +39,10 @@ def test_uneven_final_batch_trains_and_evaluates_every_example_once(tmp_path, re
 def test_cifar10_run_writes_outputs_and_a_second_run_resumes(tmp_path):
   args = [f"--model_dir={tmp_path}", "--config_file=configs/cifar10_quick.yaml",
           "--config_file=configs/runlocal.yaml"]
+  # A constant schedule: more epochs is then a continuation (a cosine run's length is fixed).
   first = helpers.run_train(*args, "--params_override=task.eval_data.split=test,"
-                            "trainer.eval_batch_size=96,runtime.cpu_replicas=2")
+                            "trainer.eval_batch_size=96,runtime.cpu_replicas=2,"
+                            "trainer.learning_rate.schedule=constant")
   assert first.returncode == 0, first.stderr[-3000:]
   for name in ("config.yaml", "metrics.csv", "model.keras", "checkpoints/checkpoint"):
     assert (tmp_path / name).exists(), name
@@ -51,7 +53,8 @@ def test_cifar10_run_writes_outputs_and_a_second_run_resumes(tmp_path):
   assert metrics["eval_examples"].tolist() == [10000]  # 10000 = 104 * 96 + 16: none lost or doubled
   assert metrics["step"].tolist() == [8]
 
-  second = helpers.run_train(*args, "--params_override=trainer.epochs=2,runtime.cpu_replicas=2")
+  second = helpers.run_train(*args, "--params_override=trainer.epochs=2,runtime.cpu_replicas=2,"
+                             "trainer.learning_rate.schedule=constant")
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from" in second.stderr and "at step 8" in second.stderr
   metrics2 = pd.read_csv(tmp_path / "metrics.csv")
