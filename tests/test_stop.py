@@ -59,6 +59,16 @@ def wait_for(log_path, text: str, proc: subprocess.Popen, count: int = 1, timeou
     time.sleep(0.05)
 
 
+def signal_and_wait(proc: subprocess.Popen, signum: int, log_path) -> tuple[float, str]:
+  """Signals proc, waits for it to exit with 128 + signum; returns the seconds and its log."""
+  signalled = time.monotonic()
+  proc.send_signal(signum)
+  proc.wait(timeout=120)
+  seconds, text = time.monotonic() - signalled, log_path.read_text()
+  assert proc.returncode == 128 + signum, text[-3000:]
+  return seconds, text
+
+
 def saved_steps(model_dir) -> list[int]:
   return sorted(int(p.name[5:-6]) for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
 
@@ -70,45 +80,24 @@ def alive(pid: int) -> bool:
     return False
 
 
-def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
+  """One process, and two workers under tfdp-launch (it passes the SIGTERM on to both)."""
   model_dir, log_path = tmp_path / "run", tmp_path / "train.log"
-  proc = start([sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
-                f"--params_override={ONE_LONG_LOOP}"], log_path)
-  wait_for(log_path, TRAINING, proc)
-  time.sleep(15)  # past tracing (~10 s here): some steps into the loop
-  signalled = time.monotonic()
-  proc.send_signal(signal.SIGTERM)
-  proc.wait(timeout=120)
-  seconds = time.monotonic() - signalled
-  text = log_path.read_text()
-  assert proc.returncode == 143, text[-3000:]
+  command = [sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
+             f"--params_override={ONE_LONG_LOOP}"]
+  if workers > 1:
+    command = [sys.executable, LAUNCH_APP, f"--num_workers={workers}", "--", *command]
+  proc = start(command, log_path)
+  wait_for(log_path, TRAINING, proc, count=workers)
+  time.sleep(15)  # past tracing (10-12 s here): some steps into the loop
+  seconds, text = signal_and_wait(proc, signal.SIGTERM, log_path)
   steps = saved_steps(model_dir)
   assert len(steps) == 1 and 0 < steps[0] < 1000, (steps, text[-3000:])
-  assert f"saved checkpoint at step {steps[0]}" in text, text[-3000:]
-  print(f"single process: SIGTERM -> checkpoint at step {steps[0]} -> exit in {seconds:.1f}s")
-  assert seconds < 20, (seconds, text[-3000:])
-
-
-def test_two_workers_stop_inside_a_long_loop_at_the_same_step(tmp_path):
-  model_dir, log_path = tmp_path / "run", tmp_path / "launch.log"
-  proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable,
-                helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
-                f"--params_override={ONE_LONG_LOOP}"], log_path)
-  wait_for(log_path, TRAINING, proc, count=2)
-  time.sleep(15)  # past tracing (~12 s here): some steps into the loop
-  signalled = time.monotonic()
-  proc.send_signal(signal.SIGTERM)  # the launcher passes it on to both workers
-  proc.wait(timeout=120)
-  seconds = time.monotonic() - signalled
-  text = log_path.read_text()
-  assert proc.returncode == 143, text[-3000:]
-  steps = saved_steps(model_dir)
-  assert len(steps) == 1 and 0 < steps[0] < 1000, (steps, text[-3000:])
-  for worker in (0, 1):
-    assert f"[w{worker}] " in text and any(
-        line.startswith(f"[w{worker}] ") and f"saved checkpoint at step {steps[0]}" in line
-        for line in text.splitlines()), text[-3000:]
-  print(f"2 workers: SIGTERM -> checkpoint at step {steps[0]} -> exit in {seconds:.1f}s")
+  saved = [line for line in text.splitlines() if f"saved checkpoint at step {steps[0]}" in line]
+  assert len(saved) == workers, text[-3000:]  # under the launcher: [w0] and [w1], same step
+  assert workers == 1 or sorted(line[:4] for line in saved) == ["[w0]", "[w1]"], saved
+  print(f"{workers} worker(s): SIGTERM -> checkpoint at step {steps[0]} -> exit in {seconds:.1f}s")
   assert seconds < 25, (seconds, text[-3000:])
 
 
@@ -146,12 +135,7 @@ def test_workers_of_a_launcher_killed_during_start_up_exit_at_once(tmp_path):
 
 def test_ctrl_c_on_the_launcher_during_start_up_does_not_wait_the_grace_period(tmp_path):
   proc, pids, log_path = launch_real_workers(tmp_path)
-  interrupted = time.monotonic()
-  proc.send_signal(signal.SIGINT)
-  proc.wait(timeout=60)
-  seconds = time.monotonic() - interrupted
-  text = log_path.read_text()
-  assert proc.returncode == 130, text[-3000:]
+  seconds, text = signal_and_wait(proc, signal.SIGINT, log_path)
   assert seconds < 10, (seconds, text[-3000:])  # the grace period is 30 s
   assert not any(alive(pid) for pid in pids)
   print(f"launcher Ctrl-C during start-up -> group gone in {seconds:.1f}s")
