@@ -18,6 +18,7 @@ from tfdp import cli
 from tfdp import config as config_lib
 from tfdp import logs
 from tfdp import paths
+from tfdp.core import controller
 from tfdp.errors import Preempted, TfdpError
 
 DEFAULT_CONFIG = paths.default_job()
@@ -37,6 +38,9 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  # First, before TensorFlow starts a thread: SIGTERM/Ctrl-C stop this process at any point
+  # (MultiWorkerMirroredStrategy's own SIGTERM handler would swallow them).
+  controller.StopRequest.install(PROG)
   cli.guard_output_pipes()  # under tfdp-launch, the launcher may die before we do
   if len(argv) > 1:
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")

@@ -162,7 +162,8 @@ class RuntimeConfig:
   all_reduce_order: str = "variables"  # backward: gradients go to the all-reduce last layer
   # first, as backprop finishes them, so a pack (bytes_per_pack) can start before the backward
   # pass ends (DDP's buckets); variables: the model's variable order
-  collective_timeout_seconds: float = 0.0  # 0: no timeout
+  collective_timeout_seconds: float = 600.0  # a collective waiting longer fails the step (the
+  # group restarts): a peer deadlocked or gone can never hang the group; 0: no timeout
   heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
   dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
   # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)
@@ -174,6 +175,9 @@ class RuntimeConfig:
   intra_op_threads: int = 0  # 0: TensorFlow's default
   inter_op_threads: int = 0
   checkpoint_on_preemption: bool = True  # SIGTERM: save a checkpoint and exit
+  watchdog_seconds: float = 120.0  # a training loop running longer than max(10 x the median
+  # loop time, this) (the first loop: 5 x this) dumps the worker's Python stacks and exits with
+  # code 75, so that tfdp-launch --max_restarts restarts the group; 0: no watchdog
   profile_steps: int = 0  # >0: profiler trace of this many steps (from the 2nd loop) in model_dir/train
 
 

@@ -2,12 +2,17 @@
 The compiled inner loops, checkpoints and the model are the Trainer's; this knows no workload."""
 from __future__ import annotations
 
+import collections
+import faulthandler
 import math
+import os
 import signal
+import statistics
+import sys
+import threading
 import time
 
 from absl import logging
-import tensorflow as tf
 
 from tfdp import logs
 from tfdp.core import outputs
@@ -24,34 +29,166 @@ def memory_mb() -> dict:
 
 class StopRequest:
   """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
-  checkpoint and a clean exit at the next loop boundary; every worker agrees on that boundary
-  through the loop's all-reduce. A second Ctrl-C interrupts at once."""
+  checkpoint and a clean exit within a step: the signal sets the trainer's stop flag, read by
+  every compiled step and agreed through its all-reduce (Trainer.request_stop). A second Ctrl-C
+  interrupts at once.
+
+  The apps call `install()` first thing: both signals are then blocked in every thread (each
+  thread TensorFlow starts later inherits the mask) and taken by one thread with sigwait. So
+  neither TF's own SIGTERM handler (std::signal, installed when MultiWorkerMirroredStrategy
+  starts) nor a main thread busy in a long compiled loop can hold a signal back: before training
+  the process exits at once (nothing to save), during training the flag is set at once. Without
+  `install()` (the library API, a notebook), a run installs Python handlers for its training
+  only, which act when the main thread next runs Python."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  _process = None  # the one install() made
+  prog = "tfdp"  # the app, for its one-line messages
 
-  def __init__(self, enabled: bool):
+  def __init__(self):
     self.signum = 0
+    self._trainer = None  # set while training: the stop flag to raise
+    self._save = True  # runtime.checkpoint_on_preemption
+    self._lock = threading.Lock()
     self._previous = {}
-    if enabled:
-      for signum in self.SIGNALS:
+
+  @classmethod
+  def install(cls, prog: str) -> "StopRequest":
+    cls.prog = prog
+    if cls._process is None:
+      signal.pthread_sigmask(signal.SIG_BLOCK, cls.SIGNALS)
+      cls._process = cls()
+      threading.Thread(target=cls._process._wait_for_signals, name="tfdp-signals",
+                       daemon=True).start()
+    return cls._process
+
+  @classmethod
+  def for_run(cls, trainer, save: bool) -> "StopRequest":
+    """The process's (install) or, without it, Python handlers for this run's training."""
+    stop = cls._process
+    if stop is None:
+      stop = cls()
+      for signum in cls.SIGNALS if save else ():  # off: the signals do what they did before
         try:
-          self._previous[signum] = signal.signal(signum, self._handle)
+          stop._previous[signum] = signal.signal(signum, lambda n, f: stop.on_signal(n))
         except ValueError:  # not the main thread (e.g. some notebook runners)
           pass
+    stop.start_training(trainer, save)
+    return stop
 
   @property
   def requested(self) -> bool:
     return bool(self.signum)
 
-  def _handle(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.signum = self.signum or signum
+  def _wait_for_signals(self) -> None:
+    while True:
+      self.on_signal(signal.sigwait(self.SIGNALS))
 
-  def restore(self):
+  def on_signal(self, signum: int) -> None:
+    with self._lock:
+      twice = signum == signal.SIGINT and self.signum == signal.SIGINT
+      self.signum = self.signum or signum
+      trainer = self._trainer
+    if twice and self._previous:  # Python's handler, in the main thread
+      raise KeyboardInterrupt
+    if twice or trainer is None or not self._save:
+      if self._previous:  # a run without install(): what the signal did before
+        previous = self._previous.get(signum)
+        if callable(previous):
+          previous(signum, None)
+        return
+      # Not training (start-up, export): nothing to save, so leave now, even while the main
+      # thread waits inside TensorFlow.
+      phase = "interrupted" if twice else ("not training" if trainer is None
+                                           else "checkpoint_on_preemption is off")
+      sys.stderr.write(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): exiting "
+                       "now; the last checkpoint is kept, re-run to resume\n")
+      sys.stderr.flush()
+      os._exit(128 + signum)  # pylint: disable=protected-access
+    trainer.request_stop()
+
+  def start_training(self, trainer, save: bool) -> None:
+    with self._lock:
+      self._trainer, self._save = trainer, save
+      trainer.request_stop(bool(self.signum))
+
+  def end_training(self) -> None:
+    with self._lock:
+      self._trainer = None
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
+    self._previous = {}
+
+
+class Watchdog:
+  """A worker alive but stuck (a deadlock, a read that never returns) would hang its group for
+  ever: its heartbeat beats and the launcher sees neither an exit nor a stopped process. A thread
+  times the training loops: one running longer than max(LOOPS × the median loop time,
+  runtime.watchdog_seconds) — FIRST_LOOP × watchdog_seconds for a run's first loop, which traces
+  and fills the input pipeline, and is left out of the median — dumps every Python thread's
+  stack to the log and exits with EXIT_CODE, a failure tfdp-launch --max_restarts restarts from
+  the last checkpoint. Only the loops are timed: evaluation, checkpoints and export are bounded by
+  runtime.collective_timeout_seconds."""
+
+  LOOPS = 10
+  FIRST_LOOP = 5
+  EXIT_CODE = 75  # EX_TEMPFAIL: the group should restart
+
+  def __init__(self, seconds: float):
+    self.seconds = seconds
+    self.loop_seconds = collections.deque(maxlen=50)
+    self.loops = 0
+    self._deadline = None
+    self._done = threading.Event()
+    if seconds > 0:
+      threading.Thread(target=self._watch, name="tfdp-watchdog", daemon=True).start()
+
+  def limit(self) -> float:
+    if not self.loops:
+      return self.FIRST_LOOP * self.seconds
+    if not self.loop_seconds:
+      return self.seconds
+    return max(self.LOOPS * statistics.median(self.loop_seconds), self.seconds)
+
+  def loop_started(self) -> None:
+    self._deadline = time.monotonic() + self.limit()
+
+  def loop_ended(self, seconds: float) -> None:
+    self._deadline = None
+    if self.loops:
+      self.loop_seconds.append(seconds)
+    self.loops += 1
+
+  def close(self) -> None:
+    self._done.set()
+
+  def _watch(self) -> None:
+    while not self._done.wait(min(1.0, self.seconds / 4)):
+      deadline = self._deadline
+      if deadline is not None and time.monotonic() > deadline:
+        sys.stderr.write(f"{StopRequest.prog}: watchdog: no training loop finished in "
+                         f"{self.limit():.0f}s; this worker or a peer is stuck. Its threads:\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.write(f"{StopRequest.prog}: error: watchdog: no training loop finished in "
+                         f"{self.limit():.0f}s (runtime.watchdog_seconds), stack dump above; "
+                         f"exiting with code {self.EXIT_CODE} so that the group restarts from "
+                         "the last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(self.EXIT_CODE)  # pylint: disable=protected-access
+
+
+def _hang_if_asked(step: int) -> None:
+  """Tests only: TFDP_TEST_HANG=<worker>:<step>:<marker> makes that worker sleep for ever
+  before the loop at `step` (once: the marker file says it did)."""
+  spec = os.environ.get("TFDP_TEST_HANG")
+  if not spec:
+    return
+  worker, at, marker = spec.split(":", 2)
+  if (os.environ.get("TFDP_WORKER_INDEX", "0") == worker and step >= int(at)
+      and not os.path.exists(marker)):
+    open(marker, "w").close()
+    while True:
+      time.sleep(3600)
 
 
 def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) -> None:
@@ -81,6 +218,7 @@ class ProfileWindow:
 
   def before_loop(self, step: int, first_step: int) -> None:
     if self.steps and self.started_at is None and step > first_step:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
       tf.profiler.experimental.start(self.logdir)
       self.started_at = step
 
@@ -90,6 +228,7 @@ class ProfileWindow:
 
   def stop(self, step: int) -> None:
     if self.started_at is not None and self.steps:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
       tf.profiler.experimental.stop()
       logging.info("profile: steps %d-%d traced into %s/plugins/profile", self.started_at + 1,
                    step, self.logdir)
@@ -102,6 +241,7 @@ class Controller:
   checkpoint; a stop request saves at the boundary every worker agreed on."""
 
   def __init__(self, trainer, train_dataset_fn, eval_dataset=None, eval_steps: int = 0):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
     self.trainer = trainer
     self.cfg = trainer.config.trainer
     self.train_dataset_fn = train_dataset_fn
@@ -120,6 +260,7 @@ class Controller:
     return min(n, (step // every + 1) * every - step) if every else n
 
   def _summarize(self, writer, step: int, sums, extra: dict) -> None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     with writer.as_default(step=step):
       for name, value in {**sums.values(), **extra}.items():
         tf.summary.scalar(name, value)
@@ -163,8 +304,10 @@ class Controller:
     # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),
     # before the model was exported. The apps leave with os._exit once every output is written.
     trainer._train_iterator = iterator  # pylint: disable=protected-access
-    stop = StopRequest(trainer.config.runtime.checkpoint_on_preemption)
+    stop = StopRequest.for_run(trainer, trainer.config.runtime.checkpoint_on_preemption)
+    watchdog = Watchdog(trainer.config.runtime.watchdog_seconds)
     step, last_row = start, {}
+    logging.info("training: steps %d-%d in loops of up to %d", start + 1, total, cfg.steps_per_loop)
     progress = logs.Progress(total, steps_per_epoch, trainer.task.metric_names,
                              enabled=trainer.verbose)
     profile = ProfileWindow(trainer.config.runtime.profile_steps,
@@ -179,8 +322,11 @@ class Controller:
           n = self._next_loop_size(step, epoch_end)
           profile.before_loop(step, start)
           t0 = time.time()
-          loop, stop_agreed = trainer.run_steps(iterator, n, stop.requested)
+          watchdog.loop_started()
+          _hang_if_asked(step)
+          loop, stop_agreed, n = trainer.run_steps(iterator, n)  # n: fewer when stopped early
           seconds = time.time() - t0
+          watchdog.loop_ended(seconds)
           if cfg.stop_on_nan:
             check_finite(loop, step, step + n, trainer.last_saved_step)
           step += n
@@ -219,7 +365,8 @@ class Controller:
         last_row = row
     finally:
       profile.stop(step)
-      stop.restore()
+      stop.end_training()
+      watchdog.close()
       self.writer.flush()
       self.eval_writer.flush()
     return last_row

@@ -121,6 +121,8 @@ class Trainer:
     self._wire_dtype = (None if config.runtime.all_reduce_dtype == "float32"
                         else tf.as_dtype(config.runtime.all_reduce_dtype))
     self._num_sums = 1 + 2 * len(task.metric_names)
+    # This worker's stop request, read by every step; outside the strategy: each worker's own.
+    self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")
     self._train_loop = self._make_train_loop()
     self._eval_loop = self._make_eval_loop()
 
@@ -149,8 +151,11 @@ class Trainer:
     grads = tape.gradient(scaled, self.model.trainable_variables)
     return grads, self._sums(batch, outputs, per_example)
 
-  def _train_step(self, batches, totals):
-    """One optimizer step from `gradient_accumulation_steps` micro-batches on this replica."""
+  def _train_step(self, batches, totals, stop_flag=None):
+    """One optimizer step from `gradient_accumulation_steps` micro-batches on this replica.
+    With `stop_flag` (this worker's stop request, 0 or 1) returns (totals, the flag summed over
+    every replica and worker): it rides on the gradients' all-reduce, so every worker sees the
+    same sum after the same step at no extra collective."""
     grads = None
     for batch in batches:  # a Python loop: the micro-steps are unrolled in the graph
       micro_grads, sums = self._forward_backward(batch)
@@ -162,8 +167,11 @@ class Trainer:
     # (compat.skip_optimizer_all_reduce).
     if self.config.runtime.dense_embedding_gradients:
       grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    grads = compat.all_reduce_gradients(
-        grads, self._wire_dtype, backward_order=self.config.runtime.all_reduce_order == "backward")
+    flag = [] if stop_flag is None else [tf.reshape(tf.cast(stop_flag, tf.float32), [1])]
+    reduced = compat.all_reduce_gradients(  # appended: the gradients keep their order
+        [*grads, *flag], self._wire_dtype,
+        backward_order=self.config.runtime.all_reduce_order == "backward")
+    grads, agreed = reduced[:len(grads)], reduced[len(grads):]
     if self.config.trainer.gradient_clip_norm:
       clip = self.config.trainer.gradient_clip_norm
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -172,7 +180,7 @@ class Trainer:
     # Variables the loss does not reach (BertMaskedLM's unused pooler) have no gradient.
     self.optimizer.apply_gradients(
         [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None])
-    return totals
+    return totals if stop_flag is None else (totals, tf.cast(agreed[0], tf.float32))
 
   def _eval_step(self, batch, totals):
     outputs = self.task.eval_outputs(self.model, batch)
@@ -184,23 +192,29 @@ class Trainer:
     strategy = self.strategy
 
     @tf.function
-    def train_loop(iterator, num_steps, stop_flag):
+    def train_loop(iterator, num_steps):
       totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
+      taken = tf.constant(0, tf.int64)
       for _ in tf.range(num_steps):
         batches = tuple(next(iterator) for _ in range(self.accumulation_steps))
-        totals = strategy.run(self._train_step_with_flag, args=(batches, totals))
-      self._step.assign_add(tf.cast(num_steps, tf.int64))
+        # Read every step (the signal thread sets it while this runs): a stop is agreed after
+        # the step it reaches every worker in, whatever steps_per_loop is.
+        flag = self._stop_flag.read_value()
+        totals = strategy.run(self._train_step_with_flag, args=(batches, totals, flag))
+        taken += 1
+        if strategy.experimental_local_results(totals)[0][-1] > 0:
+          break  # the same sum on every replica and worker: all leave after this step
+      self._step.assign_add(taken)
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
       strategy.run(lambda: compat.average_across_replicas(self._replica_local))
-      flag = tf.one_hot(self._num_sums, self._num_sums + 1) * stop_flag
-      totals = strategy.run(lambda t: t + flag, args=(totals,))
-      return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
+      return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None), taken
 
     return train_loop
 
-  def _train_step_with_flag(self, batches, totals):
-    return tf.concat([self._train_step(batches, totals[:-1]), totals[-1:]], axis=0)
+  def _train_step_with_flag(self, batches, totals, stop_flag):
+    totals, agreed = self._train_step(batches, totals[:-1], stop_flag)
+    return tf.concat([totals, tf.reshape(agreed, [1])], axis=0)
 
   def _make_eval_loop(self):
     strategy = self.strategy
@@ -369,14 +383,18 @@ class Trainer:
 
   # ---- public loops: the outer loop that calls them is tfdp.core.controller.Controller --------------------------------------------------------------------------
 
-  def run_steps(self, iterator, num_steps: int, stop_requested: bool = False
-                ) -> tuple[MetricSums, bool]:
-    """Runs num_steps training steps (one compiled call) from a distributed iterator. Returns
-    their summed metrics and whether any worker asked to stop (agreed by the all-reduce)."""
-    sums = self._train_loop(iterator, tf.constant(num_steps),
-                            tf.constant(float(stop_requested))).numpy()
+  def run_steps(self, iterator, num_steps: int) -> tuple[MetricSums, bool, int]:
+    """Runs up to num_steps training steps (one compiled call) from a distributed iterator.
+    Returns their summed metrics, whether a worker asked to stop (request_stop; agreed by the
+    all-reduce, the loop then left early) and the steps taken."""
+    sums, taken = self._train_loop(iterator, tf.constant(num_steps))
+    sums = sums.numpy()
     return (MetricSums(self.task.metric_names, sums[:-1], self.task.finalize_metric),
-            bool(sums[-1] > 0))
+            bool(sums[-1] > 0), int(taken))
+
+  def request_stop(self, requested: bool = True) -> None:
+    """Thread-safe: the running loop leaves after the step every worker has seen it in."""
+    self._stop_flag.assign(1.0 if requested else 0.0)
 
   def evaluate(self, dist_dataset, steps: int) -> MetricSums:
     sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()

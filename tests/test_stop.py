@@ -1,0 +1,185 @@
+"""Stopping: a SIGTERM is agreed and saved within a step whatever steps_per_loop is, one during
+start-up stops the worker there (TF's own SIGTERM handler cannot swallow it), and a deadlocked
+worker's watchdog makes the group restart."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import helpers
+
+LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
+# One epoch of 2000 steps in ONE compiled loop: a stop read only between loops would come at
+# the end of training, tens of seconds after the signal.
+ONE_LONG_LOOP = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
+                 "task.train_data.source=synthetic,task.train_data.num_examples=64000,"
+                 "task.train_data.image_size=16,task.train_data.num_classes=4,"
+                 "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=2000,"
+                 "runtime.intra_op_threads=1,runtime.inter_op_threads=1,"
+                 "runtime.collective_timeout_seconds=60")
+TRAINING = "training: steps"  # Controller.run's first line
+
+
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+  """A failing test (a hung group is what some of them catch) leaves no process behind."""
+  yield
+  while _started:
+    proc = _started.pop()
+    try:
+      tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+    except psutil.NoSuchProcess:
+      continue
+    for p in tree:
+      try:
+        p.kill()
+      except psutil.NoSuchProcess:
+        pass
+
+
+def start(args: list[str], log_path, **extra_env) -> subprocess.Popen:
+  proc = subprocess.Popen(args, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                          env=helpers.env(**extra_env), cwd=str(helpers.REPO), text=True)
+  _started.append(proc)
+  return proc
+
+
+def wait_for(log_path, text: str, proc: subprocess.Popen, count: int = 1, timeout: float = 180):
+  deadline = time.monotonic() + timeout
+  while log_path.read_text().count(text) < count:
+    assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-3000:]
+    time.sleep(0.05)
+
+
+def signal_and_wait(proc: subprocess.Popen, signum: int, log_path) -> tuple[float, str]:
+  """Signals proc, waits for it to exit with 128 + signum; returns the seconds and its log."""
+  signalled = time.monotonic()
+  proc.send_signal(signum)
+  proc.wait(timeout=120)
+  seconds, text = time.monotonic() - signalled, log_path.read_text()
+  assert proc.returncode == 128 + signum, text[-3000:]
+  return seconds, text
+
+
+def saved_steps(model_dir) -> list[int]:
+  return sorted(int(p.name[5:-6]) for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
+
+
+def alive(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
+  """One process, and two workers under tfdp-launch (it passes the SIGTERM on to both)."""
+  model_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+  command = [sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
+             f"--params_override={ONE_LONG_LOOP}"]
+  if workers > 1:
+    command = [sys.executable, LAUNCH_APP, f"--num_workers={workers}", "--", *command]
+  proc = start(command, log_path)
+  wait_for(log_path, TRAINING, proc, count=workers)
+  time.sleep(15)  # past tracing (10-12 s here): some steps into the loop
+  seconds, text = signal_and_wait(proc, signal.SIGTERM, log_path)
+  steps = saved_steps(model_dir)
+  assert len(steps) == 1 and 0 < steps[0] < 1000, (steps, text[-3000:])
+  saved = [line for line in text.splitlines() if f"saved checkpoint at step {steps[0]}" in line]
+  assert len(saved) == workers, text[-3000:]  # under the launcher: [w0] and [w1], same step
+  assert workers == 1 or sorted(line[:4] for line in saved) == ["[w0]", "[w1]"], saved
+  print(f"{workers} worker(s): SIGTERM -> checkpoint at step {steps[0]} -> exit in {seconds:.1f}s")
+  assert seconds < 25, (seconds, text[-3000:])
+
+
+STARTED = "cluster: worker"  # printed once MultiWorkerMirroredStrategy exists (and its handler)
+
+
+def launch_real_workers(tmp_path) -> tuple[subprocess.Popen, list[int], object]:
+  """tfdp-launch of two real tfdp-train workers, returned once both have made the strategy and
+  not yet trained."""
+  model_dir, log_path = tmp_path / "run", tmp_path / "launch.log"
+  proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable,
+                helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
+                f"--params_override={ONE_LONG_LOOP}"], log_path)
+  wait_for(log_path, STARTED, proc, count=2)
+  pids = [p.pid for p in psutil.Process(proc.pid).children()]
+  assert len(pids) == 2 and TRAINING not in log_path.read_text(), log_path.read_text()[-3000:]
+  return proc, pids, log_path
+
+
+def test_workers_of_a_launcher_killed_during_start_up_exit_at_once(tmp_path):
+  proc, pids, log_path = launch_real_workers(tmp_path)
+  proc.kill()  # SIGKILL: the workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+  proc.wait()
+  killed = time.monotonic()
+  while any(alive(pid) for pid in pids) and time.monotonic() - killed < 10:
+    time.sleep(0.05)
+  left = [pid for pid in pids if alive(pid)]
+  for pid in left:
+    psutil.Process(pid).kill()
+  assert not left, f"workers {left} outlived their killed launcher by 10 s\n" + (
+      log_path.read_text()[-3000:])
+  print(f"launcher SIGKILL during start-up -> workers gone in {time.monotonic() - killed:.1f}s")
+  assert not (tmp_path / "run" / "checkpoints").exists() or not saved_steps(tmp_path / "run")
+
+
+def test_ctrl_c_on_the_launcher_during_start_up_does_not_wait_the_grace_period(tmp_path):
+  proc, pids, log_path = launch_real_workers(tmp_path)
+  seconds, text = signal_and_wait(proc, signal.SIGINT, log_path)
+  assert seconds < 10, (seconds, text[-3000:])  # the grace period is 30 s
+  assert not any(alive(pid) for pid in pids)
+  print(f"launcher Ctrl-C during start-up -> group gone in {seconds:.1f}s")
+
+
+SHORT_JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
+             "task.train_data.source=synthetic,task.train_data.num_examples=1536,"
+             "task.train_data.image_size=16,task.train_data.num_classes=4,"
+             "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=4,"
+             "trainer.checkpoint_every_steps=4,runtime.intra_op_threads=1,"
+             "runtime.inter_op_threads=1,runtime.watchdog_seconds=5")
+
+
+def test_a_deadlocked_worker_is_restarted_by_its_watchdog(tmp_path):
+  """Worker 1 sleeps for ever before its loop at step 8 (alive, not stopped: the launcher sees
+  nothing); its watchdog dumps its stacks and exits 75 within max(10 x the median loop, 5 s),
+  and tfdp-launch --max_restarts restarts the group from step 8, which then finishes."""
+  model_dir, log_path, marker = tmp_path / "run", tmp_path / "launch.log", tmp_path / "hung"
+  proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--max_restarts=1", "--",
+                sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
+                f"--params_override={SHORT_JOB}"], log_path, TFDP_TEST_HANG=f"1:8:{marker}")
+  deadline = time.monotonic() + 180
+  while not marker.exists():
+    assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-3000:]
+    time.sleep(0.05)
+  hung = time.monotonic()
+  wait_for(log_path, "restarting all 2 workers", proc, timeout=60)
+  seconds = time.monotonic() - hung
+  proc.wait(timeout=300)
+  text = log_path.read_text()
+  assert proc.returncode == 0, text[-3000:]
+  assert "watchdog: no training loop finished" in text and "Thread 0x" in text, text[-3000:]
+  assert "resumed from" in text and saved_steps(model_dir)[-1] == 1536 // 32, text[-3000:]
+  print(f"deadlocked worker -> group restarting in {seconds:.1f}s")
+  assert seconds < 30, (seconds, text[-3000:])
+
+
+def test_the_watchdog_limit_is_ten_median_loops_with_a_floor_and_room_for_the_first_loop():
+  from tfdp.core.controller import Watchdog  # pylint: disable=g-import-not-at-top
+  watchdog = Watchdog(0)  # 0: no thread; the limit is computed all the same
+  watchdog.seconds = 10
+  assert watchdog.limit() == 50  # the first loop traces: 5 x the floor
+  watchdog.loop_ended(40.0)  # ... and is left out of the median
+  assert watchdog.limit() == 10
+  for seconds in (2.0, 3.0, 100.0):
+    watchdog.loop_ended(seconds)
+  assert watchdog.limit() == 30  # 10 x the median (3 s), above the floor
