@@ -141,6 +141,8 @@ CASES = [
     Case("unknown_key", ("trainer.epochz", "trainer.epochs"), override="trainer.epochz=2"),
     Case("wrong_type", ("trainer.epochs", "whole number"), override="trainer.epochs=two"),
     Case("negative_epochs", ("trainer.epochs", ">= 0"), override="trainer.epochs=-3"),
+    Case("negative_watchdog", ("runtime.watchdog_seconds", ">= 0"),
+         override="runtime.watchdog_seconds=-1"),
     Case("nan_learning_rate", ("trainer.learning_rate.base_lr", "finite"),
          override="trainer.learning_rate.base_lr=.nan"),
     Case("inf_weight_decay", ("trainer.optimizer.weight_decay", "finite"),

@@ -120,7 +120,7 @@ def validate(config: ExperimentConfig) -> None:
   check_choice("runtime.all_reduce_order", runtime.all_reduce_order, ("variables", "backward"))
   check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   check_positive("runtime.num_packs", runtime.num_packs)
-  for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds",
+  for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds", "watchdog_seconds",
               "intra_op_threads", "inter_op_threads", "profile_steps"):
     check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)
   if runtime.cpu_replicas and runtime.devices:
