@@ -12,6 +12,7 @@ from tfdp import config as config_lib
 from tfdp.core import data as data_lib
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
+from tfdp.errors import DataError
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 SIGMA = 0.3
@@ -237,3 +238,11 @@ def test_fine_tuning_from_a_pretrained_recommender_beats_scratch_at_the_same_bud
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results[name] = final_eval(tmp_path / name)["eval_rmse"]
   assert results["fine"] < 0.9 * results["scratch"], results
+
+
+@pytest.mark.parametrize("spec", [">100000", ">100000000000", "0100000d", "s", ".2f"])
+def test_a_worker_placeholder_with_a_huge_or_foreign_format_is_one_line(spec):
+  # Once format() ran unchecked: a 100006-character path, or a MemoryError (issue 20, "Also").
+  with pytest.raises(DataError, match="cannot format a worker index"):
+    interactions.resolve_shard_path(f"/data/part-{{worker:{spec}}}.csv", 1, 2)
+  assert interactions.resolve_shard_path("/d/p-{worker:03d}-{worker:>4}.csv", 1, 2) == "/d/p-001-   1.csv"
