@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from typing import Any
 
 from absl import logging
@@ -32,6 +33,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
                        "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
                        "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
   model_dir = outputs.resolve_model_dir(model_dir)
+  if start_over and cluster.is_chief:
+    _check_start_over_target(model_dir)
   resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
   if mode == "eval" and resume_from is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
@@ -47,6 +50,36 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   if replicas:
     data_lib.check_batch_divides(config, replicas)
   return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
+
+
+# What --start_over moves aside (outputs.move_run_aside), and what only a tfdp run writes.
+_MOVABLE = (outputs.CHECKPOINT_DIR, outputs.METRICS_FILE, "train", "eval", "eval.json",
+            outputs.EXPORT_FILE, "metrics.png")
+
+
+def _check_start_over_target(model_dir: str) -> None:
+  """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
+  (a data folder with train/ and eval/ must not be rearranged)."""
+  import os  # pylint: disable=g-import-not-at-top
+  present = [n for n in _MOVABLE if os.path.exists(os.path.join(model_dir, n))]
+  if not present or _holds_tfdp_run(model_dir):
+    return
+  raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
+                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml or checkpoint "
+                    "state); point --model_dir at a tfdp run or at a new folder.")
+
+
+def _holds_tfdp_run(model_dir: str) -> bool:
+  import os  # pylint: disable=g-import-not-at-top
+  checkpoints = os.path.join(model_dir, outputs.CHECKPOINT_DIR)
+  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", outputs.RUN_RECORD)):
+    return True
+  try:  # a config tfdp wrote: its top-level task: and trainer: sections
+    with open(os.path.join(model_dir, outputs.CONFIG_FILE), "rb") as f:
+      head = f.read(1 << 20).decode("utf-8", "replace")
+  except OSError:
+    return False
+  return all(re.search(rf"^{key}:", head, re.MULTILINE) for key in ("task", "trainer"))
 
 
 @dataclasses.dataclass
