@@ -207,6 +207,9 @@ CASES = [
          "task.train_data.split=all,task.eval_data.source=interactions,"
          "task.eval_data.path={folder}/r.csv,task.eval_data.label_column=rating,"
          "task.eval_data.split=all"),
+    # Once a traceback after config.yaml and train/ were written (issue 20, "Also").
+    Case("mean_std_not_one_per_channel", ("task.train_data.mean", "3 channel", "2 values"),
+         override="task.train_data.mean=[0.5, 0.5],task.train_data.std=[0.2, 0.2]"),
     Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
          override="task.init_checkpoint={folder}/nowhere"),
     # ---- model_dir and checkpoints -----------------------------------------------------------
