@@ -215,6 +215,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
+  _check_saved_artifacts(task, (train_plan or eval_plan).source, config, model_dir, mode, start_over)
   run_record = _run_record(config, train_plan, cluster, replicas) if train_plan else None
   if run_record and not start_over and outputs.latest_checkpoint(model_dir):
     recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
@@ -273,6 +274,24 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "gradient_accumulation_steps": plan.accumulation_steps,
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas}
+
+
+def _check_saved_artifacts(task, source, config: ExperimentConfig, model_dir: str, mode: str,
+                           start_over: bool) -> None:
+  """A resume, an evaluation or a warm start must read its data as the run it continues did (a
+  recommender's id mapping): the task compares, before anything is written."""
+  import os  # pylint: disable=g-import-not-at-top
+  if not start_over and outputs.latest_checkpoint(model_dir):
+    context = (("--mode=eval", "evaluate with the mapping it was trained with") if mode == "eval"
+               else ("resume", "pass --start_over or a new --model_dir to train from scratch"))
+    task.check_saved_artifacts(source, model_dir, context)
+  elif config.task.init_checkpoint:  # a fresh run: warm start from another run's weights
+    init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
+    folder = os.path.dirname(init)
+    if os.path.basename(folder) == outputs.CHECKPOINT_DIR:  # the run's folder holds its files
+      folder = os.path.dirname(folder)
+    task.check_saved_artifacts(source, folder, (f"warm start from task.init_checkpoint '{init}'",
+                                                "drop task.init_checkpoint to train from scratch"))
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,
