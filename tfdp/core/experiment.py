@@ -240,6 +240,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 accumulation_steps=batch_plan.accumulation_steps,
                                 precision=plan.precision, verbose=verbose)
   restored_step = 0 if start_over else trainer.restore()
+  if cluster.is_multi_worker:  # before anything is written and before the first training step
+    _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
+                                  {"train": train_plan, "eval": eval_plan})
   trainer.run_record, trainer.run_record_from_step = run_record, restored_step
   if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
     init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
@@ -318,6 +321,64 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
   plans = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
   strategy_lib.check_workers_agree(plans)
+
+
+def _restored_state(model_dir: str, restored_step: int, start_over: bool,
+                    plans: dict) -> dict:
+  """What this worker restored and planned: every worker must hold the same (a model_dir not
+  shared between hosts, or data that differs per host, would otherwise hang or train silently
+  on duplicated and missing examples)."""
+  state = {"restored_step": restored_step,
+           "checkpoint": None if start_over else outputs.latest_checkpoint(model_dir)}
+  for name, plan in plans.items():
+    if plan is None:
+      continue
+    source = plan.source
+    state[f"{name} steps_per_epoch"] = plan.steps_per_epoch
+    state[f"{name} examples"] = plan.counts  # local: exchanged already, the same list everywhere
+    if plan.policy == "local":  # each worker reads its own shard: its own size and order
+      continue
+    state[f"{name} source_examples"] = source.num_examples
+    described = {"kind": source.kind, "file_counts": source.file_counts,
+                 "num_classes": source.num_classes, "image_shape": list(source.image_shape),
+                 "files": source.info.get("files")}
+    state[f"{name} data_digest"] = hashlib.sha256(
+        json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  return state
+
+
+def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
+                                  cluster: cluster_lib.Cluster, restored_step: int,
+                                  start_over: bool, plans: dict) -> None:
+  """After restore and data planning (the start-up exchange runs before both): one line naming
+  the first worker and field that differs from worker 0."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  state = _restored_state(model_dir, restored_step, start_over, plans)
+  if plans.get("train") is not None and plans["train"].policy != "local":
+    state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
+                                                            config.task.train_data)
+  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  states = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
+      topic="restored")]
+  for rank, other in enumerate(states[1:], start=1):
+    for key, value in other.items():
+      if value == states[0].get(key):
+        continue
+      if key in ("restored_step", "checkpoint"):
+        fix = (f"every worker must see the same --model_dir '{model_dir}' (a file system shared "
+               "by every host); share it, then restart the group")
+      else:
+        fix = ("every worker must read the same data: make the task.*_data paths name the same "
+               "files on every host, then restart the group")
+      raise ClusterError(f"workers disagree after restore and data planning: worker {rank} has "
+                         f"{key}={_short(value)} but worker 0 has {_short(states[0].get(key))}; "
+                         f"{fix}.")
+
+
+def _short(value) -> str:
+  text = repr(value)
+  return text if len(text) <= 120 else text[:100] + "...]"
 
 
 def _peer_errors():
