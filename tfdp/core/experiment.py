@@ -65,8 +65,8 @@ def _check_start_over_target(model_dir: str) -> None:
   if not present or _holds_tfdp_run(model_dir):
     return
   raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
-                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml or checkpoint "
-                    "state); point --model_dir at a tfdp run or at a new folder.")
+                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
+                    "checkpoint state); point --model_dir at a tfdp run or at a new folder.")
 
 
 def _holds_tfdp_run(model_dir: str) -> bool:
@@ -74,12 +74,16 @@ def _holds_tfdp_run(model_dir: str) -> bool:
   checkpoints = os.path.join(model_dir, outputs.CHECKPOINT_DIR)
   if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", outputs.RUN_RECORD)):
     return True
-  try:  # a config tfdp wrote: its top-level task: and trainer: sections
-    with open(os.path.join(model_dir, outputs.CONFIG_FILE), "rb") as f:
-      head = f.read(1 << 20).decode("utf-8", "replace")
-  except OSError:
-    return False
-  return all(re.search(rf"^{key}:", head, re.MULTILINE) for key in ("task", "trainer"))
+  def head(name: str) -> str:
+    try:
+      with open(os.path.join(model_dir, name), "rb") as f:
+        return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+      return ""
+  # A config tfdp wrote (top-level task: and trainer: sections), or its metrics (epoch first).
+  config = head(outputs.CONFIG_FILE)
+  return (all(re.search(rf"^{key}:", config, re.MULTILINE) for key in ("task", "trainer"))
+          or head(outputs.METRICS_FILE).startswith("epoch,"))
 
 
 @dataclasses.dataclass
