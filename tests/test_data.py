@@ -178,3 +178,23 @@ def test_a_relative_tfds_data_dir_means_one_folder_for_every_process(tmp_path, m
   resolved, found, given = proc.stdout.split()
   assert resolved == str((helpers.REPO.parent / "shared" / "tensorflow_datasets").resolve())
   assert given == (resolved if found == "True" else "None")
+
+
+def test_the_shuffle_order_does_not_depend_on_free_memory(monkeypatch):
+  # The buffer was sized from this process's free memory (fits_in_memory): a worker with less of
+  # it shuffled into another order, duplicating and dropping examples under shard_policy data.
+  n = 10050  # above the 10000 the buffer fell back to
+  source = data_lib.Source([n], lambda files: tf.data.Dataset.range(n).map(
+      lambda i: {"image": tf.zeros([1, 1, 3], tf.uint8), "label": i}), "test", image_shape=(1, 1, 3))
+  data = data_config(source="test", cache=True)
+  plan = data_lib.plan_input(source, data, global_batch=n, num_replicas=1, num_pipelines=1)
+  ctx = tf.distribute.InputContext(1, 0, 1)
+
+  def order():
+    batch = next(iter(data_lib.make_dataset_fn(plan, data, TASK, training=True, seed=1)(ctx)))
+    return batch["label"].numpy()
+
+  plenty = order()
+  import psutil  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(psutil, "virtual_memory", lambda: collections.namedtuple("M", "available")(0))
+  assert np.array_equal(order(), plenty)

@@ -209,6 +209,9 @@ CASES = [
          "task.train_data.split=all,task.eval_data.source=interactions,"
          "task.eval_data.path={folder}/r.csv,task.eval_data.label_column=rating,"
          "task.eval_data.split=all"),
+    # Once a traceback after config.yaml and train/ were written (issue 20, "Also").
+    Case("mean_std_not_one_per_channel", ("task.train_data.mean", "3 channel", "2 values"),
+         override="task.train_data.mean=[0.5, 0.5],task.train_data.std=[0.2, 0.2]"),
     Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
          override="task.init_checkpoint={folder}/nowhere"),
     # ---- model_dir and checkpoints -----------------------------------------------------------
@@ -240,6 +243,11 @@ CASES = [
          trained=True, override="task.model.name=resnet8"),
     Case("checkpoint_of_another_width", ("ckpt-8", "(8,)", "(32,)"), trained=True,
          override="task.model.kwargs.filters=8"),
+    # --start_over once moved a data folder's train/ and eval/ aside (issue 20, "Also").
+    Case("start_over_on_a_folder_without_a_run", ("--start_over", "{folder}/data", "no tfdp run"),
+         args=("--model_dir={folder}/data", "--start_over"),
+         setup=lambda folder: (write("data/train/a.txt", "mine\n")(folder),
+                               write("data/eval/b.txt", "mine\n")(folder))),
     # A resume that would give the restored step another meaning (issue 20, item 1).
     Case("resume_with_another_batch_and_length", ("global_batch_size was 16, now 32",
                                                   "trainer.global_batch_size", "--start_over",

@@ -1,6 +1,7 @@
 """MultiWorkerMirroredStrategy with real worker processes on loopback, through tfdp-launch."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,3 +213,73 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path):
   assert rerun.returncode == 0, out2[-3000:]
   assert f"at step {saved[0]}" in out2
   assert latest_checkpoint_step(model_dir) == STEPS
+
+
+def _can_unshare_mounts() -> bool:
+  return shutil.which("unshare") is not None and subprocess.run(
+      ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode == 0
+
+
+def worker_1_sees(view, over):
+  """A worker command prefix: worker 1 runs in a mount namespace of its own where `view` is
+  mounted over `over` (a folder that holds other files on another host); worker 0 as is."""
+  script = ("import os, sys\n"
+            "view, over, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+            "if os.environ['TFDP_WORKER_INDEX'] == '1':\n"
+            "  cmd = ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c',\n"
+            "         'mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"', 'sh', view, over, *cmd]\n"
+            "os.execvp(cmd[0], cmd)\n")
+  return [sys.executable, "-c", script, str(view), str(over)]
+
+
+RESTORED = ",".join([
+    "task.model.name=small_cnn", "task.model.kwargs={filters: 4}",
+    "task.train_data.source=synthetic", "task.train_data.num_examples=64",
+    "task.train_data.image_size=8", "task.train_data.num_classes=2",
+    "trainer.global_batch_size=16", "trainer.epochs=1", "trainer.steps_per_loop=2",
+    "trainer.export_model=false", "trainer.learning_rate.schedule=constant",
+])
+
+
+def disagree_line(out):
+  return [l for l in out.splitlines() if "tfdp-train: error: workers disagree after restore" in l]
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs unprivileged user + mount namespaces")
+def test_a_model_dir_not_shared_with_a_worker_is_refused_before_training(tmp_path):
+  # Worker 1 does not see the chief's checkpoints (its host has its own model_dir): it restored
+  # nothing and would train from step 0 with fresh weights while the chief resumes.
+  model_dir = tmp_path / "run"
+  first = launch(["--num_workers=2"], train_cmd(model_dir, RESTORED) + ["--mode=train"])
+  out, _ = first.communicate(timeout=300)
+  assert first.returncode == 0 and latest_checkpoint_step(model_dir) == 4, out[-3000:]
+  (tmp_path / "elsewhere").mkdir()
+  before = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
+  again = launch(["--num_workers=2"], worker_1_sees(tmp_path / "elsewhere", model_dir / "checkpoints")
+                 + train_cmd(model_dir, RESTORED + ",trainer.epochs=2") + ["--mode=train"])
+  out, _ = again.communicate(timeout=300)
+  assert again.returncode != 0, out[-3000:]
+  lines = disagree_line(out)
+  assert lines and "worker 1 has restored_step=0 but worker 0 has 4" in lines[0], out[-3000:]
+  assert "--model_dir" in lines[0] and "Traceback" not in out, out[-3000:]
+  assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == before  # nothing trained
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs unprivileged user + mount namespaces")
+def test_data_that_differs_on_a_worker_is_refused_before_training(tmp_path):
+  # Worker 1's image folder lacks one image: under shard_policy data both plan the same steps,
+  # and the group trained silently on shards of two different orders.
+  helpers.write_image_folder(tmp_path / "images", per_class=8, size=8)
+  helpers.write_image_folder(tmp_path / "other", per_class=8, size=8)
+  (tmp_path / "other" / "dog" / "7.png").unlink()
+  overrides = RESTORED.replace("task.train_data.source=synthetic,task.train_data.num_examples=64,",
+                               f"task.train_data.source=image_folder,task.train_data.path="
+                               f"{tmp_path / 'images'},task.train_data.shard_policy=data,")
+  overrides = overrides.replace("task.train_data.image_size=8", "task.train_data.image_size=0")
+  proc = launch(["--num_workers=2"], worker_1_sees(tmp_path / "other", tmp_path / "images")
+                + train_cmd(tmp_path / "run", overrides) + ["--mode=train"])
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode != 0, out[-3000:]
+  lines = disagree_line(out)
+  assert lines and "worker 1 has train" in lines[0] and "same data" in lines[0], out[-3000:]
+  assert "Traceback" not in out and not (tmp_path / "run" / "checkpoints").exists(), out[-3000:]

@@ -12,6 +12,7 @@ from tfdp import config as config_lib
 from tfdp.core import data as data_lib
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
+from tfdp.errors import DataError
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 SIGMA = 0.3
@@ -237,3 +238,52 @@ def test_fine_tuning_from_a_pretrained_recommender_beats_scratch_at_the_same_bud
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results[name] = final_eval(tmp_path / name)["eval_rmse"]
   assert results["fine"] < 0.9 * results["scratch"], results
+
+
+@pytest.mark.parametrize("spec", [">100000", ">100000000000", "0100000d", "s", ".2f"])
+def test_a_worker_placeholder_with_a_huge_or_foreign_format_is_one_line(spec):
+  # Once format() ran unchecked: a 100006-character path, or a MemoryError (issue 20, "Also").
+  with pytest.raises(DataError, match="cannot format a worker index"):
+    interactions.resolve_shard_path(f"/data/part-{{worker:{spec}}}.csv", 1, 2)
+  assert interactions.resolve_shard_path("/d/p-{worker:03d}-{worker:>4}.csv", 1, 2) == "/d/p-001-   1.csv"
+
+
+def test_a_changed_id_vocabulary_is_refused_on_resume_eval_and_warm_start(tmp_path):
+  # id_mapping.json was rewritten on every start and never compared: a reordered vocabulary gave
+  # every user another embedding row, silently (issue 20, item 4).
+  frame, _ = interactions.planted_interactions(20, 20, 2, 0.3, 10, seed=0)
+  frame.to_csv(tmp_path / "all.csv", index=False)
+  interactions.build_vocabulary(frame["user"].to_numpy(), str(tmp_path / "users.txt"))
+  interactions.build_vocabulary(frame["item"].to_numpy(), str(tmp_path / "items.txt"))
+  users = (tmp_path / "users.txt").read_text().splitlines()
+  (tmp_path / "moved-users.txt").write_text("\n".join(users) + "\n")  # the same ids elsewhere
+  (tmp_path / "new-users.txt").write_text("\n".join(users[::-1]) + "\n")
+  small = (",trainer.epochs=1,trainer.global_batch_size=64,trainer.learning_rate.base_batch_size=64,"
+           "trainer.steps_per_loop=1,trainer.learning_rate.schedule=constant")
+
+  def train(model_dir, vocab, *args, extra=""):
+    override = job(tmp_path, extra=small + extra).replace(str(tmp_path / "users.txt"),
+                                                          str(tmp_path / vocab))
+    return helpers.run_train(f"--model_dir={model_dir}", *args, f"--params_override={override}")
+
+  first = train(tmp_path / "run", "users.txt", "--mode=train")
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = snapshot(tmp_path)
+  for args, extra, words in (
+      (("--mode=train",), "", ("resume", "--start_over")),
+      (("--mode=eval",), "", ("--mode=eval",)),
+      (("--mode=train",), f",task.init_checkpoint={tmp_path / 'run'}",
+       ("warm start", "task.init_checkpoint"))):
+    model_dir = tmp_path / ("warm" if extra else "run")
+    proc = train(model_dir, "new-users.txt", *args, extra=extra)
+    errors = helpers.error_lines(proc)
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-3000:]
+    for word in ("user id mapping", "row 0 was id", "id_mapping.json", "user_vocab_path", *words):
+      assert word in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr and snapshot(tmp_path) == before  # nothing written
+  same = train(tmp_path / "run", "moved-users.txt", "--mode=eval")  # only the file's path moved
+  assert same.returncode == 0, same.stderr[-3000:]
+
+
+def snapshot(folder):
+  return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

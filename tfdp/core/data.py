@@ -202,6 +202,20 @@ def fits_in_memory(source: Source, num_examples: int, fraction: float = 0.5) -> 
   return False
 
 
+SHUFFLE_WHOLE_BYTES = 2 << 30  # a cached source up to this size shuffles in one buffer
+
+
+def shuffle_buffer(source: Source, data: DataConfig) -> int:
+  """The shuffle buffer, from the config and the data alone: sized from a process's free memory
+  (as it once was), workers with less free memory shuffled into another order, which under
+  shard_policy data duplicates some examples and drops others. At least 1: an empty local shard
+  still takes part (every step is padding for it)."""
+  if data.shuffle_buffer:
+    return data.shuffle_buffer
+  whole = data.cache and source.num_examples * math.prod(source.image_shape) <= SHUFFLE_WHOLE_BYTES
+  return max(source.num_examples if whole else 10000, 1)
+
+
 def _zeros_like_spec(spec):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not spec.shape.is_fully_defined():
@@ -226,8 +240,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   padded_len = plan.steps_per_epoch * plan.step_batch
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
-  buffer = max(data.shuffle_buffer or (source.num_examples if use_cache else 10000), 1)  # an
-  # empty local shard still takes part: every step is padding for it
+  buffer = shuffle_buffer(source, data)
 
   def prepare(example, epoch):
     stateless_seed = tf.stack([seed * 1000003 + epoch, example["index"]])

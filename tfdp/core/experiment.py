@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from typing import Any
 
 from absl import logging
@@ -32,6 +33,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
                        "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
                        "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
   model_dir = outputs.resolve_model_dir(model_dir)
+  if start_over and cluster.is_chief:
+    _check_start_over_target(model_dir)
   resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
   if mode == "eval" and resume_from is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
@@ -47,6 +50,40 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   if replicas:
     data_lib.check_batch_divides(config, replicas)
   return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
+
+
+# What --start_over moves aside (outputs.move_run_aside), and what only a tfdp run writes.
+_MOVABLE = (outputs.CHECKPOINT_DIR, outputs.METRICS_FILE, "train", "eval", "eval.json",
+            outputs.EXPORT_FILE, "metrics.png")
+
+
+def _check_start_over_target(model_dir: str) -> None:
+  """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
+  (a data folder with train/ and eval/ must not be rearranged)."""
+  import os  # pylint: disable=g-import-not-at-top
+  present = [n for n in _MOVABLE if os.path.exists(os.path.join(model_dir, n))]
+  if not present or _holds_tfdp_run(model_dir):
+    return
+  raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
+                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
+                    "checkpoint state); point --model_dir at a tfdp run or at a new folder.")
+
+
+def _holds_tfdp_run(model_dir: str) -> bool:
+  import os  # pylint: disable=g-import-not-at-top
+  checkpoints = os.path.join(model_dir, outputs.CHECKPOINT_DIR)
+  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", outputs.RUN_RECORD)):
+    return True
+  def head(name: str) -> str:
+    try:
+      with open(os.path.join(model_dir, name), "rb") as f:
+        return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+      return ""
+  # A config tfdp wrote (top-level task: and trainer: sections), or its metrics (epoch first).
+  config = head(outputs.CONFIG_FILE)
+  return (all(re.search(rf"^{key}:", config, re.MULTILINE) for key in ("task", "trainer"))
+          or head(outputs.METRICS_FILE).startswith("epoch,"))
 
 
 @dataclasses.dataclass
@@ -182,6 +219,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
+  _check_saved_artifacts(task, (train_plan or eval_plan).source, config, model_dir, mode, start_over)
   run_record = _run_record(config, train_plan, cluster, replicas) if train_plan else None
   if run_record and not start_over and outputs.latest_checkpoint(model_dir):
     recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
@@ -206,6 +244,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                 accumulation_steps=batch_plan.accumulation_steps,
                                 precision=plan.precision, verbose=verbose)
   restored_step = 0 if start_over else trainer.restore()
+  if cluster.is_multi_worker:  # before anything is written and before the first training step
+    _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
+                                  {"train": train_plan, "eval": eval_plan})
   trainer.run_record, trainer.run_record_from_step = run_record, restored_step
   if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
     init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
@@ -242,6 +283,24 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas}
 
 
+def _check_saved_artifacts(task, source, config: ExperimentConfig, model_dir: str, mode: str,
+                           start_over: bool) -> None:
+  """A resume, an evaluation or a warm start must read its data as the run it continues did (a
+  recommender's id mapping): the task compares, before anything is written."""
+  import os  # pylint: disable=g-import-not-at-top
+  if not start_over and outputs.latest_checkpoint(model_dir):
+    context = (("--mode=eval", "evaluate with the mapping it was trained with") if mode == "eval"
+               else ("resume", "pass --start_over or a new --model_dir to train from scratch"))
+    task.check_saved_artifacts(source, model_dir, context)
+  elif config.task.init_checkpoint:  # a fresh run: warm start from another run's weights
+    init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
+    folder = os.path.dirname(init)
+    if os.path.basename(folder) == outputs.CHECKPOINT_DIR:  # the run's folder holds its files
+      folder = os.path.dirname(folder)
+    task.check_saved_artifacts(source, folder, (f"warm start from task.init_checkpoint '{init}'",
+                                                "drop task.init_checkpoint to train from scratch"))
+
+
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,
                   topic: str) -> list[int] | None:
   """Every worker's example count of a source each reads alone, in rank order."""
@@ -266,6 +325,64 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
   plans = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
   strategy_lib.check_workers_agree(plans)
+
+
+def _restored_state(model_dir: str, restored_step: int, start_over: bool,
+                    plans: dict) -> dict:
+  """What this worker restored and planned: every worker must hold the same (a model_dir not
+  shared between hosts, or data that differs per host, would otherwise hang or train silently
+  on duplicated and missing examples)."""
+  state = {"restored_step": restored_step,
+           "checkpoint": None if start_over else outputs.latest_checkpoint(model_dir)}
+  for name, plan in plans.items():
+    if plan is None:
+      continue
+    source = plan.source
+    state[f"{name} steps_per_epoch"] = plan.steps_per_epoch
+    state[f"{name} examples"] = plan.counts  # local: exchanged already, the same list everywhere
+    if plan.policy == "local":  # each worker reads its own shard: its own size and order
+      continue
+    state[f"{name} source_examples"] = source.num_examples
+    described = {"kind": source.kind, "file_counts": source.file_counts,
+                 "num_classes": source.num_classes, "image_shape": list(source.image_shape),
+                 "files": source.info.get("files")}
+    state[f"{name} data_digest"] = hashlib.sha256(
+        json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  return state
+
+
+def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
+                                  cluster: cluster_lib.Cluster, restored_step: int,
+                                  start_over: bool, plans: dict) -> None:
+  """After restore and data planning (the start-up exchange runs before both): one line naming
+  the first worker and field that differs from worker 0."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  state = _restored_state(model_dir, restored_step, start_over, plans)
+  if plans.get("train") is not None and plans["train"].policy != "local":
+    state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
+                                                            config.task.train_data)
+  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  states = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
+      topic="restored")]
+  for rank, other in enumerate(states[1:], start=1):
+    for key, value in other.items():
+      if value == states[0].get(key):
+        continue
+      if key in ("restored_step", "checkpoint"):
+        fix = (f"every worker must see the same --model_dir '{model_dir}' (a file system shared "
+               "by every host); share it, then restart the group")
+      else:
+        fix = ("every worker must read the same data: make the task.*_data paths name the same "
+               "files on every host, then restart the group")
+      raise ClusterError(f"workers disagree after restore and data planning: worker {rank} has "
+                         f"{key}={_short(value)} but worker 0 has {_short(states[0].get(key))}; "
+                         f"{fix}.")
+
+
+def _short(value) -> str:
+  text = repr(value)
+  return text if len(text) <= 120 else text[:100] + "...]"
 
 
 def _peer_errors():

@@ -29,6 +29,29 @@ def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interaction
           mapping(rec.item_vocab_path, rec.item_buckets))
 
 
+ID_MAPPING_FILE = "id_mapping.json"
+
+
+def _mapping_change(saved, now: dict) -> str:
+  """What differs between two IdMapping.to_dict()s, in words ('' when they map ids alike; the
+  vocabulary file's path may differ)."""
+  if not isinstance(saved, dict):
+    return "the saved mapping has no entry for it"
+  if saved.get("kind") != now["kind"]:
+    return f"kind was {saved.get('kind')}, now {now['kind']}"
+  for key in ("num_buckets", "oov_buckets", "seed"):
+    if key in now and saved.get(key) != now[key]:
+      return f"{key} was {saved.get(key)}, now {now[key]}"
+  if now["kind"] == "vocabulary":
+    old, new = list(saved.get("vocabulary") or []), now["vocabulary"]
+    if old != new:
+      if len(old) != len(new):
+        return f"vocabulary of {len(old)} ids, now {len(new)}"
+      i = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+      return f"row {i} was id {old[i]}, now id {new[i]}"
+  return ""
+
+
 def holdout_split(frame, data: DataConfig):
   """Split `train` / `holdout` / `all` of the rows, by a stable hash of (user, item): the same
   rows on every worker and in every run, without a second file."""
@@ -128,7 +151,33 @@ class MatrixFactorizationTask(tasks.Task):
 
   def artifacts(self, source):
     import json  # pylint: disable=g-import-not-at-top
-    return {"id_mapping.json": json.dumps(source.info["mappings"], indent=1)}
+    return {ID_MAPPING_FILE: json.dumps(source.info["mappings"], indent=1)}
+
+  def check_saved_artifacts(self, source, folder, context):
+    """A changed vocabulary (or bucket count) would give every id another embedding row without
+    a word: compare with the id mapping the run saved when it first started."""
+    import json  # pylint: disable=g-import-not-at-top
+    import os  # pylint: disable=g-import-not-at-top
+    path = os.path.join(folder, ID_MAPPING_FILE)
+    if not os.path.exists(path):  # a run from before id mappings were saved
+      return
+    try:
+      with open(path, "rb") as f:
+        saved = json.loads(f.read().decode("utf-8"))
+      if not isinstance(saved, dict):
+        raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+      raise DataError(f"{context[0]}: the saved id mapping '{path}' cannot be read ({e}); "
+                      f"restore it, or {context[1]}.") from None
+    for name in ("user", "item"):
+      change = _mapping_change(saved.get(name), source.info["mappings"][name])
+      if change:
+        action, fix = context
+        raise ConfigError(
+            f"{action}: the {name} id mapping differs from the run's '{path}' ({change}), so "
+            f"{name}s would silently take other embedding rows; use the {name} vocabulary "
+            f"(task.recommender.{name}_vocab_path, {name}_buckets, oov_buckets) that run used, "
+            f"or {fix}.")
 
   def build_model(self, source):
     import keras  # pylint: disable=g-import-not-at-top

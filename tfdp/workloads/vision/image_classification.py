@@ -55,7 +55,20 @@ class ImageClassificationTask(tasks.Task):
                         f"{', '.join(models.registered_models())}.{hint}")
 
   def build_source(self, data):
-    return data_lib.make_source(data)
+    source = data_lib.make_source(data)
+    self.check_normalization(data, source)
+    return source
+
+  def check_normalization(self, data, source) -> None:
+    """mean/std broadcast over the channels only if they have 1 value or one per channel: known
+    once the source is built, still before anything is written (else a traceback mid-run)."""
+    channels = source.image_shape[-1] if source.image_shape else None
+    if channels is None or len(data.mean) in (1, channels):
+      return
+    key = "task.train_data" if data is self.config.train_data else "task.eval_data"
+    raise ConfigError(f"config keys '{key}.mean'/'{key}.std' have {len(data.mean)} values, but "
+                      f"the images have {channels} channel(s); give {channels} values (one per "
+                      "channel) or 1.")
 
   def preprocess(self, example, data, training, seed):
     image = example["image"]

@@ -169,7 +169,8 @@ def _image_folder_source(data: DataConfig) -> Source:
     return None
 
   return Source([1] * len(paths), read, "image_folder", num_classes=data.num_classes or len(classes),
-                image_shape=(size, size, 3), find_unreadable=find_unreadable)
+                image_shape=(size, size, 3), find_unreadable=find_unreadable,
+                info={"files": _file_list(paths, data.path, sizes=False)})
 
 
 def _tfrecord_source(data: DataConfig) -> Source:
@@ -211,7 +212,14 @@ def _tfrecord_source(data: DataConfig) -> Source:
         parse_known_shape, num_parallel_calls=tf.data.AUTOTUNE)
 
   return Source(counts, read, "tfrecord", num_classes=data.num_classes or max_label + 1,
-                image_shape=shape)
+                image_shape=shape, info={"files": _file_list(files, os.path.dirname(data.path), sizes=True)})
+
+
+def _file_list(paths, root: str, sizes: bool) -> list:
+  """Every file read, by name (and size: not for image folders, whose files may be millions on a
+  network file system): multi-worker runs compare a digest of it, so a glob or a folder that
+  holds other files on another host is found before training (not silently)."""
+  return [(os.path.relpath(p, root), os.path.getsize(p) if sizes else None) for p in paths]
 
 
 def _synthetic_source(data: DataConfig) -> Source:

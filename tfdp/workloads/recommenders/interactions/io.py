@@ -18,6 +18,9 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfre
                      ".tfrec.gz")
 SPLIT_COMMAND = "apps/split_interactions.py"
 _WORKER = re.compile(r"\{worker(?::([^{}]*))?\}")  # {worker} or {worker:03d}
+# An integer format spec whose width is bounded: `{worker:>100000000000}` would allocate gigabytes.
+_SPEC = re.compile(r"(?:.?[<>=^])?[+\- ]?#?0?(\d*)[,_]?[bdoxXn]?")
+_MAX_WIDTH = 64
 
 
 # ---- which file a worker reads ---------------------------------------------------------------
@@ -45,8 +48,12 @@ def resolve_shard_path(path: str, worker: int | None, num_workers: int) -> str:
                     "the worker's task id.")
 
   def substitute(match):
+    spec = match.group(1) or ""
+    shape = _SPEC.fullmatch(spec)
     try:
-      return format(worker, match.group(1) or "")
+      if not shape or int(shape.group(1) or 0) > _MAX_WIDTH:
+        raise ValueError(spec)
+      return format(worker, spec)
     except ValueError:
       raise DataError(f"interactions path '{path}' has the placeholder '{match.group(0)}', which "
                       "cannot format a worker index; write {worker} or e.g. {worker:03d}."
