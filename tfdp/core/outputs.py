@@ -2,11 +2,15 @@
 workers write the checkpoints they must take part in to a private temp dir they remove."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import glob
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 import time
@@ -19,6 +23,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 CHECKPOINT_DIR = "checkpoints"
 EXPORT_FILE = "model.keras"
+LOCK_FILE = ".lock"  # flock'ed by the run writing model_dir; the file outlives it, the lock not
 
 
 def resolve_model_dir(model_dir: str) -> str:
@@ -35,6 +40,7 @@ def prepare_model_dir(model_dir: str) -> str:
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
   if os.path.isdir(model_dir):
     check_model_dir_owner(model_dir)
+    check_not_in_use(model_dir)
   existing = model_dir
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -63,11 +69,91 @@ def check_model_dir_owner(model_dir: str) -> None:
 
 
 def create_model_dir(model_dir: str) -> None:
+  """Makes model_dir (every input is checked) and locks it for this run's life."""
   try:
     os.makedirs(model_dir, exist_ok=True)
   except OSError as e:
     raise OutputError(f"--model_dir '{model_dir}' cannot be created ({e.strerror}); choose a "
                       "folder you can write to.") from None
+  lock_model_dir(model_dir)
+
+
+# ---- one run per model_dir ----------------------------------------------------------------------
+# Two runs in one model_dir (an orphaned group and its relaunch, or a typo) would overwrite each
+# other's checkpoints and metrics. The chief holds an exclusive flock on model_dir/.lock until the
+# run ends: the kernel drops it when the process dies, however it dies, so a crash never blocks
+# a restart and there is no stale lock to break. (flock works on NFSv4 and Lustre as a POSIX
+# lock; a file system without locks at all cannot protect the folder.)
+
+_HELD_LOCKS: dict[str, int] = {}  # model_dir -> this process's locked fd (tfdp.fit runs again)
+_LOCK_RETRY_SECONDS = 1.0  # another start's check_not_in_use holds a shared lock for microseconds
+
+
+def _in_use_error(model_dir: str, fd: int) -> OutputError:
+  try:
+    holder = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+  except OSError:
+    holder = []
+  fields = dict(item.split("=", 1) for item in holder if "=" in item)
+  who = (f"pid {fields.get('pid', '?')} on host {fields.get('host', '?')}, started "
+         f"{fields.get('since', '?')}")
+  return OutputError(f"--model_dir '{model_dir}' is in use by another tfdp run ({who}); two runs "
+                     "in one folder overwrite each other's checkpoints and metrics: wait for it to "
+                     "end or stop it, or choose another --model_dir.")
+
+
+def check_not_in_use(model_dir: str) -> None:
+  """Refuses a model_dir another live run holds, creating nothing (a preflight check)."""
+  path = os.path.join(model_dir, LOCK_FILE)
+  if model_dir in _HELD_LOCKS or not os.path.isfile(path):
+    return
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+  except OSError:
+    return  # unreadable or gone: lock_model_dir decides
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise _in_use_error(model_dir, fd) from None
+    fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
+def lock_model_dir(model_dir: str) -> None:
+  """Takes model_dir/.lock for this process (kept until release_model_dir or exit) and writes
+  who holds it; refuses in one line naming the holder's pid and host."""
+  if model_dir in _HELD_LOCKS:
+    return
+  path = os.path.join(model_dir, LOCK_FILE)
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+  except OSError as e:
+    raise OutputError(f"cannot open the run lock '{path}' ({e.strerror}); --model_dir must be a "
+                      "folder you can write to.") from None
+  deadline = time.monotonic() + _LOCK_RETRY_SECONDS
+  while True:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      break
+    except BlockingIOError:
+      if time.monotonic() >= deadline:
+        error = _in_use_error(model_dir, fd)
+        os.close(fd)
+        raise error from None
+      time.sleep(0.05)
+  holder = (f"pid={os.getpid()} host={socket.gethostname()} "
+            f"since={time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n").encode()
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, holder, 0)
+  _HELD_LOCKS[model_dir] = fd
+
+
+def release_model_dir(model_dir: str) -> None:
+  fd = _HELD_LOCKS.pop(model_dir, None)
+  if fd is not None:
+    os.close(fd)  # the file stays: unlinking it would let two runs lock two different files
 
 
 START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier run aside "
@@ -136,26 +222,91 @@ class WritePlan:
   def path(self, name: str) -> str:
     return os.path.join(self.model_dir, name)
 
+  def discard_worker_checkpoints(self) -> None:
+    """A non-chief's checkpoints are never read (every worker restores the chief's): after each
+    save its copy goes, so the temp dir holds at most the one being written, not
+    max_checkpoints full copies for the run's life."""
+    if self.is_chief or not os.path.isdir(self.checkpoint_dir):
+      return
+    for name in os.listdir(self.checkpoint_dir):
+      path = os.path.join(self.checkpoint_dir, name)
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(path)
+
   def cleanup(self) -> None:
     if not self.is_chief:
       shutil.rmtree(self.write_dir, ignore_errors=True)
+      release_worker_dir(self.write_dir)
+    else:
+      release_model_dir(self.model_dir)
+
+
+WORKER_DIR_PATTERN = re.compile(r"tfdp-worker\d+-pid(\d+)-")
 
 
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
   if is_chief:
     return WritePlan(model_dir, model_dir, True)
   remove_stale_worker_dirs()
-  return WritePlan(model_dir, tempfile.mkdtemp(prefix=f"tfdp-worker{rank}-pid{os.getpid()}-"), False)
+  return WritePlan(model_dir, _make_worker_dir(rank), False)
+
+
+# A worker's temp dir is live while its .lock is flock'ed (held until the worker exits): a pid
+# alone cannot say so, for a live group in another pid namespace (a container sharing /tmp) has
+# pids this one cannot see, and a dead worker's pid may be reused by an unrelated process.
+_WORKER_DIR_LOCKS: dict[str, int] = {}
+
+
+def _make_worker_dir(rank: int) -> str:
+  """Made and locked under a name the sweep ignores, then renamed: no other worker ever sees
+  it unlocked."""
+  name = f"tfdp-worker{rank}-pid{os.getpid()}-"
+  making = tempfile.mkdtemp(prefix=f".making-{name}")
+  fd = os.open(os.path.join(making, LOCK_FILE),
+               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+  fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh file: nobody else holds it
+  write_dir = os.path.join(os.path.dirname(making), os.path.basename(making)[len(".making-"):])
+  os.rename(making, write_dir)
+  _WORKER_DIR_LOCKS[write_dir] = fd
+  return write_dir
+
+
+def release_worker_dir(write_dir: str) -> None:
+  fd = _WORKER_DIR_LOCKS.pop(write_dir, None)
+  if fd is not None:
+    os.close(fd)
 
 
 def remove_stale_worker_dirs() -> None:
-  """A killed worker cannot remove its temp dir; the next worker on this machine does."""
+  """A killed worker cannot remove its temp dir; the next worker on this machine does, if no
+  live process holds the dir's lock."""
   import psutil  # pylint: disable=g-import-not-at-top
   root = tempfile.gettempdir()
   for name in os.listdir(root):
-    match = re.match(r"tfdp-worker\d+-pid(\d+)-", name)
-    if match and not psutil.pid_exists(int(match.group(1))):
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    match = WORKER_DIR_PATTERN.match(name)
+    path = os.path.join(root, name)
+    if not match or path in _WORKER_DIR_LOCKS:
+      continue
+    try:
+      fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:  # an older tfdp's dir (no lock): judged by its pid
+      if not psutil.pid_exists(int(match.group(1))):
+        shutil.rmtree(path, ignore_errors=True)
+      continue
+    except OSError:
+      continue  # not ours to judge (another user's, not a folder)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)  # a live worker's, in whatever pid namespace
+      continue
+    try:
+      shutil.rmtree(path, ignore_errors=True)
+    finally:
+      os.close(fd)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -191,15 +342,82 @@ def _temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
 
 
 def _write_into_place(path: str, write, suffix: str = "") -> None:
-  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path."""
-  fd, tmp = _temp_beside(path, suffix)
+  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path. A write
+  that fails (a full disk) leaves path as it was and is one line naming it."""
+  with disk_errors(path, f"'{path}' was not written; the file as it was and every checkpoint "
+                         "are kept"):
+    fd, tmp = _temp_beside(path, suffix)
+    try:
+      write(fd, tmp)
+      _replace_synced(tmp, path)
+    except BaseException:
+      if os.path.lexists(tmp):
+        os.unlink(tmp)
+      raise
+
+
+# ---- a full disk ------------------------------------------------------------------------------
+
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def _disk_failure(error: BaseException) -> str | None:
+  """Why a write failed, if it is the disk's fault (full, quota, read-only, gone), else None.
+  TensorFlow's own writes report a full disk as ResourceExhaustedError with the OS's text."""
+  if isinstance(error, OSError) and not isinstance(error, (FileNotFoundError, IsADirectoryError)):
+    return error.strerror or str(error)
+  message = getattr(error, "message", None)
+  if isinstance(message, str) and type(error).__module__.startswith("tensorflow"):
+    found = [text for text in _DISK_FULL_TEXT if text in message]
+    return found[0] if found else None
+  return None
+
+
+@contextlib.contextmanager
+def disk_errors(path: str, consequence: str):
+  """A full disk (or quota, or a read-only mount) while writing `path` becomes one OutputError
+  naming it and what is kept, instead of a traceback from the middle of the write."""
   try:
-    write(fd, tmp)
-    _replace_synced(tmp, path)
-  except BaseException:
-    if os.path.lexists(tmp):
-      os.unlink(tmp)
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    why = _disk_failure(error)
+    if why is None:
+      raise
+    full = (not isinstance(error, OSError)
+            or error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+    hint = (" free space (or choose a --model_dir with room) and re-run to resume." if full
+            else " fix it and re-run to resume.")
+    raise OutputError(f"cannot write '{path}' ({why}); {consequence};{hint}") from None
+
+
+@contextlib.contextmanager
+def checkpoint_save_errors(plan: WritePlan, step: int, last_saved: int | None):
+  """A save that fails leaves the state file naming the last good checkpoint (TensorFlow writes
+  it last); the failed save's partial files are removed, so the space they took is free."""
+  kept = (f"the last good checkpoint (step {last_saved}) is intact" if last_saved is not None
+          else "no checkpoint had been saved yet")
+  try:
+    with disk_errors(plan.checkpoint_dir, f"checkpoint step {step} was not saved; {kept}"):
+      yield
+  except OutputError:
+    _remove_partial_checkpoint(plan.checkpoint_dir, step)
     raise
+
+
+def _remove_partial_checkpoint(directory: str, step: int) -> None:
+  try:
+    named = latest_checkpoint(os.path.dirname(directory))
+  except OutputError:
+    named = None
+  prefix = os.path.join(directory, f"ckpt-{step}")
+  if named == prefix:
+    return  # the save got as far as naming it: it is whole
+  for path in glob.glob(glob.escape(prefix) + "_temp*") + glob.glob(glob.escape(prefix) + ".*"):
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def atomic_write_text(path: str, text: str) -> None:
