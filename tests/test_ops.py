@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -17,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 import helpers
+from test_multi_worker import wait_for  # pylint: disable=g-bad-import-order
 from tfdp import cli
 from tfdp import errors
 from tfdp.core import outputs
@@ -32,17 +31,6 @@ LONG = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
         "trainer.global_batch_size=16,trainer.epochs=1,trainer.steps_per_loop=2,"
         "trainer.checkpoint_every_steps=4,runtime.cpu_replicas=2,"
         "runtime.intra_op_threads=1,runtime.inter_op_threads=1")
-
-
-def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None) -> bool:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    if proc is not None and proc.poll() is not None:
-      return predicate()
-    time.sleep(0.05)
-  return False
 
 
 def start_train(model_dir: Path, *args: str, log: Path, **env) -> subprocess.Popen:
@@ -172,6 +160,30 @@ def test_the_peer_loss_errors_raise_the_restart_error():
     for match in re.finditer(r"raise (\w+)\(f\"(lost a peer|the start-up check between)", text):
       assert match.group(1) == "GroupMustRestart", (module, match.group(0))
     assert "GroupMustRestart(" in text, module
+
+
+def test_a_worker_that_lost_its_peer_exits_with_the_retryable_code(tmp_path):
+  """Two tfdp-train workers started as a scheduler starts them (TF_CONFIG, no launcher): after
+  worker 1 is SIGKILLed mid-training, worker 0 says the group must restart and exits 203, which
+  Kubeflow retries (it exited 2 before, which fails the job for good)."""
+  ports = launcher.pick_free_ports(2)
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
+  model_dir = tmp_path / "run"
+  logs = [tmp_path / f"w{i}.log" for i in range(2)]
+  params = f"{LONG},runtime.heartbeat_timeout_seconds=10,runtime.collective_timeout_seconds=20"
+  workers = [start_train(model_dir, f"--params_override={params}", "--mode=train", log=logs[i],
+                         TF_CONFIG=configs[i]) for i in range(2)]
+  try:
+    assert wait_for(lambda: (model_dir / "checkpoints" / "checkpoint").exists(), 240,
+                    workers[0]), logs[0].read_text()[-3000:]
+    killed = time.monotonic()
+    workers[1].kill()
+    assert workers[0].wait(timeout=180) == errors.EXIT_RESTART_GROUP, logs[0].read_text()[-3000:]
+  finally:
+    for worker in workers:
+      stop(worker)
+  lines = [l for l in logs[0].read_text().splitlines() if l.startswith("tfdp-")]
+  assert len(lines) == 1 and "lost a peer worker" in lines[0], lines
 
 
 def python_worker(code: str) -> list[str]:
