@@ -89,6 +89,14 @@ def test_a_model_dir_held_by_another_process_is_refused_before_anything_is_writt
   assert not outputs._HELD_LOCKS
 
 
+def test_a_file_system_without_locks_warns_and_trains(tmp_path, monkeypatch):
+  def no_locks(fd, operation):
+    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+  monkeypatch.setattr(outputs.fcntl, "flock", no_locks)
+  outputs.create_model_dir(str(tmp_path / "run"))  # no exception: a warning line
+  assert str(tmp_path / "run") not in outputs._HELD_LOCKS
+
+
 def test_two_training_runs_in_one_model_dir_the_second_is_refused_and_a_crash_never_blocks(
     tmp_path):
   """Two real tfdp-train processes: the second is refused in one line naming the first's pid

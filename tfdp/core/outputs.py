@@ -143,6 +143,11 @@ def lock_model_dir(model_dir: str) -> None:
         os.close(fd)
         raise error from None
       time.sleep(0.05)
+    except OSError as e:  # a file system without locks (some FUSE mounts): say so, train on
+      os.close(fd)
+      logging.warning("%s cannot be locked (%s): nothing stops a second run from writing "
+                      "this model_dir at the same time", path, e.strerror)
+      return
   holder = (f"pid={os.getpid()} host={socket.gethostname()} "
             f"since={time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n").encode()
   os.ftruncate(fd, 0)
