@@ -48,13 +48,14 @@ def stop(proc: subprocess.Popen) -> None:
 # ---- item 8: one run per model_dir ---------------------------------------------------------------
 
 
-def hold_lock_in_child(model_dir: Path) -> subprocess.Popen:
+def hold_lock_in_child(model_dir: Path, write: bool = True) -> subprocess.Popen:
   """Another process (no TensorFlow) that holds model_dir's run lock, as a live run does."""
   code = textwrap.dedent(f"""
       import fcntl, os, socket, sys, time
       fd = os.open({str(model_dir / outputs.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o644)
       fcntl.flock(fd, fcntl.LOCK_EX)
-      os.write(fd, f"pid={{os.getpid()}} host={{socket.gethostname()}} since=now\\n".encode())
+      if {write}:
+        os.write(fd, f"pid={{os.getpid()}} host={{socket.gethostname()}} since=now\\n".encode())
       print("locked", flush=True)
       time.sleep(120)
   """)
@@ -82,11 +83,32 @@ def test_a_model_dir_held_by_another_process_is_refused_before_anything_is_writt
     holder.wait()
   # The holder died: its lock went with it, and this process takes the folder at once.
   outputs.create_model_dir(str(model_dir))
+  assert f"pid={holder.pid} " in (model_dir / outputs.LOCK_FILE).read_text()  # not yet rewritten
+  plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
+  outputs.write_config(plan, "this: run\n")  # every check passed: the holder is named
   text = (model_dir / outputs.LOCK_FILE).read_text()
   assert f"pid={os.getpid()} host={socket.gethostname()}" in text
   outputs.create_model_dir(str(model_dir))  # again in this process (tfdp.fit twice): no refusal
-  outputs.release_model_dir(str(model_dir))
-  assert not outputs._HELD_LOCKS
+  plan.cleanup()
+  assert not outputs._HELD_LOCKS and (model_dir / outputs.LOCK_FILE).read_text() == ""
+
+
+def test_a_lock_naming_a_dead_process_says_a_run_is_starting(tmp_path):
+  """A holder that has not passed its checks yet has not written its pid; what the file holds
+  then is a dead run's, and is not named as the holder."""
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True).stdout.strip()
+  (model_dir / outputs.LOCK_FILE).write_text(f"pid={dead} host={socket.gethostname()} since=x\n")
+  holder = hold_lock_in_child(model_dir, write=False)
+  try:
+    with pytest.raises(errors.OutputError, match="a run that is starting") as refused:
+      outputs.prepare_model_dir(str(model_dir))
+    assert f"pid {dead}" not in str(refused.value)
+  finally:
+    holder.kill()
+    holder.wait()
 
 
 def test_a_file_system_without_locks_warns_and_trains(tmp_path, monkeypatch):

@@ -95,11 +95,23 @@ def _in_use_error(model_dir: str, fd: int) -> OutputError:
   except OSError:
     holder = []
   fields = dict(item.split("=", 1) for item in holder if "=" in item)
-  who = (f"pid {fields.get('pid', '?')} on host {fields.get('host', '?')}, started "
-         f"{fields.get('since', '?')}")
+  pid, host = fields.get("pid", ""), fields.get("host", "")
+  stale = host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+  who = ("a run that is starting: its pid and host are written once its checks pass"
+         if not pid or stale else f"pid {pid} on host {host}, started {fields.get('since', '?')}")
   return OutputError(f"--model_dir '{model_dir}' is in use by another tfdp run ({who}); two runs "
                      "in one folder overwrite each other's checkpoints and metrics: wait for it to "
                      "end or stop it, or choose another --model_dir.")
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:
+    return True  # another user's process
+  return True
 
 
 def check_not_in_use(model_dir: str) -> None:
@@ -148,17 +160,34 @@ def lock_model_dir(model_dir: str) -> None:
       logging.warning("%s cannot be locked (%s): nothing stops a second run from writing "
                       "this model_dir at the same time", path, e.strerror)
       return
+  _HELD_LOCKS[model_dir] = fd
+
+
+_RECORDED: set[str] = set()  # model_dirs whose lock file names this process
+
+
+def record_lock_holder(model_dir: str) -> None:
+  """Writes this process's pid and host into the held lock, once every check has passed (a
+  start that fails leaves the file's bytes as they were)."""
+  fd = _HELD_LOCKS.get(model_dir)
+  if fd is None or model_dir in _RECORDED:
+    return
   holder = (f"pid={os.getpid()} host={socket.gethostname()} "
             f"since={time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n").encode()
   os.ftruncate(fd, 0)
   os.pwrite(fd, holder, 0)
-  _HELD_LOCKS[model_dir] = fd
+  _RECORDED.add(model_dir)
 
 
 def release_model_dir(model_dir: str) -> None:
   fd = _HELD_LOCKS.pop(model_dir, None)
-  if fd is not None:
-    os.close(fd)  # the file stays: unlinking it would let two runs lock two different files
+  if fd is None:
+    return
+  if model_dir in _RECORDED:
+    _RECORDED.discard(model_dir)
+    with contextlib.suppress(OSError):
+      os.ftruncate(fd, 0)  # nobody holds it now
+  os.close(fd)  # the file stays: unlinking it would let two runs lock two different files
 
 
 START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier run aside "
@@ -437,6 +466,7 @@ def write_config(plan: WritePlan, text: str) -> None:
   """config.yaml is the config of the latest run; an earlier, different one is kept beside it."""
   if not plan.is_chief:
     return
+  record_lock_holder(plan.model_dir)  # every check passed: the run's first write
   path = plan.path(CONFIG_FILE)
   if os.path.exists(path):
     with open(path) as f:
