@@ -21,6 +21,7 @@ import helpers
 from test_multi_worker import wait_for  # pylint: disable=g-bad-import-order
 from tfdp import cli
 from tfdp import errors
+from tfdp.core import locks
 from tfdp.core import outputs
 from tfdp.distributed import launch as launcher
 
@@ -52,7 +53,7 @@ def hold_lock_in_child(model_dir: Path, write: bool = True) -> subprocess.Popen:
   """Another process (no TensorFlow) that holds model_dir's run lock, as a live run does."""
   code = textwrap.dedent(f"""
       import fcntl, os, socket, sys, time
-      fd = os.open({str(model_dir / outputs.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o644)
+      fd = os.open({str(model_dir / locks.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o644)
       fcntl.flock(fd, fcntl.LOCK_EX)
       if {write}:
         os.write(fd, f"pid={{os.getpid()}} host={{socket.gethostname()}} since=now\\n".encode())
@@ -77,20 +78,20 @@ def test_a_model_dir_held_by_another_process_is_refused_before_anything_is_writt
     assert "another --model_dir" in line
     with pytest.raises(errors.OutputError, match=f"pid {holder.pid}"):
       outputs.create_model_dir(str(model_dir))  # the lock itself, for a start that raced past
-    assert sorted(p.name for p in model_dir.iterdir()) == [outputs.LOCK_FILE, "config.yaml"]
+    assert sorted(p.name for p in model_dir.iterdir()) == [locks.LOCK_FILE, "config.yaml"]
   finally:
     holder.kill()
     holder.wait()
   # The holder died: its lock went with it, and this process takes the folder at once.
   outputs.create_model_dir(str(model_dir))
-  assert f"pid={holder.pid} " in (model_dir / outputs.LOCK_FILE).read_text()  # not yet rewritten
+  assert f"pid={holder.pid} " in (model_dir / locks.LOCK_FILE).read_text()  # not yet rewritten
   plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
   outputs.write_config(plan, "this: run\n")  # every check passed: the holder is named
-  text = (model_dir / outputs.LOCK_FILE).read_text()
+  text = (model_dir / locks.LOCK_FILE).read_text()
   assert f"pid={os.getpid()} host={socket.gethostname()}" in text
   outputs.create_model_dir(str(model_dir))  # again in this process (tfdp.fit twice): no refusal
   plan.cleanup()
-  assert not outputs._HELD_LOCKS and (model_dir / outputs.LOCK_FILE).read_text() == ""
+  assert not locks._HELD_LOCKS and (model_dir / locks.LOCK_FILE).read_text() == ""
 
 
 def test_a_lock_naming_a_dead_process_says_a_run_is_starting(tmp_path):
@@ -100,7 +101,7 @@ def test_a_lock_naming_a_dead_process_says_a_run_is_starting(tmp_path):
   model_dir.mkdir()
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                         capture_output=True, text=True).stdout.strip()
-  (model_dir / outputs.LOCK_FILE).write_text(f"pid={dead} host={socket.gethostname()} since=x\n")
+  (model_dir / locks.LOCK_FILE).write_text(f"pid={dead} host={socket.gethostname()} since=x\n")
   holder = hold_lock_in_child(model_dir, write=False)
   try:
     with pytest.raises(errors.OutputError, match="a run that is starting") as refused:
@@ -114,9 +115,9 @@ def test_a_lock_naming_a_dead_process_says_a_run_is_starting(tmp_path):
 def test_a_file_system_without_locks_warns_and_trains(tmp_path, monkeypatch):
   def no_locks(fd, operation):
     raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-  monkeypatch.setattr(outputs.fcntl, "flock", no_locks)
+  monkeypatch.setattr(locks.fcntl, "flock", no_locks)
   outputs.create_model_dir(str(tmp_path / "run"))  # no exception: a warning line
-  assert str(tmp_path / "run") not in outputs._HELD_LOCKS
+  assert str(tmp_path / "run") not in locks._HELD_LOCKS
 
 
 def test_two_training_runs_in_one_model_dir_the_second_is_refused_and_a_crash_never_blocks(
@@ -206,7 +207,6 @@ def test_a_worker_that_lost_its_peer_exits_with_the_retryable_code(tmp_path):
   try:
     assert wait_for(lambda: (model_dir / "checkpoints" / "checkpoint").exists(), 240,
                     workers[0]), logs[0].read_text()[-3000:]
-    killed = time.monotonic()
     workers[1].kill()
     assert workers[0].wait(timeout=180) == errors.EXIT_RESTART_GROUP, logs[0].read_text()[-3000:]
   finally:
@@ -282,7 +282,7 @@ def test_launcher_restarts_a_group_whose_worker_lost_a_peer(tmp_path, capfd):
 def hold_dir_lock(path: Path) -> subprocess.Popen:
   code = textwrap.dedent(f"""
       import fcntl, os, time
-      fd = os.open({str(path / outputs.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o600)
+      fd = os.open({str(path / locks.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o600)
       fcntl.flock(fd, fcntl.LOCK_EX)
       print("locked", flush=True)
       time.sleep(120)
@@ -302,21 +302,21 @@ def test_stale_temp_dirs_are_judged_by_their_lock_not_their_pid(tmp_path, monkey
   (other_namespace / "checkpoints").mkdir()
   reused = tmp_path / "tfdp-worker1-pid1-b"  # pid 1 is alive, but it is not that worker
   reused.mkdir()
-  (reused / outputs.LOCK_FILE).write_text("")
+  (reused / locks.LOCK_FILE).write_text("")
   holder = hold_dir_lock(other_namespace)
   try:
     plan = outputs.write_plan(str(tmp_path / "model"), is_chief=False, rank=1)
     assert other_namespace.is_dir() and (other_namespace / "checkpoints").is_dir()
     assert not reused.exists()
     # This worker's own dir is locked from the moment it has its name.
-    with open(Path(plan.write_dir) / outputs.LOCK_FILE) as f:
+    with open(Path(plan.write_dir) / locks.LOCK_FILE) as f:
       with pytest.raises(BlockingIOError):
         fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
     plan.cleanup()
   finally:
     holder.kill()
     holder.wait()
-  outputs.remove_stale_worker_dirs()  # its holder is gone now
+  locks.remove_stale_worker_dirs()  # its holder is gone now
   assert not other_namespace.exists()
 
 
