@@ -2,6 +2,7 @@
 import json
 import re
 import shlex
+import signal
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import helpers
 from tfdp import cli
 from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
+from tfdp import errors
 from tfdp.core import data as data_lib
 from tfdp.distributed import strategy as strategy_lib
 
@@ -78,3 +80,14 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
   cluster = cluster_lib.resolve_cluster(env)
   assert cluster.source == "slurm" and cluster.num_workers == tasks and cluster.rank == 1
   check_job([a.replace("$HOME", "/home/u") for a in args], cluster, config_file)
+
+
+@pytest.mark.parametrize("manifest", sorted(CLUSTER_DIR.glob("tfjob_*.yaml")),
+                         ids=lambda p: p.name)
+def test_tfjob_restart_policy_names_the_codes_tfdp_exits_with(manifest):
+  text = manifest.read_text()
+  workers = yaml.safe_load(text)["spec"]["tfReplicaSpecs"]["Worker"]
+  assert workers["restartPolicy"] == "ExitCode"
+  policy_line = next(l for l in text.splitlines() if "restartPolicy:" in l)
+  for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PERMANENT):
+    assert re.search(rf"\b{code}\b", policy_line), policy_line

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,21 @@ def write(name: str, content: str | bytes):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
   return setup
+
+
+_HELD = []  # run locks this test process holds, as a live run in another process would
+
+
+def held_by_another_run(folder: Path) -> None:
+  import fcntl  # pylint: disable=g-import-not-at-top
+  fd = os.open(folder / "run" / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+  fcntl.flock(fd, fcntl.LOCK_EX)
+  os.write(fd, f"pid={os.getpid()} host={socket.gethostname()} since=now\n".encode())
+  _HELD.append(fd)
+
+
+IN_USE = ("in use by another tfdp run", f"pid {os.getpid()} on host {socket.gethostname()}",
+          "another --model_dir")
 
 
 def alias_bomb() -> str:
@@ -222,6 +238,12 @@ CASES = [
          setup=write("afile", "x")),
     Case("model_dir_world_writable", ("--model_dir", "{folder}/run", "chmod o-w"),
          setup=lambda folder: (folder / "run").chmod(0o777)),  # anyone could swap checkpoints
+    # Two runs in one model_dir overwrote each other's checkpoints and metrics.
+    Case("model_dir_in_use", IN_USE, setup=held_by_another_run),
+    Case("model_dir_in_use_start_over", IN_USE, args=("--start_over",), setup=held_by_another_run),
+    Case("model_dir_in_use_trained", IN_USE, trained=True, setup=held_by_another_run),
+    Case("model_dir_in_use_eval", IN_USE, args=("--mode=eval",), trained=True,
+         setup=held_by_another_run),
     Case("checkpoint_state_garbage", ("checkpoints/checkpoint", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "checkpoint").write_bytes(b"\x00garbage\xff")),
     Case("checkpoint_state_unparsable", ("checkpoints/checkpoint", "model_checkpoint_path", "--start_over"),
@@ -377,7 +399,7 @@ def test_start_over_moves_an_unreadable_run_aside_and_trains_from_step_zero(trai
   (attic,) = model_dir.glob("previous-*")
   kept = snapshot(attic)
   for name, digest in earlier.items():  # every byte of the earlier run is still there
-    if name != "config.yaml":
+    if name not in ("config.yaml", ".lock"):  # the lock is the folder's, not the run's: it stays
       assert kept[name] == digest, name
   assert (model_dir / "config.yaml").exists()
   assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index",

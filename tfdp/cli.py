@@ -10,7 +10,10 @@ from tfdp import paths
 
 
 
-def exit_with_error(prog: str, message, code: int = 2) -> None:
+def exit_with_error(prog: str, message, code: int | None = None) -> None:
+  """One line, and the exit code a scheduler acts on: the error's own (tfdp.errors), else 2."""
+  if code is None:
+    code = getattr(message, "exit_code", None) or 2
   print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
   exit_now(code)
 

@@ -1,9 +1,28 @@
-"""One exception type for every mistake a user can fix: apps print it as one line."""
+"""One exception type for every mistake a user can fix: apps print it as one line.
+
+Exit codes are what a scheduler (Kubeflow's `restartPolicy: ExitCode`, Slurm) and tfdp-launch
+act on. The training operator retries a pod whose code is 128 or more and fails the job on 1-127
+(kubeflow/training-operator pkg/util/train/train_util.go, IsRetryableExitCode), so:
+  2    a bad config, input or model_dir: permanent, a restart would fail the same way.
+  143  stopped by SIGTERM after saving a checkpoint (128 + signal, see Preempted): retryable.
+  203  the group must restart (a peer was lost): retryable. Above every 128 + signal code, so it
+       never reads as a signal (128 + EX_TEMPFAIL, 75).
+"""
+
+EXIT_PERMANENT = 2
+EXIT_RESTART_GROUP = 203
+
+
+def is_retryable_exit_code(code: int) -> bool:
+  """The training operator's rule, which tfdp-launch follows too (a signal's death, Popen's
+  negative code, is retryable like 128 + signal)."""
+  return code < 0 or code >= 128
 
 
 class TfdpError(Exception):
   """A user-fixable problem. str(error) is one line that names the fix."""
 
+  exit_code = EXIT_PERMANENT
   MAX_LENGTH = 1000  # an error line stays readable whatever value it quotes
 
   def __init__(self, message: str):
@@ -19,6 +38,12 @@ class ConfigError(TfdpError):
 
 class ClusterError(TfdpError):
   """TF_CONFIG / Slurm cluster description is wrong."""
+
+
+class GroupMustRestart(ClusterError):
+  """A peer worker was lost: this worker cannot go on alone, a restarted group resumes."""
+
+  exit_code = EXIT_RESTART_GROUP
 
 
 class DataError(TfdpError):

@@ -18,7 +18,7 @@ from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
-from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
+from tfdp.errors import ClusterError, ConfigError, DataError, GroupMustRestart, OutputError
 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
@@ -148,7 +148,7 @@ class Experiment:
     except _peer_errors() as e:
       if not cluster.is_multi_worker:
         raise
-      raise ClusterError(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
+      raise GroupMustRestart(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
                          "the group must restart: tfdp-launch --max_restarts does, or re-run every "
                          "worker to resume from the last checkpoint.") from None
     except _decode_errors() as e:

@@ -2,7 +2,9 @@
 workers write the checkpoints they must take part in to a private temp dir they remove."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import glob
 import os
 import re
@@ -13,6 +15,7 @@ import time
 
 from absl import logging
 
+from tfdp.core import locks
 from tfdp.errors import OutputError
 
 CONFIG_FILE = "config.yaml"
@@ -35,6 +38,7 @@ def prepare_model_dir(model_dir: str) -> str:
     raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
   if os.path.isdir(model_dir):
     check_model_dir_owner(model_dir)
+    locks.check_not_in_use(model_dir)
   existing = model_dir
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -63,11 +67,13 @@ def check_model_dir_owner(model_dir: str) -> None:
 
 
 def create_model_dir(model_dir: str) -> None:
+  """Makes model_dir (every input is checked) and locks it for this run's life."""
   try:
     os.makedirs(model_dir, exist_ok=True)
   except OSError as e:
     raise OutputError(f"--model_dir '{model_dir}' cannot be created ({e.strerror}); choose a "
                       "folder you can write to.") from None
+  locks.lock_model_dir(model_dir)
 
 
 START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier run aside "
@@ -136,26 +142,33 @@ class WritePlan:
   def path(self, name: str) -> str:
     return os.path.join(self.model_dir, name)
 
+  def discard_worker_checkpoints(self) -> None:
+    """A non-chief's checkpoints are never read (every worker restores the chief's): after each
+    save its copy goes, so the temp dir holds at most the one being written, not
+    max_checkpoints full copies for the run's life."""
+    if self.is_chief or not os.path.isdir(self.checkpoint_dir):
+      return
+    for name in os.listdir(self.checkpoint_dir):
+      path = os.path.join(self.checkpoint_dir, name)
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(path)
+
   def cleanup(self) -> None:
     if not self.is_chief:
       shutil.rmtree(self.write_dir, ignore_errors=True)
+      locks.release_worker_dir(self.write_dir)
+    else:
+      locks.release_model_dir(self.model_dir)
 
 
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
   if is_chief:
     return WritePlan(model_dir, model_dir, True)
-  remove_stale_worker_dirs()
-  return WritePlan(model_dir, tempfile.mkdtemp(prefix=f"tfdp-worker{rank}-pid{os.getpid()}-"), False)
-
-
-def remove_stale_worker_dirs() -> None:
-  """A killed worker cannot remove its temp dir; the next worker on this machine does."""
-  import psutil  # pylint: disable=g-import-not-at-top
-  root = tempfile.gettempdir()
-  for name in os.listdir(root):
-    match = re.match(r"tfdp-worker\d+-pid(\d+)-", name)
-    if match and not psutil.pid_exists(int(match.group(1))):
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+  locks.remove_stale_worker_dirs()
+  return WritePlan(model_dir, locks.make_worker_dir(rank), False)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -191,15 +204,82 @@ def _temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
 
 
 def _write_into_place(path: str, write, suffix: str = "") -> None:
-  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path."""
-  fd, tmp = _temp_beside(path, suffix)
+  """write(fd, tmp) fills an exclusive temp file beside path, which then replaces path. A write
+  that fails (a full disk) leaves path as it was and is one line naming it."""
+  with disk_errors(path, f"'{path}' was not written; the file as it was and every checkpoint "
+                         "are kept"):
+    fd, tmp = _temp_beside(path, suffix)
+    try:
+      write(fd, tmp)
+      _replace_synced(tmp, path)
+    except BaseException:
+      if os.path.lexists(tmp):
+        os.unlink(tmp)
+      raise
+
+
+# ---- a full disk ------------------------------------------------------------------------------
+
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def _disk_failure(error: BaseException) -> str | None:
+  """Why a write failed, if it is the disk's fault (full, quota, read-only, gone), else None.
+  TensorFlow's own writes report a full disk as ResourceExhaustedError with the OS's text."""
+  if isinstance(error, OSError) and not isinstance(error, (FileNotFoundError, IsADirectoryError)):
+    return error.strerror or str(error)
+  message = getattr(error, "message", None)
+  if isinstance(message, str) and type(error).__module__.startswith("tensorflow"):
+    found = [text for text in _DISK_FULL_TEXT if text in message]
+    return found[0] if found else None
+  return None
+
+
+@contextlib.contextmanager
+def disk_errors(path: str, consequence: str):
+  """A full disk (or quota, or a read-only mount) while writing `path` becomes one OutputError
+  naming it and what is kept, instead of a traceback from the middle of the write."""
   try:
-    write(fd, tmp)
-    _replace_synced(tmp, path)
-  except BaseException:
-    if os.path.lexists(tmp):
-      os.unlink(tmp)
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    why = _disk_failure(error)
+    if why is None:
+      raise
+    full = (not isinstance(error, OSError)
+            or error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+    hint = (" free space (or choose a --model_dir with room) and re-run to resume." if full
+            else " fix it and re-run to resume.")
+    raise OutputError(f"cannot write '{path}' ({why}); {consequence};{hint}") from None
+
+
+@contextlib.contextmanager
+def checkpoint_save_errors(plan: WritePlan, step: int, last_saved: int | None):
+  """A save that fails leaves the state file naming the last good checkpoint (TensorFlow writes
+  it last); the failed save's partial files are removed, so the space they took is free."""
+  kept = (f"the last good checkpoint (step {last_saved}) is intact" if last_saved is not None
+          else "no checkpoint had been saved yet")
+  try:
+    with disk_errors(plan.checkpoint_dir, f"checkpoint step {step} was not saved; {kept}"):
+      yield
+  except OutputError:
+    _remove_partial_checkpoint(plan.checkpoint_dir, step)
     raise
+
+
+def _remove_partial_checkpoint(directory: str, step: int) -> None:
+  try:
+    named = latest_checkpoint(os.path.dirname(directory))
+  except OutputError:
+    named = None
+  prefix = os.path.join(directory, f"ckpt-{step}")
+  if named == prefix:
+    return  # the save got as far as naming it: it is whole
+  for path in glob.glob(glob.escape(prefix) + "_temp*") + glob.glob(glob.escape(prefix) + ".*"):
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -214,6 +294,7 @@ def write_config(plan: WritePlan, text: str) -> None:
   """config.yaml is the config of the latest run; an earlier, different one is kept beside it."""
   if not plan.is_chief:
     return
+  locks.record_lock_holder(plan.model_dir)  # every check passed: the run's first write
   path = plan.path(CONFIG_FILE)
   if os.path.exists(path):
     with open(path) as f:

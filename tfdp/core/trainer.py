@@ -112,8 +112,10 @@ class Trainer:
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                           step=self._step)
-    self.manager = tf.train.CheckpointManager(self.checkpoint, write_plan.checkpoint_dir,
-                                              max_to_keep=trainer.max_checkpoints)
+    # A non-chief's copies are never read: it keeps none (see save) beyond the one being written.
+    self.manager = tf.train.CheckpointManager(
+        self.checkpoint, write_plan.checkpoint_dir,
+        max_to_keep=trainer.max_checkpoints if write_plan.is_chief else 1)
     if config.runtime.jit_compile:
       # XLA compiles the per-replica forward/backward; the optimizer's cross-replica update
       # (a merge_call) stays outside the compiled function.
@@ -278,7 +280,9 @@ class Trainer:
         outputs.write_run_record(self.write_plan.model_dir, record)
         self._run_record_written = record
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
-    self.manager.save(checkpoint_number=self.global_step)
+    with outputs.checkpoint_save_errors(self.write_plan, self.global_step, self.last_saved_step):
+      self.manager.save(checkpoint_number=self.global_step)
+    self.write_plan.discard_worker_checkpoints()
 
   def _weights_finite(self) -> bool:
     """Whether every replica's trainable weights are finite and their squares are too (a

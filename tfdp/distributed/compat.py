@@ -127,7 +127,7 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
   counts, which is exactly what it is used to detect (TF calls unequal counts undefined)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  from tfdp.errors import ClusterError  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import GroupMustRestart  # pylint: disable=g-import-not-at-top
   ctx, timeout_ms = context.context(), int(timeout_seconds * 1000)
   try:
     ctx.set_config_key_value(f"tfdp/{topic}/{rank}", value)
@@ -136,7 +136,7 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
     # Nobody leaves (worker 0 hosts the service) before every worker has read every value.
     ctx.wait_at_barrier(f"tfdp/{topic}/read", timeout_ms)
   except tf.errors.OpError as e:
-    raise ClusterError(f"the start-up check between workers failed ({type(e).__name__}: "
+    raise GroupMustRestart(f"the start-up check between workers failed ({type(e).__name__}: "
                        f"{e.message.splitlines()[0][:200]}); a peer stopped early: see its "
                        "error line, fix it and restart the group.") from None
   return values

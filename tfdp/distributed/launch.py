@@ -43,7 +43,7 @@ from typing import TextIO
 from tfdp.distributed import gpus as gpus_lib
 from tfdp.distributed import isolation
 from tfdp.distributed.isolation import is_loopback_host, pick_free_ports  # noqa: F401 (API)
-from tfdp.errors import ClusterError, TfdpError
+from tfdp.errors import EXIT_PERMANENT, ClusterError, TfdpError
 
 TAIL_LINES = 20
 DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
@@ -436,6 +436,13 @@ def _supervise(workers: list[_Worker], ports: list[int],
   return result
 
 
+def _permanent_failure_line(worker: int, tail: Sequence[str]) -> str:
+  said = next((line for line in reversed(tail) if ": error: " in line), None)
+  return (f"error: worker {worker} exited with code {EXIT_PERMANENT} (a bad config, input or model_dir; "
+          "a restart would fail the same way), so the group is not restarted"
+          + (f": {' '.join(said.split())}" if said else "."))
+
+
 def _log(message: str) -> None:
   print(f"tfdp-launch: {message}", file=sys.stderr, flush=True)
 
@@ -455,7 +462,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
 
   Returns:
     0 if a run succeeded; 128 + signal number if the launcher was
-    interrupted; 1 if the last allowed run failed.
+    interrupted; 2 (tfdp.errors.EXIT_PERMANENT) at once, without a restart,
+    if a worker exited 2; 1 if the last allowed run failed.
 
   Raises:
     TfdpError: bad arguments, a non-loopback host without allow_remote, too
@@ -504,6 +512,10 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     if result.interrupted_by is not None:
       _log(f"{result.failure_summary()} in {result.stop_seconds or 0:.1f}s.")
       return 128 + result.interrupted_by
+    permanent = [i for i, code in enumerate(result.returncodes) if code == EXIT_PERMANENT]
+    if permanent:  # a bad config or input: every restart would retrain into the same error
+      _log(_permanent_failure_line(permanent[0], result.last_lines[permanent[0]]))
+      return EXIT_PERMANENT
     if restarts < max_restarts:
       restarts += 1
       _log(f"{result.failure_summary()}; restarting all {num_workers} workers "
