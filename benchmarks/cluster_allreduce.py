@@ -223,8 +223,8 @@ def plot(frame, fits, path):
     ax.plot(g.n + 0.08 * (j - 1), g.box_tx_over_ring, marker, alpha=0.7, label=f"{rate}")
   ax.set_xticks(NS)
   ax.axhline(1.0, color="k", lw=0.8)
-  ax.set_title("bytes each host sent / ring sum of 2(N-1)/N*S\n"
-               "(less the same box with 4-byte tensors; 100mbit: f32+bf16)", fontsize=9)
+  ax.set_title("bytes each host sent (whole box) / ring sum of 2(N-1)/N*S\n"
+               "(every all-reduce the cell ran; 100mbit: f32+bf16)", fontsize=9)
   ax.set_xlabel("hosts N (one point per host)")
   ax.legend(fontsize=7)
   ax.grid(True, which="both", alpha=0.3)
