@@ -58,8 +58,8 @@ flags.DEFINE_integer("pack_tensor_bytes", DEFAULTS.pack_tensor_bytes, "allreduce
 flags.DEFINE_string("bytes_per_pack", _csv(DEFAULTS.bytes_per_pack),
                     "allreduce: bytes_per_pack values to compare (0: one pack).")
 flags.DEFINE_integer("tcp_bytes", DEFAULTS.tcp_bytes, "allreduce: bytes pushed through loopback TCP.")
-flags.DEFINE_float("timeout_seconds", DEFAULTS.timeout_seconds, "Limit per single-process run "
-                   "(tta: per training run).")
+flags.DEFINE_float("timeout_seconds", DEFAULTS.timeout_seconds, "Limit per run: one process or "
+                   "one worker group (tta: per training run).")
 flags.DEFINE_string("targets", _csv(DEFAULTS.targets), "tta: eval accuracies to time, in (0, 1).")
 flags.DEFINE_string("runs", _csv(DEFAULTS.runs), "tta: which of tfdp, keras_recipe (model.fit "
                     "with tfdp's recipe), keras_tutorial (model.fit, Adam, batch 32) to train.")

@@ -55,6 +55,16 @@ def test_throughput_rows_agree_with_the_baseline_and_themselves(tmp_path):
   assert "vs_keras_fit" in proc.stdout  # the printed table
 
 
+def test_a_worker_group_that_outlives_its_time_limit_is_stopped_in_one_line(tmp_path):
+  """A hung group (here: one that cannot even start TensorFlow in 5 s) must not hang the bench."""
+  proc = run_bench(tmp_path, "--mode=allreduce", "--workers=2", "--timeout_seconds=5",
+                   "--min_bytes=4096", "--max_bytes=4096", timeout=120)
+  assert proc.returncode != 0
+  errors = [line for line in helpers.error_lines(proc) if ": error:" in line]
+  assert len(errors) == 1 and "2 workers did not finish in 5s" in errors[0], proc.stderr[-2000:]
+  assert "--timeout_seconds" in errors[0]
+
+
 def test_scaling_efficiency_is_recomputable_from_the_rows(tmp_path):
   proc = run_bench(tmp_path, "--mode=scaling", "--workers=2", "--per_replica_batch=16", *QUICK)
   frame = read_outputs(tmp_path, proc, "scaling", [

@@ -103,7 +103,8 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   for (model, n), overrides in jobs_lib.scaling_jobs(opts).items():
     load = load_average()
     spec = jobs_lib.train_spec(opts, overrides, os.path.join(model_dir, f"{model}-w{n}"), ["train"])
-    per_worker = run_worker_group(spec, n, f"scaling {model} on {n} worker(s)")
+    per_worker = run_worker_group(spec, n, f"scaling {model} on {n} worker(s)",
+                                  opts.timeout_seconds)
     chief = per_worker[0]  # each worker timed its own window; the chief's is the global rate
     rows.append({**_row_head(chief), **_timing(chief),
                  "slowest_worker_step_ms": max(w["step_ms"] for w in per_worker),
@@ -172,7 +173,7 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   tcp_gbps = tcp_row["algbw_gbps"]
   progress(f"loopback TCP: {tcp_gbps:.2f} GB/s")
   per_worker = run_worker_group({**spec, "overrides": workers_cfg, "pack": True}, n,
-                                f"all-reduce between {n} workers")
+                                f"all-reduce between {n} workers", opts.timeout_seconds)
   local = run_cell({**spec, "overrides": local_cfg, "pack": False},
                    f"all-reduce between {n} in-process replicas", opts.timeout_seconds)
   rows = [tcp_row]

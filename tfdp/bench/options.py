@@ -41,7 +41,7 @@ class BenchOptions:
   pack_tensor_bytes: int = 64 << 10  # ... of this size each (16 MiB in all by default)
   bytes_per_pack: list[int] = dataclasses.field(default_factory=lambda: [0, 4 << 20])
   tcp_bytes: int = 256 << 20
-  timeout_seconds: float = 1800.0  # per single-process measurement
+  timeout_seconds: float = 1800.0  # per measurement: one process, or one worker group
   targets: list[float] = dataclasses.field(default_factory=lambda: [0.6, 0.7, 0.8])  # tta
   runs: list[str] = dataclasses.field(default_factory=lambda: list(tta.RUNS))  # tta
 

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 from tfdp import paths
 from tfdp.bench.options import PROG, BenchError
@@ -102,13 +103,28 @@ def run_cell(spec: dict, what: str, timeout: float) -> dict:
   return results[-1]
 
 
-def run_worker_group(spec: dict, num_workers: int, what: str) -> list[dict]:
-  """One measurement on `num_workers` processes through tfdp's launcher; one result per rank."""
+def run_worker_group(spec: dict, num_workers: int, what: str, timeout: float) -> list[dict]:
+  """One measurement on `num_workers` processes through tfdp's launcher; one result per rank.
+  A group that outlives `timeout` is stopped as a SIGTERM to this process would stop it."""
   from tfdp.distributed import launch  # pylint: disable=g-import-not-at-top
   output = io.StringIO()
   env = child_env()
-  result = launch.run_group(cell_command(spec), num_workers, env=env, stop_grace_seconds=10,
-                            output=output)
+  timed_out = threading.Event()
+
+  def expire():
+    timed_out.set()
+    os.kill(os.getpid(), signal.SIGTERM)  # run_group's handler stops the group
+  timer = threading.Timer(timeout, expire)
+  timer.daemon = True
+  timer.start()
+  try:
+    result = launch.run_group(cell_command(spec), num_workers, env=env, stop_grace_seconds=10,
+                              output=output)
+  finally:
+    timer.cancel()
+  if timed_out.is_set():
+    raise BenchError(f"{what} did not finish in {timeout:.0f}s; raise --timeout_seconds or "
+                     "use fewer --steps.")
   if result.interrupted_by is not None:
     raise BenchError(f"{what}: {result.failure_summary()}.")
   if not result.ok:
