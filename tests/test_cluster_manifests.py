@@ -86,7 +86,8 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
                          ids=lambda p: p.name)
 def test_tfjob_restart_policy_names_the_codes_tfdp_exits_with(manifest):
   text = manifest.read_text()
-  workers = yaml.safe_load(text)["spec"]["tfReplicaSpecs"]["Worker"]
+  job = next(d for d in yaml.safe_load_all(text) if d["kind"] == "TFJob")  # + a NetworkPolicy
+  workers = job["spec"]["tfReplicaSpecs"]["Worker"]
   assert workers["restartPolicy"] == "ExitCode"
   policy_line = next(l for l in text.splitlines() if "restartPolicy:" in l)
   for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PERMANENT):
