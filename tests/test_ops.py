@@ -237,7 +237,7 @@ def test_launcher_does_not_restart_a_worker_that_exits_with_the_permanent_code(t
   assert code == 2, err
   assert len(list(starts.iterdir())) == 2  # one start of each worker: no restart
   assert "restarting" not in err
-  lines = [l for l in err.splitlines() if l.startswith("tfdp-launch: ")]
+  lines = [l for l in err.splitlines() if l.startswith("tfdp-launch: error:")]
   assert len(lines) == 1, err
   assert lines[0].startswith("tfdp-launch: error: worker 1 exited with code 2"), lines[0]
   assert "corrupt image" in lines[0]
@@ -253,7 +253,7 @@ def test_tfdp_launch_stops_at_once_when_tfdp_train_refuses_its_config(tmp_path):
       capture_output=True, text=True, timeout=300, env=helpers.env(), cwd=str(helpers.REPO))
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert proc.stdout.count("[w0] tfdp-train: error: ") == 1, proc.stdout[-3000:]
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("tfdp-launch")]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("tfdp-launch: error:")]
   assert len(lines) == 1 and lines[0].startswith("tfdp-launch: error: worker 0 exited with code 2")
   assert "trainer.epochs" in lines[0], lines[0]
   assert not (tmp_path / "run").exists()

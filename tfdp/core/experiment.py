@@ -228,6 +228,18 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
+  try:
+    return _build_trainer(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
+                          train_plan, eval_plan, eval_dataset, run_record, start_over, model_fn,
+                          replicas, verbose)
+  except BaseException:
+    write_plan.cleanup()  # a start that fails (a model Keras rejects, workers that disagree)
+    raise  # releases its lock and leaves the folder as it found it
+
+
+def _build_trainer(config, model_dir, mode, cluster, strategy, plan, write_plan, task, train_plan,
+                   eval_plan, eval_dataset, run_record, start_over, model_fn, replicas, verbose):
+  trainer_cfg = config.trainer
   if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
     moved = outputs.move_run_aside(model_dir)
     if moved:

@@ -81,7 +81,11 @@ def lock_model_dir(model_dir: str) -> None:
     return
   path = os.path.join(model_dir, LOCK_FILE)
   try:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+      _CREATED.add(model_dir)  # a start that fails removes it again: the folder as it was
+    except FileExistsError:
+      fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
   except OSError as e:
     raise OutputError(f"cannot open the run lock '{path}' ({e.strerror}); --model_dir must be a "
                       "folder you can write to.") from None
@@ -105,6 +109,7 @@ def lock_model_dir(model_dir: str) -> None:
 
 
 _RECORDED: set[str] = set()  # model_dirs whose lock file names this process
+_CREATED: set[str] = set()  # model_dirs whose lock file this process created
 
 
 def record_lock_holder(model_dir: str) -> None:
@@ -128,7 +133,11 @@ def release_model_dir(model_dir: str) -> None:
     _RECORDED.discard(model_dir)
     with contextlib.suppress(OSError):
       os.ftruncate(fd, 0)  # nobody holds it now
-  os.close(fd)  # the file stays: unlinking it would let two runs lock two different files
+  elif model_dir in _CREATED:  # a start that failed its checks: leave the folder as it was
+    with contextlib.suppress(OSError):
+      os.unlink(os.path.join(model_dir, LOCK_FILE))
+  _CREATED.discard(model_dir)
+  os.close(fd)  # a used lock file stays: unlinking it would let two runs lock two files
 
 
 # A worker's temp dir is live while its .lock is flock'ed (held until the worker exits): a pid
