@@ -14,14 +14,15 @@ import pytest
 import helpers
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
-# One epoch of 2000 steps in ONE compiled loop: a stop read only between loops would come at
-# the end of training, tens of seconds after the signal.
+# One epoch of 20000 steps in ONE compiled loop, far longer than the test waits on any machine:
+# a stop read only between loops would come at the end of training. Unshuffled and uncached, so
+# the first step does not wait for a 640000-example shuffle buffer.
 ONE_LONG_LOOP = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
-                 "task.train_data.source=synthetic,task.train_data.num_examples=64000,"
+                 "task.train_data.source=synthetic,task.train_data.num_examples=640000,"
                  "task.train_data.image_size=16,task.train_data.num_classes=4,"
-                 "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=2000,"
-                 "runtime.intra_op_threads=1,runtime.inter_op_threads=1,"
-                 "runtime.collective_timeout_seconds=60")
+                 "task.train_data.shuffle=false,task.train_data.cache=false,"
+                 "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=20000,"
+                 "runtime.intra_op_threads=1,runtime.inter_op_threads=1")
 TRAINING = "training: steps"  # Controller.run's first line
 
 
@@ -93,7 +94,7 @@ def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
   time.sleep(15)  # past tracing (10-12 s here): some steps into the loop
   seconds, text = signal_and_wait(proc, signal.SIGTERM, log_path)
   steps = saved_steps(model_dir)
-  assert len(steps) == 1 and 0 < steps[0] < 1000, (steps, text[-3000:])
+  assert len(steps) == 1 and 0 < steps[0] < 10000, (steps, text[-3000:])  # mid-loop
   saved = [line for line in text.splitlines() if f"saved checkpoint at step {steps[0]}" in line]
   assert len(saved) == workers, text[-3000:]  # under the launcher: [w0] and [w1], same step
   assert workers == 1 or sorted(line[:4] for line in saved) == ["[w0]", "[w1]"], saved
@@ -151,7 +152,7 @@ SHORT_JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
 
 def test_a_deadlocked_worker_is_restarted_by_its_watchdog(tmp_path):
   """Worker 1 sleeps for ever before its loop at step 8 (alive, not stopped: the launcher sees
-  nothing); its watchdog dumps its stacks and exits 75 within max(10 x the median loop, 5 s),
+  nothing); its watchdog dumps its stacks and exits 203 within max(10 x the median loop, 5 s),
   and tfdp-launch --max_restarts restarts the group from step 8, which then finishes."""
   model_dir, log_path, marker = tmp_path / "run", tmp_path / "launch.log", tmp_path / "hung"
   proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--max_restarts=1", "--",

@@ -162,8 +162,11 @@ class RuntimeConfig:
   all_reduce_order: str = "variables"  # backward: gradients go to the all-reduce last layer
   # first, as backprop finishes them, so a pack (bytes_per_pack) can start before the backward
   # pass ends (DDP's buckets); variables: the model's variable order
-  collective_timeout_seconds: float = 600.0  # a collective waiting longer fails the step (the
-  # group restarts): a peer deadlocked or gone can never hang the group; 0: no timeout
+  collective_timeout_seconds: float = 0.0  # >0: a collective waiting longer fails the step (the
+  # group restarts); 0: none. Not on by default: TF 2.21 gives every collective a detached thread
+  # that sleeps the whole timeout (Env::SchedClosureAfter), and a run with many collectives per
+  # second ran out of threads here (std::system_error EAGAIN); runtime.watchdog_seconds bounds a
+  # stuck training loop instead
   heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
   dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
   # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)

@@ -3,6 +3,7 @@ The compiled inner loops, checkpoints and the model are the Trainer's; this know
 from __future__ import annotations
 
 import collections
+import contextlib
 import faulthandler
 import math
 import os
@@ -16,6 +17,7 @@ from absl import logging
 
 from tfdp import logs
 from tfdp.core import outputs
+from tfdp import errors
 from tfdp.errors import Preempted, TrainingDiverged
 
 
@@ -127,12 +129,12 @@ class Watchdog:
   runtime.watchdog_seconds) — FIRST_LOOP × watchdog_seconds for a run's first loop, which traces
   and fills the input pipeline, and is left out of the median — dumps every Python thread's
   stack to the log and exits with EXIT_CODE, a failure tfdp-launch --max_restarts restarts from
-  the last checkpoint. Only the loops are timed: evaluation, checkpoints and export are bounded by
-  runtime.collective_timeout_seconds."""
+  the last checkpoint. Only the loops are timed: evaluation, checkpoints and export wait on
+  runtime.collective_timeout_seconds when it is set (off by default: see its comment)."""
 
   LOOPS = 10
   FIRST_LOOP = 5
-  EXIT_CODE = 75  # EX_TEMPFAIL: the group should restart
+  EXIT_CODE = errors.EXIT_RESTART_GROUP  # retryable for tfdp-launch and Kubeflow alike
 
   def __init__(self, seconds: float):
     self.seconds = seconds
@@ -261,9 +263,16 @@ class Controller:
 
   def _summarize(self, writer, step: int, sums, extra: dict) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with writer.as_default(step=step):
-      for name, value in {**sums.values(), **extra}.items():
-        tf.summary.scalar(name, value)
+    # A full disk often hits the event files first: one line, the checkpoints as they are.
+    saved = self.trainer.last_saved_step
+    kept = (f"the last good checkpoint (step {saved}) is intact" if saved is not None
+            else "no checkpoint had been saved yet")
+    with outputs.disk_errors(self.trainer.write_plan.path("train" if writer is self.writer
+                                                          else "eval"),
+                             f"TensorBoard events were not written; {kept}"):
+      with writer.as_default(step=step):
+        for name, value in {**sums.values(), **extra}.items():
+          tf.summary.scalar(name, value)
 
   def _eval_due(self, epoch: int, step: int) -> bool:
     is_last = step >= self.trainer.total_steps
@@ -367,6 +376,7 @@ class Controller:
       profile.stop(step)
       stop.end_training()
       watchdog.close()
-      self.writer.flush()
-      self.eval_writer.flush()
+      with contextlib.suppress(Exception):  # a full disk was said once, above
+        self.writer.flush()
+        self.eval_writer.flush()
     return last_row
