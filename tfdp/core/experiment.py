@@ -159,7 +159,6 @@ class Experiment:
     result["trainer"] = trainer
     return result
 
-
   def _name_unreadable(self, error) -> str:
     """tf.data's decode errors name no file: ask the sources which one fails on its own."""
     for plan in (self.train_plan, self.eval_plan):
@@ -228,49 +227,41 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
-  try:
-    return _build_trainer(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
-                          train_plan, eval_plan, eval_dataset, run_record, start_over, model_fn,
-                          replicas, verbose)
+  try:  # a start that fails from here (a model Keras rejects, workers that disagree) releases
+    # its lock and leaves the folder as it found it
+    if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
+      moved = outputs.move_run_aside(model_dir)
+      if moved:
+        logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
+    from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
+    import keras  # pylint: disable=g-import-not-at-top
+    keras.utils.set_random_seed(trainer_cfg.seed)
+    batch_plan = train_plan or eval_plan  # the model is built for its source
+    trainer = trainer_lib.Trainer(config, strategy, write_plan,
+                                  model_fn or (lambda: task.build_model(batch_plan.source)), task,
+                                  global_batch=batch_plan.global_batch,
+                                  steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
+                                  accumulation_steps=batch_plan.accumulation_steps,
+                                  precision=plan.precision, verbose=verbose)
+    restored_step = 0 if start_over else trainer.restore()
+    if cluster.is_multi_worker:  # before anything is written and before the first training step
+      _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
+                                    {"train": train_plan, "eval": eval_plan})
+    trainer.run_record, trainer.run_record_from_step = run_record, restored_step
+    if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
+      init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
+      task.warm_start(init)
+      logging.info("warm start: encoder restored from %s", init)
+    if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
+      outputs.write_config(write_plan, config_lib.dump_yaml(config))  # config.yaml alone)
+      if cluster.is_chief:
+        for name, text in task.artifacts(train_plan.source).items():
+          outputs.atomic_write_text(write_plan.path(name), text)
+    return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
+                      train_plan, eval_plan, eval_dataset, trainer)
   except BaseException:
-    write_plan.cleanup()  # a start that fails (a model Keras rejects, workers that disagree)
-    raise  # releases its lock and leaves the folder as it found it
-
-
-def _build_trainer(config, model_dir, mode, cluster, strategy, plan, write_plan, task, train_plan,
-                   eval_plan, eval_dataset, run_record, start_over, model_fn, replicas, verbose):
-  trainer_cfg = config.trainer
-  if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
-    moved = outputs.move_run_aside(model_dir)
-    if moved:
-      logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
-  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
-  import keras  # pylint: disable=g-import-not-at-top
-  keras.utils.set_random_seed(trainer_cfg.seed)
-  source = train_plan.source if train_plan else eval_plan.source  # what the model is built for
-  batch_plan = train_plan or eval_plan
-  trainer = trainer_lib.Trainer(config, strategy, write_plan,
-                                model_fn or (lambda: task.build_model(source)), task,
-                                global_batch=batch_plan.global_batch,
-                                steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
-                                accumulation_steps=batch_plan.accumulation_steps,
-                                precision=plan.precision, verbose=verbose)
-  restored_step = 0 if start_over else trainer.restore()
-  if cluster.is_multi_worker:  # before anything is written and before the first training step
-    _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
-                                  {"train": train_plan, "eval": eval_plan})
-  trainer.run_record, trainer.run_record_from_step = run_record, restored_step
-  if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
-    init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
-    task.warm_start(init)
-    logging.info("warm start: encoder restored from %s", init)
-  if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
-    outputs.write_config(write_plan, config_lib.dump_yaml(config))  # config.yaml alone)
-    if cluster.is_chief:
-      for name, text in task.artifacts(train_plan.source).items():
-        outputs.atomic_write_text(write_plan.path(name), text)
-  return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
-                    train_plan, eval_plan, eval_dataset, trainer)
+    write_plan.cleanup()
+    raise
 
 
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:
