@@ -9,9 +9,22 @@ from tfdp.workloads.vision.models import register_model
 
 
 def fit(*args, **kwargs):
-  """See tfdp.api.fit."""
+  """See tfdp.compiled.fit.fit: `tfdp.fit(model, x, y, batch_size=..., epochs=...)` takes what
+  keras.Model.fit takes (a compiled model) and returns a keras.callbacks.History."""
   from tfdp import api  # pylint: disable=g-import-not-at-top
   return api.fit(*args, **kwargs)
+
+
+def evaluate(*args, **kwargs):
+  """See tfdp.compiled.predict.evaluate: Keras's evaluate, exact on any replica/worker count."""
+  from tfdp.compiled import predict  # pylint: disable=g-import-not-at-top
+  return predict.evaluate(*args, **kwargs)
+
+
+def predict(*args, **kwargs):
+  """See tfdp.compiled.predict.predict: one row per real example, in order, on every worker."""
+  from tfdp.compiled import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  return predict_lib.predict(*args, **kwargs)
 
 
 def train(*args, **kwargs):
@@ -46,5 +59,5 @@ def make_strategy(**runtime_overrides):
   return strategy.make_strategy(runtime, cluster.resolve_cluster())[0]
 
 
-__all__ = ["Source", "Task", "TfdpError", "fit", "launch_notebook", "make_strategy", "plot_metrics",
-           "register_model", "register_task", "train"]
+__all__ = ["Source", "Task", "TfdpError", "evaluate", "fit", "launch_notebook", "make_strategy",
+           "plot_metrics", "predict", "register_model", "register_task", "train"]

@@ -46,8 +46,11 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
   return config
 
 
-def dump_yaml(config: ExperimentConfig) -> str:
-  return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+def dump_yaml(config: ExperimentConfig, transform=None) -> str:
+  """`transform(dict) -> dict`: what the task records of it (Task.recorded_config)."""
+  data = to_dict(config)
+  return yaml.safe_dump(transform(data) if transform else data, sort_keys=False,
+                        default_flow_style=None)
 
 
 def config_to_json(config: ExperimentConfig) -> str:

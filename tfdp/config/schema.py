@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 DATA_SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic", "text_folder", "text_files",
-                "interactions")
+                "interactions", "keras")  # keras: the arrays or dataset given to tfdp.fit
 SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split", "local")
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")

@@ -103,6 +103,7 @@ class Experiment:
   eval_plan: data_lib.InputPlan | None
   eval_dataset: Any
   trainer: Any
+  hooks: Any = None  # controller.Controller's extras (tfdp.fit's Keras callbacks)
 
   @property
   def replicas(self) -> int:
@@ -140,7 +141,7 @@ class Experiment:
         from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
         result.update(controller.Controller(
             trainer, self.train_dataset, self.eval_dataset,
-            self.eval_plan.steps_per_epoch if self.eval_plan else 0).run())
+            self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
         result["step"] = trainer.global_step
         if self.config.trainer.export_model:
           with trainer.evaluation_weights():
@@ -172,9 +173,10 @@ class Experiment:
 def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
-          verbose: bool = True, start_over: bool = False) -> Experiment:
-  """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn and
-  strategy may be given directly (the library API); otherwise the task builds them.
+          task=None, verbose: bool = True, start_over: bool = False) -> Experiment:
+  """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn,
+  strategy and the task itself may be given directly (the library API); otherwise the config's
+  task builds them.
   `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
   resuming it. Nothing in model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
@@ -195,7 +197,10 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     print(cluster_lib.summary_line(cluster, replicas,
                                    plan.all_reduce or plan.cross_device_ops or "none"), flush=True)
 
-  task = tasks.make_task(config.task, max(cluster.rank, 0), max(cluster.num_workers, 1))
+  if task is None:
+    task = tasks.make_task(config.task, max(cluster.rank, 0), max(cluster.num_workers, 1))
+  else:
+    task.worker, task.num_workers = max(cluster.rank, 0), max(cluster.num_workers, 1)
   data_cfg, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
   train_plan = eval_plan = eval_dataset = None
@@ -253,7 +258,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
       task.warm_start(init)
       logging.info("warm start: encoder restored from %s", init)
     if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
-      outputs.write_config(write_plan, config_lib.dump_yaml(config))  # config.yaml alone)
+      outputs.write_config(write_plan, config_lib.dump_yaml(config, task.recorded_config))
       if cluster.is_chief:
         for name, text in task.artifacts(train_plan.source).items():
           outputs.atomic_write_text(write_plan.path(name), text)

@@ -99,3 +99,12 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   optimizer.build(model.trainable_variables)
   compat.skip_optimizer_all_reduce(optimizer)  # the trainer all-reduces, then clips and applies
   return optimizer
+
+
+def adopt_optimizer(optimizer, model):
+  """A user's compiled optimizer (tfdp.fit), used as it is: built for the model's variables and
+  with its own all-reduce off while tfdp trains (compat.restore_optimizer_all_reduce gives it
+  back afterwards). Call inside strategy.scope()."""
+  optimizer.build(model.trainable_variables)
+  compat.skip_optimizer_all_reduce(optimizer)
+  return optimizer

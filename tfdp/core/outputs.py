@@ -22,6 +22,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 CHECKPOINT_DIR = "checkpoints"
 EXPORT_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"  # the export of a model Keras cannot serialize whole
 
 
 def resolve_model_dir(model_dir: str) -> str:
@@ -355,7 +356,21 @@ def export_model(plan: WritePlan, model) -> str | None:
   def write(fd: int, tmp: str) -> None:
     os.close(fd)
     model.save(tmp)
-  _write_into_place(path, write, suffix=".keras")  # Keras saves only to a name ending .keras
+  try:
+    _write_into_place(path, write, suffix=".keras")  # Keras saves only to a name ending .keras
+    return path
+  except (NotImplementedError, TypeError, ValueError) as e:
+    # A subclassed model without get_config, a custom object Keras cannot serialize: a finished
+    # run must not crash on its export, and its weights load into the user's own class.
+    reason = " ".join(str(e).split())[:160] or type(e).__name__
+  path = plan.path(WEIGHTS_FILE)
+  def write_weights(fd: int, tmp: str) -> None:
+    os.close(fd)
+    model.save_weights(tmp)
+  _write_into_place(path, write_weights, suffix=".weights.h5")
+  logging.warning("export: Keras cannot save this model whole (%s: %s); saved its weights to %s "
+                  "(model.load_weights on a model built by your code reads them)",
+                  type(model).__name__, reason, path)
   return path
 
 

@@ -14,6 +14,8 @@ tells them (TF Model Garden's `base_task.py`, without its weight):
                                 {name: (numerator, denominator)}, weighted, for one batch; the
                                 trainer sums both parts over replicas and steps and divides last
                                 (flax's lm1b: token accuracy divides by tokens, not sequences)
+  metric_state(batch, outputs)  optional: any other additive state (Keras metric objects'
+                                variables), summed the same way and read by metric_state_values
 
 Every batch is a dict with a "weight" entry: 0 for padding examples, 1 otherwise.
 `task.name` picks a registered task; `register_task` adds a user's own.
@@ -37,6 +39,7 @@ _BUILTIN_TASKS = {
     "text_classification": "tfdp.workloads.text.tasks",
     "matrix_factorization": "tfdp.workloads.recommenders.tasks",
     "retrieval": "tfdp.workloads.recommenders.tasks",
+    "keras_model": "tfdp.compiled.task",  # made by tfdp.fit from a compiled model, not a config
 }
 
 
@@ -72,6 +75,7 @@ class Task:
   """The base: subclasses say what their examples, model, loss and metrics are."""
 
   metric_names: tuple[str, ...] = ("loss",)  # the order of the trainer's sums vector
+  metric_state_size = 0  # entries of metric_state, after the sums
   supports_eval_flip = False  # task.eval_flip: its inputs are images whose mirror is one too
 
   def __init__(self, config: TaskConfig):
@@ -120,6 +124,31 @@ class Task:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     weight = batch["weight"]
     return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+
+  def metric_state(self, batch: dict, outputs):
+    """A float32 [metric_state_size] vector: this batch's additive contribution to metrics that
+    are not one quotient (an AUC's confusion counts); summed over replicas, steps and workers."""
+    del batch, outputs
+    raise NotImplementedError
+
+  def metric_state_values(self, state) -> dict:
+    """{name: value} from the summed metric_state (a numpy vector)."""
+    del state
+    return {}
+
+  def reported_metric_names(self) -> list[str]:
+    """Every metric a run reports, in order (the progress line's columns)."""
+    return list(self.metric_names)
+
+  def make_optimizer(self, model):
+    """The optimizer to train with, or None for the config's (trainer.optimizer and
+    trainer.learning_rate). Called inside strategy.scope()."""
+    del model
+    return None
+
+  def recorded_config(self, config: dict) -> dict:
+    """The config as model_dir/config.yaml records it: what this task trained with."""
+    return config
 
   def artifacts(self, source) -> dict:
     """Files the chief writes into model_dir beside the model: {file name: text} (e.g. the id

@@ -50,25 +50,33 @@ class MetricSums:
   """A task's metrics as named weighted sums, each with its own denominator, summed over
   replicas and steps and divided only when read; `examples` counts real (weight > 0) examples."""
 
-  def __init__(self, names, vector=None, finalize=lambda name, value: value):
+  def __init__(self, names, vector=None, finalize=lambda name, value: value,
+               state_values=None):
     self.names = tuple(names)
     self.finalize = finalize
     vector = [0.0] * (1 + 2 * len(self.names)) if vector is None else [float(v) for v in vector]
     self.examples = vector[0]
     self.sums = {n: (vector[1 + 2 * i], vector[2 + 2 * i]) for i, n in enumerate(self.names)}
+    # Task.metric_state: other additive state, read by the task (Keras metric objects).
+    self.state = np.asarray(vector[1 + 2 * len(self.names):], np.float64)
+    self.state_values = state_values
 
   def add(self, other: "MetricSums") -> None:
     self.examples += other.examples
     for name in self.names:
       (a, b), (c, d) = self.sums[name], other.sums[name]
       self.sums[name] = (a + c, b + d)
+    self.state = self.state + other.state
 
   def value(self, name: str) -> float:
     numerator, denominator = self.sums[name]
     return self.finalize(name, numerator / denominator) if denominator else 0.0
 
   def values(self) -> dict:
-    return {n: self.value(n) for n in self.names}
+    values = {n: self.value(n) for n in self.names}
+    if self.state_values is not None and self.state.size:
+      values.update(self.state_values(self.state))
+    return values
 
 
 class Trainer:
@@ -100,11 +108,16 @@ class Trainer:
       self.model = model_fn()
       self._replica_local = (compat.replica_local_statistics(self.model)
                              if strategy.num_replicas_in_sync > 1 else [])
-      self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
-                                          steps_per_epoch, self.total_steps)
-      self.optimizer = optim.make_optimizer(trainer.optimizer, self.schedule, self.model,
-                                            mixed_float16=precision == "mixed_float16",
-                                            ema_decay=trainer.ema_decay)
+      own_optimizer = task.make_optimizer(self.model)  # a compiled model's (tfdp.fit)
+      if own_optimizer is None:
+        self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
+                                            steps_per_epoch, self.total_steps)
+        self.optimizer = optim.make_optimizer(trainer.optimizer, self.schedule, self.model,
+                                              mixed_float16=precision == "mixed_float16",
+                                              ema_decay=trainer.ema_decay)
+      else:
+        self.optimizer = optim.adopt_optimizer(own_optimizer, self.model)
+        self.schedule = self._own_learning_rate
       # The global step counts training steps, taken or skipped: under mixed_float16 the loss
       # scale skips non-finite steps and `optimizer.iterations` does not advance on them
       # (keras-team/keras#20878), but checkpoints, resume and the data position must.
@@ -122,11 +135,17 @@ class Trainer:
       self._forward_backward = tf.function(self._forward_backward, jit_compile=True)
     self._wire_dtype = (None if config.runtime.all_reduce_dtype == "float32"
                         else tf.as_dtype(config.runtime.all_reduce_dtype))
-    self._num_sums = 1 + 2 * len(task.metric_names)
+    self._num_sums = 1 + 2 * len(task.metric_names) + task.metric_state_size
     # This worker's stop request, read by every step; outside the strategy: each worker's own.
     self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")
     self._train_loop = self._make_train_loop()
     self._eval_loop = self._make_eval_loop()
+
+  def _own_learning_rate(self, step):
+    """A compiled optimizer's learning rate now (its schedule counts its own iterations)."""
+    del step
+    rate = self.optimizer.learning_rate
+    return tf.identity(getattr(rate, "value", rate))
 
   # ---- per-replica steps ---------------------------------------------------------------------
 
@@ -136,7 +155,13 @@ class Trainer:
     parts = [tf.reduce_sum(batch["weight"])]
     for name in self.task.metric_names:
       parts.extend(tf.cast(x, tf.float32) for x in sums[name])
-    return tf.stack(parts)
+    if not self.task.metric_state_size:
+      return tf.stack(parts)
+    return tf.concat([tf.stack(parts), self.task.metric_state(batch, model_outputs)], axis=0)
+
+  def metric_sums(self, vector) -> MetricSums:
+    return MetricSums(self.task.metric_names, vector, self.task.finalize_metric,
+                      self.task.metric_state_values)
 
   def _forward_backward(self, batch):
     with tf.GradientTape() as tape:
@@ -393,13 +418,11 @@ class Trainer:
     all-reduce, the loop then left early) and the steps taken."""
     sums, taken = self._train_loop(iterator, tf.constant(num_steps))
     sums = sums.numpy()
-    return (MetricSums(self.task.metric_names, sums[:-1], self.task.finalize_metric),
-            bool(sums[-1] > 0), int(taken))
+    return self.metric_sums(sums[:-1]), bool(sums[-1] > 0), int(taken)
 
   def request_stop(self, requested: bool = True) -> None:
     """Thread-safe: the running loop leaves after the step every worker has seen it in."""
     self._stop_flag.assign(1.0 if requested else 0.0)
 
   def evaluate(self, dist_dataset, steps: int) -> MetricSums:
-    sums = self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy()
-    return MetricSums(self.task.metric_names, sums, self.task.finalize_metric)
+    return self.metric_sums(self._eval_loop(iter(dist_dataset), tf.constant(steps)).numpy())

@@ -140,3 +140,34 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
                        f"{e.message.splitlines()[0][:200]}); a peer stopped early: see its "
                        "error line, fix it and restart the group.") from None
   return values
+
+
+def restore_optimizer_all_reduce(optimizer) -> None:
+  """Undoes skip_optimizer_all_reduce, so a user's optimizer works in Keras's own fit again
+  after tfdp.fit trained with it."""
+  inner = getattr(optimizer, "inner_optimizer", None)
+  for opt in (optimizer, inner) if inner is not None else (optimizer,):
+    opt.__dict__.pop("_all_reduce_sum_gradients", None)
+
+
+def compiled_loss_and_metrics(model):
+  """What `model.compile(loss=..., metrics=..., weighted_metrics=...)` made: Keras 3 keeps them
+  as private CompileLoss / CompileMetrics objects (`model._compile_loss`,
+  `model._compile_metrics`), built lazily on the first batch; their resolved per-output losses
+  (`_flat_losses`: path, Loss, weight, name) and metric lists (`_flat_metrics`,
+  `_flat_weighted_metrics`, `_flatten_y`) have no public accessor. tfdp.fit reads them to apply
+  Keras's own losses and metrics per example, with the padding weight; tested in test_compat.py."""
+  loss = getattr(model, "_compile_loss", None)
+  metrics = getattr(model, "_compile_metrics", None)
+  for obj, attrs in ((loss, ("build", "_flat_losses")),
+                     (metrics, ("build", "_flat_metrics", "_flat_weighted_metrics", "_flatten_y"))):
+    if obj is not None and obj.built and not all(hasattr(obj, a) for a in attrs[1:]):
+      raise RuntimeError("keras changed: CompileLoss/CompileMetrics lost their resolved losses "
+                         "or metrics; see tfdp/distributed/compat.py")
+  return loss, metrics
+
+
+def created_in_scope(strategy, variable) -> bool:
+  """Whether a Keras 3 variable was created under `strategy.scope()` (its TF variable is then
+  the strategy's distributed variable)."""
+  return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))

@@ -273,7 +273,15 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   else:
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
+  _MADE[:] = [strategy]
   return strategy, plan
+
+
+_MADE: list = []  # the strategy this process made last: tfdp.fit trains a model built in its scope
+
+
+def last_made():
+  return _MADE[0] if _MADE else None
 
 
 def describe(plan: StrategyPlan, num_replicas: int) -> str:

@@ -1,0 +1,218 @@
+"""tfdp.fit cases for tests/test_keras_fit.py, one process each: `python keras_fit_cases.py CASE
+OUT_JSON [replicas]`. Under tfdp-launch every worker runs the same case (TF_CONFIG set)."""
+import json
+import os
+import sys
+
+import numpy as np
+
+import tfdp
+
+CASE, OUT = sys.argv[1], sys.argv[2]
+REPLICAS = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+strategy = tfdp.make_strategy(cpu_replicas=REPLICAS) if REPLICAS else tfdp.make_strategy()
+import keras  # noqa: E402  (after the strategy: logical devices first)
+import tensorflow as tf  # noqa: E402
+
+RNG = np.random.default_rng(0)
+RANK = int(os.environ.get("TFDP_WORKER_INDEX", "0"))
+
+
+def one_line(fn) -> str:
+  try:
+    fn()
+  except tfdp.TfdpError as e:
+    return str(e)
+  return "no error"
+
+
+class Positives(keras.metrics.Metric):
+  """A metric a user subclassed: the weighted count of positive predictions."""
+
+  def __init__(self, name="positives", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    hits = tf.cast(tf.reshape(y_pred, [-1]) > 0.5, tf.float32)
+    if sample_weight is not None:
+      hits *= tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+    self.count.assign_add(tf.reduce_sum(hits))
+
+  def result(self):
+    return self.count
+
+
+def multi_output_model():
+  inputs = keras.Input((6,), name="features")
+  hidden = keras.layers.Dense(16, activation="relu")(inputs)
+  klass = keras.layers.Dense(4, activation="softmax", name="klass")(hidden)
+  binary = keras.layers.Dense(1, activation="sigmoid", name="binary")(hidden)
+  value = keras.layers.Dense(1, name="value")(hidden)
+  return keras.Model(inputs, {"klass": klass, "binary": binary, "value": value})
+
+
+def compile_multi(model, lr=0.05):
+  model.compile(
+      keras.optimizers.Adam(lr),
+      loss={"klass": "sparse_categorical_crossentropy", "binary": "binary_crossentropy",
+            "value": "mse"},
+      loss_weights={"klass": 1.0, "binary": 0.5, "value": 0.25},
+      metrics={"klass": ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)],
+               "binary": [keras.metrics.BinaryAccuracy(), keras.metrics.AUC(name="auc"),
+                          keras.metrics.Precision(name="precision"),
+                          keras.metrics.Recall(name="recall"), Positives()],
+               "value": [keras.metrics.MeanSquaredError(name="mse"),
+                         keras.metrics.MeanAbsoluteError(name="mae"),
+                         keras.metrics.RootMeanSquaredError(name="rmse")]})
+
+
+def multi_data(n):
+  x = RNG.normal(size=(n, 6)).astype("float32")
+  y = {"klass": (np.abs(x[:, 0] * 2).astype("int64") % 4),
+       "binary": (x[:, 1] > 0).astype("float32")[:, None],
+       "value": (x[:, 2] - x[:, 3]).astype("float32")[:, None]}
+  return x, y
+
+
+def metrics_case():
+  """Exact Keras metrics on 3 replicas with an uneven last batch; the model afterwards."""
+  x, y = multi_data(181)
+  x_val, y_val = multi_data(25)  # batch 12 over 3 replicas: a last batch of 1 real example
+  with strategy.scope():
+    model = multi_output_model()
+    compile_multi(model)
+  history = tfdp.fit(model, x, y, batch_size=12, epochs=2, validation_data=(x_val, y_val),
+                     model_dir="runs/metrics", verbose=0)
+  single = multi_output_model()  # single-device Keras on the same weights: the reference
+  single.set_weights(model.get_weights())
+  compile_multi(single)
+  reference = single.evaluate(x_val, y_val, batch_size=7, verbose=0, return_dict=True)
+  tfdp_val = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
+  again = tfdp.fit(model, x, y, batch_size=12, epochs=2, validation_data=(x_val, y_val),
+                   model_dir="runs/metrics", verbose=0)  # finished: its history, at once
+  predicted = tfdp.predict(model, x_val, batch_size=9)
+  model.save("after.keras")
+  return {"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
+          "tfdp_evaluate": tfdp.evaluate(model, x_val, y_val, batch_size=9),
+          "predict_difference": float(max(np.abs(predicted[k] - v).max()
+                                          for k, v in single.predict(x_val, verbose=0).items())),
+          "keras_evaluate_after": model.evaluate(x_val, y_val, batch_size=12, verbose=0,
+                                                 return_dict=True)["loss"]
+                                  if REPLICAS == 1 else None,
+          "rerun_history": again.history, "first_history": history.history,
+          "rerun_final_eval_loss": again.final.get("eval_loss"),
+          "saved": os.path.exists("after.keras"),
+          "exported": os.path.exists("runs/metrics/model.keras")}
+
+
+def small_classifier(width=6):
+  return keras.Sequential([keras.Input((width,)), keras.layers.Dense(8, activation="relu"),
+                           keras.layers.Dense(3)])
+
+
+def compile_small(model, lr=0.1):
+  model.compile(keras.optimizers.SGD(lr),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+
+
+def forms_case():
+  """Input forms: dict inputs, batched and unbatched datasets, sample and class weights; bad
+  input one-liners; a subclassed model without get_config exports its weights."""
+  x = RNG.normal(size=(96, 6)).astype("float32")
+  y = (np.abs(x[:, 0] * 2).astype("int64") % 3)
+  weights = RNG.uniform(0.1, 2.0, size=96).astype("float32")
+  out = {}
+  # Weighted loss at lr 0 (weights never move): tfdp's train loss is Keras's weighted loss.
+  with strategy.scope():
+    model = small_classifier()
+    compile_small(model, lr=0.0)
+  class_weight = {0: 1.0, 1: 3.0, 2: 0.5}
+  history = tfdp.fit(model, x, y, batch_size=16, epochs=1, sample_weight=weights,
+                     class_weight=class_weight, shuffle=False, model_dir="runs/weights", verbose=0)
+  combined = weights * np.array([class_weight[int(c)] for c in y], np.float32)
+  single = small_classifier()
+  single.set_weights(model.get_weights())
+  compile_small(single, lr=0.0)
+  out["weighted"] = [history.history["loss"][0],
+                     single.evaluate(x, y, sample_weight=combined, batch_size=96, verbose=0,
+                                     return_dict=True)["loss"]]
+  # Dict inputs (two named inputs), from arrays and from a batched dataset.
+  with strategy.scope():
+    a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+    joined = keras.layers.Concatenate()([keras.layers.Dense(4)(a), keras.layers.Dense(4)(b)])
+    two = keras.Model({"a": a, "b": b}, keras.layers.Dense(3)(joined))
+    compile_small(two)
+  dict_x = {"a": x[:, :3], "b": x[:, 3:]}
+  out["dict_arrays"] = tfdp.fit(two, dict_x, y, batch_size=16, epochs=1, model_dir="runs/dict",
+                                verbose=0).final["train_loss"]
+  batched = tf.data.Dataset.from_tensor_slices((dict_x, y)).batch(16)
+  h = tfdp.fit(two, batched, epochs=1, model_dir="runs/dict_ds", verbose=0)
+  out["batched_dataset"] = [h.params["batch_size"], h.final["step"]]
+  unbatched = tf.data.Dataset.from_tensor_slices((x, y, weights))
+  with strategy.scope():
+    plain = small_classifier()
+    compile_small(plain)
+  h = tfdp.fit(plain, unbatched, batch_size=32, epochs=1, model_dir="runs/unbatched", verbose=0)
+  out["unbatched_dataset"] = [h.params["batch_size"], h.final["step"]]
+  # Bad input: one line each.
+  out["errors"] = {
+      "lengths": one_line(lambda: tfdp.fit(plain, x, y[:50], model_dir="runs/bad")),
+      "split_with_dataset": one_line(lambda: tfdp.fit(plain, unbatched.batch(8),
+                                                      validation_split=0.2, model_dir="runs/bad")),
+      "infinite": one_line(lambda: tfdp.fit(plain, unbatched.repeat().batch(8),
+                                            model_dir="runs/bad")),
+      "too_small": one_line(lambda: tfdp.fit(plain, x[:10], y[:10], batch_size=16,
+                                             model_dir="runs/bad")),
+      "one_hot_sparse": one_line(lambda: tfdp.fit(plain, x, np.eye(3)[y], batch_size=16,
+                                                  model_dir="runs/bad")),
+      "model_checkpoint": one_line(lambda: tfdp.fit(
+          plain, x, y, callbacks=[keras.callbacks.ModelCheckpoint("m.keras")],
+          model_dir="runs/bad")),
+  }
+  out["bad_dir_untouched"] = not os.path.exists("runs/bad")
+  # A subclassed model without get_config: the run finishes, the weights are exported.
+
+  class NoConfig(keras.Model):
+    def __init__(self, scale):  # an array argument: Keras cannot record it in a config
+      super().__init__()
+      self.scale = scale
+      self.dense = keras.layers.Dense(3)
+
+    def call(self, inputs):
+      return self.dense(inputs * self.scale)
+
+  with strategy.scope():
+    sub = NoConfig(np.ones(6, np.float32))
+    sub(x[:2])
+    compile_small(sub)
+  h = tfdp.fit(sub, x, y, batch_size=16, epochs=1, model_dir="runs/subclassed", verbose=0)
+  out["subclassed_export"] = [h.final.get("exported"), os.path.exists(
+      "runs/subclassed/model.weights.h5")]
+  return out
+
+
+def equivalence_case():
+  """Shuffling off: the final weights, for 1 replica = 2 replicas = 2 workers; an EarlyStopping
+  that stops every worker after the same epoch; tfdp.evaluate counting every example once."""
+  x = RNG.normal(size=(100, 6)).astype("float32")
+  y = (np.abs(x[:, 0] * 2).astype("int64") % 3)
+  keras.utils.set_random_seed(1)
+  with strategy.scope():
+    model = small_classifier()
+    compile_small(model)
+  stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
+  history = tfdp.fit(model, x, y, batch_size=20, epochs=5, shuffle=False, callbacks=[stop],
+                     validation_data=(x[:37], y[:37]), model_dir="runs/equivalence", verbose=0)
+  evaluated = tfdp.evaluate(model, x[:37], y[:37], batch_size=10)
+  return {"weights": [w.tolist() for w in model.get_weights()],
+          "epochs": len(history.history["loss"]), "stopped_epoch": stop.stopped_epoch,
+          "evaluate_examples": evaluated["examples"], "evaluate_loss": evaluated["loss"],
+          "val_loss": history.history["val_loss"][-1]}
+
+
+result = {"metrics": metrics_case, "forms": forms_case, "equivalence": equivalence_case}[CASE]()
+with open(f"{OUT}.{RANK}", "w") as f:
+  json.dump(result, f, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
+os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown)

@@ -1,0 +1,78 @@
+"""Keras callbacks under tfdp's loop: the epoch hooks of core.controller.Controller.
+
+Every worker calls them with the same all-reduced logs (Keras-style names: `loss`, `accuracy`,
+`val_loss`, ...), so `EarlyStopping` and `ReduceLROnPlateau` decide alike on every worker and
+all stop or change the learning rate together. The callbacks that save or summarize race between
+workers in Keras 3, and tfdp does their job already (chief-only), so they are refused in one line.
+"""
+from __future__ import annotations
+
+from tfdp.errors import ConfigError
+
+# Keras callback → what tfdp does instead.
+REFUSED = {
+    "ModelCheckpoint": "tfdp checkpoints every epoch into model_dir/checkpoints (the chief only; "
+                       "params='trainer.checkpoint_every_steps=N' for more often) and exports "
+                       "model_dir/model.keras",
+    "BackupAndRestore": "tfdp resumes from model_dir/checkpoints by itself: pass the same "
+                        "model_dir again",
+    "TensorBoard": "tfdp writes TensorBoard summaries into model_dir/train and model_dir/eval",
+}
+
+
+def check_callbacks(callbacks) -> list:
+  import keras  # pylint: disable=g-import-not-at-top
+  callbacks = list(callbacks or [])
+  for callback in callbacks:
+    if not isinstance(callback, keras.callbacks.Callback):
+      raise ConfigError(f"tfdp.fit: callbacks holds a {type(callback).__name__}, not a "
+                        "keras.callbacks.Callback; pass Keras callback objects.")
+    for name, instead in REFUSED.items():
+      if isinstance(callback, getattr(keras.callbacks, name)):
+        raise ConfigError(f"tfdp.fit: keras.callbacks.{name} races between workers in Keras 3; "
+                          f"{instead}: drop it from callbacks.")
+  return callbacks
+
+
+def keras_logs(row: dict) -> dict:
+  """A metrics.csv row → Keras's epoch logs: train_x → x, eval_x → val_x."""
+  logs = {}
+  for key, value in row.items():
+    if key.startswith("train_"):
+      logs[key[len("train_"):]] = value
+    elif key.startswith("eval_") and key != "eval_examples":
+      logs["val_" + key[len("eval_"):]] = value
+  if "learning_rate" in row:
+    logs["learning_rate"] = row["learning_rate"]
+  return logs
+
+
+class KerasCallbacks:
+  """The controller's hooks around a keras CallbackList and a History."""
+
+  def __init__(self, callbacks, model, epochs: int, steps_per_epoch: int):
+    import keras  # pylint: disable=g-import-not-at-top
+    self.model = model
+    self.history = keras.callbacks.History()
+    self.callbacks = keras.callbacks.CallbackList(
+        [*callbacks, self.history], add_history=False, add_progbar=False, model=model,
+        epochs=epochs, steps=steps_per_epoch, verbose=0)
+    self.started = False
+
+  def _begin(self) -> None:
+    if not self.started:
+      self.started = True
+      self.model.stop_training = False
+      self.callbacks.on_train_begin()
+
+  def epoch_begin(self, epoch: int) -> None:
+    self._begin()
+    self.callbacks.on_epoch_begin(epoch)
+
+  def epoch_end(self, epoch: int, row: dict) -> bool:
+    self.callbacks.on_epoch_end(epoch, keras_logs(row))
+    return bool(getattr(self.model, "stop_training", False))
+
+  def train_end(self, row: dict) -> None:
+    if self.started:
+      self.callbacks.on_train_end(keras_logs(row))

@@ -1,0 +1,211 @@
+"""`tfdp.fit(model, x, y, ...)`: what `model.fit` takes, trained by tfdp's engine.
+
+    import tfdp
+    strategy = tfdp.make_strategy()          # first: devices are fixed when TF starts
+    with strategy.scope():
+      model = build_model()
+      model.compile(optimizer=..., loss=..., metrics=[...])
+    history = tfdp.fit(model, x, y, batch_size=256, epochs=5, validation_data=(x_val, y_val))
+
+What compile() says is what trains: no learning-rate scaling, warmup, weight decay,
+augmentation or normalization is added. `batch_size` is the global batch. The model stays a
+Keras model afterwards (`model.evaluate`, `model.predict`, `model.save` in the same process);
+`tfdp.evaluate` and `tfdp.predict` are their exact, distributed forms (any worker count).
+"""
+from __future__ import annotations
+
+import os
+
+from absl import logging
+import yaml
+
+from tfdp import config as config_lib
+from tfdp import logs
+from tfdp.compiled import callbacks as callbacks_lib
+from tfdp.compiled import inputs as inputs_lib
+from tfdp.core import outputs
+from tfdp.errors import ConfigError
+
+DEFAULT_RUNS = "tfdp_runs"  # model_dir=None: tfdp_runs/<model name>, a fresh run each time
+
+
+def _strategy_for(model, strategy):
+  """The strategy the model's variables live in; a model built outside it is cloned into it
+  (Keras can clone functional and Sequential models), its weights copied back after training.
+  Returns (strategy, model to train, the user's model or None when no copy is needed)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  strategy = strategy or strategy_lib.last_made()
+  if not isinstance(model, keras.Model):
+    if not callable(model):
+      raise ConfigError(f"tfdp.fit: model is a {type(model).__name__}; pass a compiled "
+                        "keras.Model or a function that returns one.")
+    if strategy is None:  # as tfdp.make_strategy() with no arguments
+      from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
+      strategy = strategy_lib.make_strategy(config_lib.RuntimeConfig(), cluster.resolve_cluster())[0]
+    with strategy.scope():
+      built = model()
+    if not isinstance(built, keras.Model):
+      raise ConfigError(f"tfdp.fit: the model function returned a {type(built).__name__}; return "
+                        "a compiled keras.Model.")
+    return strategy, built, None
+  if not model.weights:
+    raise ConfigError("tfdp.fit: the model has no weights yet (a Sequential without keras.Input); "
+                      "give it an Input layer or call it on one batch before tfdp.fit.")
+  if strategy is None:
+    if os.environ.get("TF_CONFIG"):
+      raise ConfigError("tfdp.fit: TF_CONFIG names a cluster, but no tfdp strategy was made; "
+                        "call strategy = tfdp.make_strategy() first and build and compile the "
+                        "model under `with strategy.scope():`.")
+    strategy = tf.distribute.get_strategy()
+  if all(compat.created_in_scope(strategy, v) for v in model.weights):
+    return strategy, model, None
+  try:
+    with strategy.scope():
+      clone = keras.models.clone_model(model)
+      clone.set_weights(model.get_weights())
+      clone.compile_from_config(model.get_compile_config())
+  except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
+    raise ConfigError(
+        f"tfdp.fit: the model was built outside the strategy's scope and Keras cannot clone it "
+        f"into it ({type(e).__name__}); build and compile it under `with "
+        "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
+    ) from None
+  logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "
+                  "made inside it; its weights are copied back into your model afterwards")
+  return strategy, clone, model
+
+
+def _is_restart() -> bool:
+  return any(os.environ.get(n, "").strip().isdigit() and int(os.environ[n]) > 0
+             for n in ("TFDP_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+
+
+def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
+  overrides = [params if isinstance(params, str) else yaml.safe_dump(params)] if params else []
+  config = config_lib.load_config(list(config_files), overrides)
+  config.task.name = "keras_model"
+  config.task.model = config_lib.ModelConfig(name="keras_model")
+  for data in (config.task.train_data, config.task.eval_data):
+    data.source, data.augment, data.cache = "keras", False, False
+  # Keras shuffles arrays, never a dataset (its order is the pipeline's): so does tfdp, seeded.
+  config.task.train_data.shuffle = bool(shuffle) and inputs.from_arrays
+  if inputs.from_arrays and not config.task.train_data.shuffle_buffer:
+    config.task.train_data.shuffle_buffer = inputs.train.num_examples  # Keras shuffles it all
+  config.task.eval_flip, config.task.label_smoothing = False, 0.0
+  trainer = config.trainer
+  trainer.epochs, trainer.global_batch_size = epochs, inputs.global_batch
+  trainer.eval_batch_size = inputs.global_batch
+  # The compiled optimizer is the recipe: none of the config's schedule, decay, clip or EMA.
+  trainer.learning_rate = config_lib.LearningRateConfig(schedule="constant")
+  trainer.gradient_clip_norm, trainer.ema_decay, trainer.precise_bn_batches = 0.0, 0.0, 0
+  config.runtime.mixed_precision = precision
+  config_lib.validate(config)
+  return config
+
+
+def _whole(name: str, value, minimum: int = 1) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ConfigError(f"tfdp.fit: {name} must be a whole number ≥ {minimum}, got {value!r}.")
+  return value
+
+
+def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+        validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+        sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+        validation_freq=1, *, model_dir=None, strategy=None, params="", config_files=()):
+  """Trains a compiled Keras model as `model.fit` would, data-parallel; returns a
+  `keras.callbacks.History` (its `.final` holds the last metrics, `.model_dir` the run).
+
+  `model_dir`: checkpoints, metrics.csv, config.yaml and the exported model; the same
+  model_dir again resumes (a finished run returns its history at once). None: tfdp_runs/<model
+  name>, and each call starts a fresh run there (the earlier one is moved to
+  tfdp_runs/<name>/previous-<time>/), as `model.fit` would train again; a restarted worker
+  group (tfdp-launch --max_restarts) still resumes it."""
+  epochs = _whole("epochs", epochs)
+  validation_freq = _whole("validation_freq", validation_freq)
+  if initial_epoch:
+    raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
+                      "drop it (pass the same model_dir to resume).")
+  logs.start_tensorflow()
+  import keras  # pylint: disable=g-import-not-at-top
+  strategy, trained, users_model = _strategy_for(model, strategy)
+  callbacks = callbacks_lib.check_callbacks(callbacks)
+  ranks = [len(t.shape) for t in trained.inputs] if _has_inputs(trained) else []
+  inputs = inputs_lib.make_inputs(
+      x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
+      validation_data=validation_data, validation_split=validation_split,
+      steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, model_input_ranks=ranks)
+  precision = keras.mixed_precision.dtype_policy().name
+  if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
+    precision = "float32"
+  config = _config(config_files, params, inputs, epochs, shuffle, precision)
+  config.trainer.eval_every_epochs = validation_freq
+  from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
+  task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
+  start_over = model_dir is None and not _is_restart()
+  model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  quiet = verbose == 0
+  built = experiment.build(
+      config, model_dir, "train" if inputs.validation is None else "train_and_eval",
+      train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
+      strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
+  hooks = callbacks_lib.KerasCallbacks(callbacks, users_model or trained, epochs,
+                                       built.trainer.steps_per_epoch)
+  built.hooks = hooks
+  try:
+    result = built.run()
+  finally:
+    compat.restore_optimizer_all_reduce(trained.optimizer)
+    if users_model is not None:
+      users_model.set_weights(trained.get_weights())
+  from tfdp.core import controller  # pylint: disable=g-import-not-at-top
+  controller.release_in_background(result.pop("trainer"))
+  return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs)
+
+
+def _has_inputs(model) -> bool:
+  try:
+    return bool(model.inputs)
+  except (AttributeError, ValueError):
+    return False
+
+
+def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs):
+  """Keras's History: from this call's epochs, or for a run that had finished already (nothing
+  trained now) from its metrics.csv, so a re-run returns its final metrics, never nothing."""
+  history = hooks.history
+  if not history.history:
+    rows = _read_rows(model_dir)
+    history.epoch = [int(r["epoch"]) - 1 for r in rows]
+    for row in rows:
+      for key, value in callbacks_lib.keras_logs(row).items():
+        history.history.setdefault(key, []).append(value)
+    if rows:
+      result.update({k: v for k, v in rows[-1].items() if k.startswith(("train_", "eval_"))})
+  history.set_model(model)
+  history.params = {"epochs": epochs, "steps": result.get("steps_per_epoch"),
+                    "batch_size": inputs.global_batch, "verbose": 0}
+  history.final = {k: v for k, v in result.items() if k != "trainer"}
+  history.model_dir = model_dir
+  return history
+
+
+def _read_rows(model_dir: str) -> list[dict]:
+  import csv  # pylint: disable=g-import-not-at-top
+  path = os.path.join(model_dir, outputs.METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as f:
+    rows = list(csv.DictReader(f))
+  def number(value):
+    try:
+      return float(value)
+    except (TypeError, ValueError):
+      return value
+  return [{k: number(v) for k, v in row.items() if v not in ("", None)} for row in rows]
+

@@ -1,0 +1,240 @@
+"""Data as `keras.Model.fit` takes it → tfdp Sources of unbatched example dicts.
+
+Arrays (or dicts / lists of arrays) `x, y`, or a `tf.data.Dataset` of `x`, `(x, y)` or
+`(x, y, sample_weight)`, batched or not. Every example becomes `{"x", "y", "sample_weight"}`;
+tfdp then shuffles (seeded: every worker draws the same order), shards, batches and pads it as
+it does any source, so the user's own pipeline (a `TextVectorization` inside `.map`) runs as
+written, once per example.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tfdp.core import data as data_lib
+from tfdp.errors import DataError
+
+DEFAULT_BATCH_SIZE = 32  # keras.Model.fit's
+
+
+def fail(argument: str, problem: str, fix: str) -> DataError:
+  return DataError(f"tfdp.fit: {argument} {problem}; {fix}.")
+
+
+@dataclasses.dataclass
+class KerasData:
+  """What tfdp.fit decided about the user's data, once."""
+  train: data_lib.Source
+  validation: data_lib.Source | None
+  global_batch: int
+  from_arrays: bool  # arrays shuffle as Keras shuffles them; a dataset keeps its order unless asked
+
+  def describe(self) -> dict:
+    described = {"train_examples": self.train.num_examples, "global_batch_size": self.global_batch,
+                 "element_spec": self.train.info["element_spec"],
+                 "given_as": "arrays" if self.from_arrays else "tf.data.Dataset"}
+    if self.validation is not None:
+      described["validation_examples"] = self.validation.num_examples
+    return described
+
+
+def _tf():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf
+
+
+def _is_dataset(value) -> bool:
+  return isinstance(value, _tf().data.Dataset)
+
+
+def _length(value, argument: str) -> int:
+  lengths = {len(leaf) for leaf in _tf().nest.flatten(value)}
+  if len(lengths) != 1:
+    raise fail(argument, f"holds arrays of different lengths {sorted(lengths)}",
+               "give every array one row per example")
+  return lengths.pop()
+
+
+def _as_arrays(value):
+  if isinstance(value, list):  # Keras's list of inputs; tf.data would stack a list into one
+    value = tuple(value)
+  return _tf().nest.map_structure(np.asarray, value)
+
+
+def _class_weights(y, class_weight: dict):
+  """Each example's class weight, from integer or one-hot labels (Keras's class_weight)."""
+  tf = _tf()
+  if tf.nest.is_nested(y):
+    raise fail("class_weight", "works with a single output only",
+               "use sample_weight for a model with several outputs")
+  table = np.ones(max(int(k) for k in class_weight) + 1, np.float32)
+  for label, weight in class_weight.items():
+    table[int(label)] = float(weight)
+  y = tf.convert_to_tensor(y)
+  one_hot = y.shape.rank and y.shape[-1] > 1
+  label = tf.cast(tf.argmax(y, -1) if one_hot else tf.reshape(y, [-1])[0], tf.int64)
+  return tf.gather(tf.constant(table), tf.minimum(label, len(table) - 1))
+
+
+def _examples(dataset, class_weight):
+  """(x, y[, sample_weight]) or x → {"x", "y", "sample_weight"} per example."""
+  tf = _tf()
+
+  def to_example(*element):  # tf.data unpacks a tuple element: (x,), (x, y) or (x, y, weight)
+    x = element[0]
+    y = element[1] if len(element) > 1 else tf.zeros([], tf.float32)
+    weight = tf.cast(element[2], tf.float32) if len(element) > 2 else tf.constant(1.0)
+    if class_weight:
+      weight = weight * _class_weights(y, class_weight)
+    return {"x": x, "y": y, "sample_weight": tf.reshape(weight, [])}
+
+  return dataset.map(to_example)
+
+
+def _spec_text(spec) -> object:
+  tf = _tf()
+  return tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)
+
+
+def _source(dataset, count: int, class_weight, name: str) -> data_lib.Source:
+  examples = _examples(dataset, class_weight)
+  element_spec = {k: _spec_text(v) for k, v in examples.element_spec.items() if k != "sample_weight"}
+
+  def read(file_indices):
+    del file_indices  # one stream
+    return examples
+
+  return data_lib.Source([count], read, "keras", info={"element_spec": element_spec, "name": name})
+
+
+def _from_arrays(x, y, sample_weight, argument: str):
+  tf = _tf()
+  n = _length(x, argument)
+  parts = [_as_arrays(x)]
+  if y is not None:
+    if _length(y, "y") != n:
+      raise fail("x and y", f"have different lengths ({n} and {_length(y, 'y')})",
+                 "give one label per example")
+    parts.append(_as_arrays(y))
+  if sample_weight is not None:
+    if y is None:
+      raise fail("sample_weight", "was given without y", "pass y too")
+    weights = np.asarray(sample_weight, np.float32).reshape(-1)
+    if len(weights) != n:
+      raise fail("sample_weight", f"has {len(weights)} entries for {n} examples",
+                 "give one weight per example")
+    parts.append(weights)
+  return tf.data.Dataset.from_tensor_slices(tuple(parts)), n
+
+
+def _unbatched(dataset, model_input_ranks):
+  """A dataset Keras would take batched (its leading dimension unknown, or matching the model's
+  input rank) is unbatched here: tfdp batches with the global batch. Returns (dataset, its batch
+  size or 0)."""
+  tf = _tf()
+  specs = [s for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
+  if not specs:
+    return dataset, 0
+  first = tf.nest.flatten(dataset.element_spec)[0]
+  leading = [s.shape[0] if s.shape.rank else -1 for s in specs]
+  batched = all(d is None for d in leading)
+  if not batched and model_input_ranks and first.shape.rank is not None:
+    batched = first.shape.rank == model_input_ranks[0] and len(set(leading)) == 1
+  if not batched:
+    return dataset, 0
+  batch = leading[0] if leading[0] not in (None, -1) else 0
+  if not batch:  # .batch(n) without drop_remainder: the first batch says n
+    for element in dataset.take(1):
+      batch = int(tf.nest.flatten(element)[0].shape[0])
+  return dataset.unbatch(), batch
+
+
+def _count(dataset, steps_per_epoch: int, global_batch: int, argument: str):
+  """Examples per epoch: known, counted in one pass, or steps_per_epoch × the batch for a
+  dataset that repeats for ever."""
+  tf = _tf()
+  cardinality = int(dataset.cardinality())
+  if cardinality == tf.data.INFINITE_CARDINALITY:
+    if not steps_per_epoch:
+      raise fail(argument, "repeats for ever", "pass steps_per_epoch (or drop the .repeat())")
+    return dataset.take(steps_per_epoch * global_batch), steps_per_epoch * global_batch
+  if steps_per_epoch:
+    dataset = dataset.take(steps_per_epoch * global_batch)
+  if cardinality >= 0 and not steps_per_epoch:
+    return dataset, cardinality
+  ones = dataset.map(lambda *_: tf.constant(1, tf.int64))
+  return dataset, int(ones.reduce(tf.constant(0, tf.int64), lambda count, one: count + one))
+
+
+def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,
+                validation_data=None, validation_split=0.0, steps_per_epoch=None,
+                validation_steps=None, model_input_ranks=()) -> KerasData:
+  """Keras's fit arguments → KerasData; one line (DataError) for what Keras would reject later
+  or silently misread."""
+  if x is None:
+    raise fail("x", "is None", "pass the training data")
+  if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+    raise fail("batch_size", f"is {batch_size!r}", "pass a positive whole number (the global batch)")
+  if not 0.0 <= float(validation_split) < 1.0:
+    raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
+  class_weight = dict(class_weight or {})
+  if _is_dataset(x):
+    if y is not None or sample_weight is not None:
+      raise fail("y/sample_weight", "were given with a dataset",
+                 "put them in the dataset's elements: (x, y) or (x, y, sample_weight)")
+    if validation_split:
+      raise fail("validation_split", "works with arrays only",
+                 "pass validation_data=<a dataset> instead")
+    dataset, dataset_batch = _unbatched(x, model_input_ranks)
+    global_batch = batch_size or dataset_batch or DEFAULT_BATCH_SIZE
+    dataset, count = _count(dataset, steps_per_epoch or 0, global_batch, "x")
+    from_arrays, validation = False, None
+  else:
+    dataset, count = _from_arrays(x, y, sample_weight, "x")
+    global_batch = batch_size or DEFAULT_BATCH_SIZE
+    from_arrays = True
+    validation = None
+    if validation_split:  # Keras's rule: the last fraction, before any shuffling
+      keep = int(count * (1.0 - validation_split))
+      if keep == 0 or keep == count:
+        raise fail("validation_split", f"{validation_split} of {count} examples leaves one side empty",
+                   "use more data or another fraction")
+      validation = _source(dataset.skip(keep), count - keep, {}, "validation_split")
+      dataset, count = dataset.take(keep), keep
+  if count < global_batch:
+    raise fail("x", f"has {count} example(s), fewer than one global batch of {global_batch}",
+               "pass a smaller batch_size or more data")
+  train = _source(dataset, count, class_weight, "train")
+  if validation_data is not None:
+    if validation is not None:
+      raise fail("validation_data", "was given with validation_split", "pass one of them")
+    validation = _validation_source(validation_data, validation_steps, global_batch,
+                                    model_input_ranks)
+  return KerasData(train, validation, global_batch, from_arrays)
+
+
+def _validation_source(validation_data, validation_steps, global_batch, model_input_ranks):
+  if _is_dataset(validation_data):
+    dataset, _ = _unbatched(validation_data, model_input_ranks)
+    dataset, count = _count(dataset, validation_steps or 0, global_batch, "validation_data")
+  elif isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
+    dataset, count = _from_arrays(validation_data[0], validation_data[1],
+                                  validation_data[2] if len(validation_data) == 3 else None,
+                                  "validation_data")
+  else:
+    raise fail("validation_data", f"is a {type(validation_data).__name__}",
+               "pass (x_val, y_val), (x_val, y_val, sample_weight) or a tf.data.Dataset")
+  if not count:
+    raise fail("validation_data", "is empty", "pass at least one example")
+  return _source(dataset, count, {}, "validation")
+
+
+def predict_source(x, model_input_ranks=()) -> data_lib.Source:
+  """Inputs only, for tfdp.predict/evaluate: arrays or a dataset (its labels kept if present)."""
+  if _is_dataset(x):
+    dataset, _ = _unbatched(x, model_input_ranks)
+    dataset, count = _count(dataset, 0, 1, "x")
+  else:
+    dataset, count = _from_arrays(x, None, None, "x")
+  return _source(dataset, count, {}, "predict")

@@ -1,0 +1,258 @@
+"""A compiled Keras model as a tfdp task: its compile() is the recipe.
+
+The loss is Keras's own compiled loss, applied per example (each output's Loss object with no
+reduction, times its loss weight, times the example's sample weight), so the trainer can divide
+by the global batch and count padding as nothing. The metrics are Keras's own metric objects
+(strings resolved by Keras, per output, `weighted_metrics` too), updated without touching their
+variables: each batch's update is taken statelessly from the metrics' initial state
+(`keras.StatelessScope`), the difference is summed over replicas, steps and workers like any
+tfdp sum, and the metrics' own `result()` reads the total. Every metric whose state adds up
+(Mean, AUC's confusion counts, Precision, ...: Keras's `aggregation="sum"`) is then exactly what
+single-device Keras reports on the same weights and data.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from tfdp.core import task as tasks
+from tfdp.distributed import compat
+from tfdp.errors import ConfigError, DataError
+
+
+@tasks.register_task("keras_model")
+class CompiledModelTask(tasks.Task):
+  """Made by tfdp.fit (`CompiledModelTask(config).attach(model, inputs)`), never from a config
+  alone."""
+
+  metric_names = ("loss",)
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.model = None
+    self.inputs = None
+
+  def build_source(self, data):
+    raise ConfigError("task 'keras_model' trains the compiled model given to tfdp.fit; a config "
+                      "cannot name it: use tfdp.fit(model, x, y, ...) or another task.name.")
+
+  @classmethod
+  def check_source(cls, data, key):
+    del data, key  # the data is tfdp.fit's, checked there
+
+  # ---- set up once, eagerly, before the trainer traces anything -----------------------------
+
+  def attach(self, model, inputs) -> "CompiledModelTask":
+    """Resolves the compiled loss and metrics against one real batch (Keras does it on the
+    first batch of fit)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import keras  # pylint: disable=g-import-not-at-top
+    self.model, self.inputs = model, inputs
+    compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
+    if compile_loss is None or getattr(model, "optimizer", None) is None:
+      raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
+                        "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
+    sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
+    y_pred = model(sample["x"], training=False)
+    y_true = self._align(sample["y"], y_pred)
+    _check_labels(model, compile_loss, y_true, y_pred)
+    if not compile_loss.built:
+      compile_loss.build(y_true, y_pred)
+    self._flat_losses = []
+    for path, loss, weight, _ in compile_loss._flat_losses:  # pylint: disable=protected-access
+      unreduced = copy.copy(loss)
+      unreduced.reduction = "none"
+      self._flat_losses.append((tuple(path), unreduced, 1.0 if weight is None else float(weight)))
+    self._y_true_structure = compile_loss._y_true_build_structure  # pylint: disable=protected-access
+    self._y_pred_structure = compile_loss._y_pred_build_structure  # pylint: disable=protected-access
+    self._metrics = compile_metrics
+    self._metric_variables, self._metric_initial = [], []
+    if compile_metrics is not None:
+      if not compile_metrics.built:
+        compile_metrics.build(y_true, y_pred)
+      compile_metrics.reset_state()
+      for variable in compile_metrics.variables:
+        if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
+          raise ConfigError(f"tfdp.fit: metric variable '{variable.path}' is aggregated by "
+                            f"'{variable.aggregation}', not summed, so it cannot be combined "
+                            "across replicas; drop that metric or compute it after "
+                            "training with tfdp.predict.")
+        self._metric_variables.append(variable)
+        self._metric_initial.append(np.asarray(tf.identity(variable.value).numpy()))
+    self._state_sizes = [int(v.size) for v in self._metric_initial]
+    self.metric_state_size = int(sum(self._state_sizes))
+    self._metric_names = list(self.metric_state_values(np.zeros(self.metric_state_size)))
+    return self
+
+  def _align(self, y_true, y_pred):
+    """Labels in the structure of the outputs (a dict of labels for a list of named outputs)."""
+    import keras  # pylint: disable=g-import-not-at-top
+    if isinstance(y_true, dict) and isinstance(y_pred, (list, tuple)):
+      names = list(getattr(self.model, "output_names", None) or [])
+      if set(names) == set(y_true):
+        return [y_true[n] for n in names]
+    if isinstance(y_pred, (list, tuple)) and not keras.tree.is_nested(y_true) and len(y_pred) == 1:
+      return [y_true]
+    return y_true
+
+  # ---- the Task contract ------------------------------------------------------------------
+
+  def build_model(self, source):
+    del source
+    return self.model
+
+  def make_optimizer(self, model):
+    return model.optimizer
+
+  def preprocess(self, example, data, training, seed):
+    del data, training, seed
+    return {"x": example["x"], "y": example["y"], "sample_weight": example["sample_weight"],
+            "index": example["index"]}  # the example's place in its epoch: tfdp.predict's order
+
+  def model_inputs(self, batch):
+    return batch["x"]
+
+  def per_example_loss(self, batch, outputs):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    y_true = self._align(batch["y"], outputs)
+    total = None
+    for path, loss, weight in self._flat_losses:
+      y_t, y_p = _at(y_true, path), _at(outputs, path)
+      values = tf.cast(loss(y_t, y_p), tf.float32)
+      if values.shape.rank and values.shape.rank > 1:  # per token, per pixel: their mean, as Keras
+        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+      values = values * weight
+      total = values if total is None else total + values
+    return total * batch["sample_weight"]
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    weight = batch["weight"]  # the padding mask; per_example_loss carries the sample weight
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+
+  def metric_state(self, batch, outputs):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import keras  # pylint: disable=g-import-not-at-top
+    metrics = self._metrics
+    initial = [tf.constant(v) for v in self._metric_initial]
+    pad = batch["weight"]
+    weighted = pad * batch["sample_weight"]
+    with keras.StatelessScope(state_mapping=list(zip(self._metric_variables, initial))) as scope:
+      y_true = metrics._flatten_y(self._align(batch["y"], outputs))  # pylint: disable=protected-access
+      y_pred = metrics._flatten_y(outputs)  # pylint: disable=protected-access
+      for lists, sample_weight in ((metrics._flat_metrics, pad),  # pylint: disable=protected-access
+                                   (metrics._flat_weighted_metrics, weighted)):  # pylint: disable=protected-access
+        for metric_list, y_t, y_p in zip(lists, y_true, y_pred):
+          if metric_list:
+            metric_list.update_state(y_t, y_p, sample_weight=sample_weight)
+      updated = [scope.get_current_value(v) for v in self._metric_variables]
+    return tf.concat([tf.reshape(tf.cast(new, tf.float32) - tf.cast(old, tf.float32), [-1])
+                      for new, old in zip(updated, initial)], axis=0)
+
+  def metric_state_values(self, state) -> dict:
+    import keras  # pylint: disable=g-import-not-at-top
+    if self._metrics is None or not self._metric_variables:
+      return {}
+    values, offset = [], 0
+    for initial, size in zip(self._metric_initial, self._state_sizes):
+      total = initial.astype(np.float64) + np.asarray(state[offset:offset + size]).reshape(initial.shape)
+      values.append(keras.ops.convert_to_tensor(total.astype(initial.dtype)))
+      offset += size
+    with keras.StatelessScope(state_mapping=list(zip(self._metric_variables, values))):
+      # Read inside the scope: a result() that returns a variable itself reads the scope's value.
+      return {name: float(np.asarray(keras.ops.convert_to_numpy(value)).mean())
+              for name, value in self._metrics.result().items()}
+
+  def reported_metric_names(self) -> list[str]:
+    return ["loss", *self._metric_names]
+
+  # ---- the record ---------------------------------------------------------------------------
+
+  def recorded_config(self, config: dict) -> dict:
+    """config.yaml says what ran: the compiled model and the data given, none of the config
+    recipes that tfdp.fit does not apply."""
+    trainer = {k: v for k, v in config["trainer"].items() if k not in ("optimizer", "learning_rate",
+                                                                       "ema_decay")}
+    data_keys = ("source", "shuffle", "shuffle_buffer", "shard_policy", "deterministic")
+    task = {"name": "keras_model",
+            "train_data": {k: config["task"]["train_data"][k] for k in data_keys},
+            "eval_data": {k: config["task"]["eval_data"][k] for k in data_keys}}
+    return {"task": task, "trainer": trainer, "runtime": config["runtime"],
+            "keras": self.describe()}
+
+  def describe(self) -> dict:
+    import keras  # pylint: disable=g-import-not-at-top
+    model = self.model
+    def spec(tensors):
+      return keras.tree.map_structure(lambda t: f"{t.dtype}{list(t.shape)}", tensors)
+    described = {"model_class": f"{type(model).__module__}.{type(model).__name__}",
+                 "model_name": model.name, "parameters": int(model.count_params())}
+    try:
+      described["inputs"], described["outputs"] = spec(model.inputs), spec(model.outputs)
+    except (AttributeError, ValueError):  # a subclassed model has no symbolic inputs
+      pass
+    optimizer = model.optimizer
+    described["optimizer"] = {"class": type(optimizer).__name__,
+                              **{k: _plain(v) for k, v in optimizer.get_config().items()}}
+    described["losses"] = [{"output": "/".join(map(str, path)) or None,
+                            "loss": type(loss).__name__ if type(loss).__name__ != "LossFunctionWrapper"
+                            else loss.name, "weight": weight}
+                           for path, loss, weight in self._flat_losses]
+    described["metrics"] = self._metric_names
+    described["data"] = self.inputs.describe()
+    return described
+
+
+def _plain(value):
+  if isinstance(value, (bool, int, float, str)) or value is None:
+    return value
+  if isinstance(value, dict):
+    return {k: _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  return str(value)
+
+
+def _at(structure, path):
+  for key in path:
+    structure = structure[key]
+  return structure
+
+
+def _check_labels(model, compile_loss, y_true, y_pred) -> None:
+  """One-hot labels with a sparse loss and the reverse, and from_logits against a softmax or
+  sigmoid output, fail or train wrongly deep inside Keras: say so before anything runs."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  user_loss = compile_loss._user_loss  # pylint: disable=protected-access
+  if keras.tree.is_nested(user_loss) or keras.tree.is_nested(y_pred):
+    return  # per-output losses: Keras checks their structure
+  loss = keras.losses.get(user_loss) if isinstance(user_loss, str) else user_loss
+  name = getattr(loss, "name", "") or getattr(loss, "__name__", "")
+  labels = np.asarray(y_true)
+  width = y_pred.shape[-1]
+  sparse = "sparse_categorical" in name
+  if sparse and labels.ndim == len(y_pred.shape) and labels.shape[-1] == width > 1:
+    raise DataError(f"tfdp.fit: y looks one-hot (last dimension {width}), but the loss is {name}, "
+                    "which takes class ids; pass integer labels (y.argmax(-1)) or use "
+                    "CategoricalCrossentropy.")
+  if "categorical" in name and not sparse and width > 1 and (
+      labels.ndim < len(y_pred.shape) or labels.shape[-1] == 1):
+    raise DataError(f"tfdp.fit: y holds class ids, but the loss is {name}, which takes one-hot "
+                    "labels; use SparseCategoricalCrossentropy or keras.utils.to_categorical(y).")
+  from_logits = getattr(loss, "from_logits", None)
+  if from_logits is None:
+    config = getattr(loss, "get_config", lambda: {})()
+    from_logits = config.get("from_logits")
+  last = model.layers[-1] if getattr(model, "layers", None) else None
+  activation = getattr(getattr(last, "activation", None), "__name__", "")
+  if from_logits and activation in ("softmax", "sigmoid"):
+    logging.warning("tfdp.fit: the loss has from_logits=True but the model's last layer applies "
+                    "%s; its outputs are probabilities, not logits (use from_logits=False or "
+                    "drop the activation).", activation)
+  elif from_logits is False and activation in ("linear", "") and last is not None and (
+      "crossentropy" in name):
+    logging.warning("tfdp.fit: the loss takes probabilities (from_logits=False) but the model's "
+                    "last layer has no softmax/sigmoid; if it outputs logits, pass "
+                    "from_logits=True.")
