@@ -1,6 +1,7 @@
 """Runs N local copies of a training command, each with its own TF_CONFIG.
 
 Usage: python apps/launch.py --num_workers 2 [--max_restarts 1]
+  [--min_workers 1 [--slots_file slots.txt]]
   [--gpus_per_worker auto] [--host 127.0.0.1] [--allow_remote]
   -- python apps/train.py ...
 """
@@ -20,6 +21,19 @@ from tfdp.errors import TfdpError
 
 flags.DEFINE_integer("num_workers", 2, "Number of worker processes.")
 flags.DEFINE_integer("max_restarts", 0, "Reruns of the whole group on failure.")
+flags.DEFINE_integer(
+    "min_workers", None,
+    "Let a restart run fewer workers, down to this many (unset: every restart runs all "
+    "--num_workers). A worker slot (TFDP_WORKER_SLOT, its index in the full group) that is "
+    "the first to fail in 2 group attempts in a row is dropped; fewer than --min_workers left "
+    "stops the launcher with one line naming the missing slots. Each restart logs one line: "
+    "'restart R of M: N workers (was K; why)'.", lower_bound=1)
+flags.DEFINE_string(
+    "slots_file", None,
+    "With --min_workers: a file listing the worker slots that may start (numbers 0 .. "
+    "num_workers-1, one per line; written with all of them if missing), read at every restart. "
+    "The launcher rewrites it without a slot it drops; list the slot again when its host is "
+    "back and the group grows back at its next restart. Without it a dropped slot stays out.")
 flags.DEFINE_string(
     "gpus_per_worker", "auto",
     "GPUs per worker, each its own CUDA_VISIBLE_DEVICES: auto (the visible "
@@ -46,7 +60,8 @@ def main(argv: list[str]) -> int:
         host=FLAGS.host, allow_remote=FLAGS.allow_remote,
         stop_grace_seconds=FLAGS.stop_grace_seconds,
         gpus_per_worker=FLAGS.gpus_per_worker,
-        allow_many_workers=FLAGS.allow_many_workers)
+        allow_many_workers=FLAGS.allow_many_workers, min_workers=FLAGS.min_workers,
+        slots_file=FLAGS.slots_file)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
 

@@ -40,10 +40,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from tfdp.distributed import elastic
 from tfdp.distributed import gpus as gpus_lib
 from tfdp.distributed import isolation
 from tfdp.distributed.isolation import is_loopback_host, pick_free_ports  # noqa: F401 (API)
-from tfdp.errors import EXIT_PERMANENT, ClusterError, TfdpError
+from tfdp.errors import EXIT_PERMANENT, EXIT_RESTART_GROUP, ClusterError, TfdpError
 
 TAIL_LINES = 20
 DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
@@ -203,7 +204,8 @@ def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
 
 def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
                    base_env: Mapping[str, str], gpus: Sequence[str] | None,
-                   network: isolation.PrivateNetwork | None = None) -> list[_Worker]:
+                   network: isolation.PrivateNetwork | None = None,
+                   slots: Sequence[int] | None = None) -> list[_Worker]:
   workers: list[_Worker] = []
   base_env = dict(base_env)
   # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
@@ -212,7 +214,8 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
     for index, tf_config in enumerate(tf_configs):
       worker_env = dict(base_env, TF_CONFIG=tf_config,
                         TFDP_WORKER_INDEX=str(index),
-                        TFDP_NUM_WORKERS=str(len(tf_configs)))
+                        TFDP_NUM_WORKERS=str(len(tf_configs)),
+                        TFDP_WORKER_SLOT=str(index if slots is None else slots[index]))
       if gpus is not None:
         worker_env.update({"CUDA_VISIBLE_DEVICES": gpus[index],
                            gpus_lib.ASSIGNED_BY_VAR: "tfdp-launch"})
@@ -259,11 +262,12 @@ def run_group(command: Sequence[str], num_workers: int,
               stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
               output: TextIO | None = None,
               gpus_per_worker: int | str = gpus_lib.AUTO,
-              private_network: bool = True) -> GroupResult:
+              private_network: bool = True,
+              slots: Sequence[int] | None = None) -> GroupResult:
   """Runs `num_workers` copies of `command` until all exit or one fails.
 
   Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on
-  `host`), TFDP_WORKER_INDEX and TFDP_NUM_WORKERS, its own GPUs in
+  `host`), TFDP_WORKER_INDEX, TFDP_NUM_WORKERS, TFDP_WORKER_SLOT, its own GPUs in
   CUDA_VISIBLE_DEVICES (gpus.plan_worker_gpus; one stderr line says which),
   and runs in its own process group. Its merged stdout/stderr is printed line
   by line as `[wI] line`.
@@ -285,6 +289,7 @@ def run_group(command: Sequence[str], num_workers: int,
       the env is left as it is), 0 (CPU only) or N GPUs per worker.
     private_network: run the group in a private network namespace, loopback
       only (isolation.py), where the kernel allows it; else one warning line.
+    slots: per worker, its index in the full group (TFDP_WORKER_SLOT), default the index.
 
   Returns:
     A GroupResult; `.ok` is True only if every worker exited 0.
@@ -321,7 +326,7 @@ def run_group(command: Sequence[str], num_workers: int,
   try:
     workers = _start_workers(command, worker_tf_configs(num_workers, host,
                                                         ports), base_env,
-                             gpu_plan.devices, network)
+                             gpu_plan.devices, network, slots)
     result = _supervise(workers, ports, stop_request, stop_grace_seconds,
                         output, started)
     result.gpus = gpu_plan.devices
@@ -453,17 +458,21 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
            output: TextIO | None = None,
            gpus_per_worker: int | str = gpus_lib.AUTO,
-           allow_many_workers: bool = False) -> int:
+           allow_many_workers: bool = False, min_workers: int | None = None,
+           slots_file: str | None = None) -> int:
   """Runs the worker group, rerunning it up to `max_restarts` times.
 
   Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The
   workers are expected to resume from their checkpoint by themselves. Each
   worker gets its own GPUs, `gpus_per_worker` each (see run_group).
 
+  With `min_workers`, a rerun may have fewer workers, down to min_workers (elastic.py has the
+  rules, `slots_file` lists the slots that may start); one line per restart gives the size.
+
   Returns:
     0 if a run succeeded; 128 + signal number if the launcher was
     interrupted; 2 (tfdp.errors.EXIT_PERMANENT) at once, without a restart,
-    if a worker exited 2; 1 if the last allowed run failed.
+    if a worker exited 2; 1 if the last allowed run failed or < min_workers can start.
 
   Raises:
     TfdpError: bad arguments, a non-loopback host without allow_remote, too
@@ -490,13 +499,19 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
         f"host {host!r} is not a loopback address and the TensorFlow gRPC "
         "servers have no authentication; use 127.0.0.1, or pass "
         "--allow_remote (allow_remote=True) if the network is trusted.")
+  if slots_file is not None and min_workers is None:
+    raise TfdpError(f"--slots_file needs --min_workers, e.g. --min_workers {num_workers}.")
+  members = None if min_workers is None else elastic.Membership(num_workers, min_workers,
+                                                                 slots_file)
   restarts = bind_retries = 0
   while True:
+    slots = members.slots if members else tuple(range(num_workers))
     # A restarted group resumes: tfdp-train ignores --start_over when this is above 0.
     group_env = dict(os.environ if env is None else env, TFDP_RESTART_COUNT=str(restarts))
-    result = run_group(command, num_workers, host=host, env=group_env,
+    result = run_group(command, len(slots), host=host, env=group_env,
                        stop_grace_seconds=stop_grace_seconds, output=output,
-                       gpus_per_worker=gpus_per_worker, private_network=not allow_remote)
+                       gpus_per_worker=gpus_per_worker, private_network=not allow_remote,
+                       slots=slots)
     if (not result.ok and result.interrupted_by is None and bind_retries < _BIND_RETRIES
         and isolation.bind_failure(result.last_lines, result.first_failed)):
       # A port taken between picking and binding is not the job's failure: not a restart.
@@ -506,7 +521,7 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
       continue
     if result.ok:
       if restarts:
-        _log(f"all {num_workers} workers finished after {restarts} "
+        _log(f"all {elastic.workers(len(slots))} finished after {restarts} "
              f"restart{'s' if restarts != 1 else ''}.")
       return 0
     if result.interrupted_by is not None:
@@ -516,6 +531,20 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     if permanent:  # a bad config or input: every restart would retrain into the same error
       _log(_permanent_failure_line(permanent[0], result.last_lines[permanent[0]]))
       return EXIT_PERMANENT
+    if restarts < max_restarts and members:
+      restarts += 1
+      rank = result.first_failed  # not None: the group failed, and not by an interrupt
+      how = "was frozen" if result.frozen is not None else describe_returncode(
+          result.returncodes[rank])
+      lost_peer = how == describe_returncode(EXIT_RESTART_GROUP)  # then it is not to blame
+      try:
+        changes = members.after_failure(slots[rank], how, blame=not lost_peer)
+      except TfdpError as error:
+        _log(str(error))
+        return 1
+      _log(f"restart {restarts} of {max_restarts}: {elastic.workers(len(members.slots))} "
+           f"({changes}).")
+      continue
     if restarts < max_restarts:
       restarts += 1
       _log(f"{result.failure_summary()}; restarting all {num_workers} workers "
