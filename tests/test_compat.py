@@ -160,3 +160,47 @@ def test_the_optimizer_weight_average_is_read_and_kept_on_every_replica():
   for w in weights[1:]:
     expected = 0.5 * expected + 0.5 * w
   assert result["average_copies"] == [expected, expected]
+
+
+COMPILED_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np, tensorflow as tf, keras
+    from tfdp.distributed import compat
+    inputs = keras.Input((3,), name="x")
+    model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(inputs),
+                                 "b": keras.layers.Dense(1, name="b")(inputs)})
+    model.compile("sgd", loss={"a": "sparse_categorical_crossentropy", "b": "mse"},
+                  loss_weights={"a": 1.0, "b": 0.5}, metrics={"a": ["accuracy"]},
+                  weighted_metrics={"b": ["mae"]})
+    x = np.ones((4, 3), np.float32)
+    y = {"a": np.zeros(4, np.int64), "b": np.zeros((4, 1), np.float32)}
+    loss, metrics = compat.compiled_loss_and_metrics(model)
+    pred = model(x)
+    loss.build(y, pred); metrics.build(y, pred)
+    before = model.optimizer._all_reduce_sum_gradients
+    compat.skip_optimizer_all_reduce(model.optimizer)
+    skipped = model.optimizer._all_reduce_sum_gradients is list
+    compat.restore_optimizer_all_reduce(model.optimizer)
+    print(json.dumps({
+        "losses": [[list(map(str, path)), type(fn).__name__, weight]
+                   for path, fn, weight, _ in loss._flat_losses],
+        "metrics": [bool(m) for m in metrics._flat_metrics],
+        "weighted": [bool(m) for m in metrics._flat_weighted_metrics],
+        "skipped": skipped,
+        "restored": model.optimizer._all_reduce_sum_gradients == before}))
+""")
+
+
+def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
+  """compat.compiled_loss_and_metrics: Keras 3 keeps compile()'s resolved losses and metrics in
+  private CompileLoss/CompileMetrics objects (keras/src/trainers/compile_utils.py; no public
+  accessor, see keras-team/keras#19308 for the optimizer side of the same loop): tfdp.fit reads
+  their per-output losses and weights, and which outputs have plain and weighted metrics; and the
+  optimizer's own all-reduce, skipped while tfdp trains, is given back afterwards."""
+  proc = subprocess.run([sys.executable, "-c", COMPILED_SCRIPT], capture_output=True, text=True,
+                        env=helpers.env(), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  found = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [(path, weight) for path, _, weight in found["losses"]] == [(["a"], 1.0), (["b"], 0.5)]
+  assert found["metrics"] == [True, False] and found["weighted"] == [False, True]
+  assert found["skipped"] and found["restored"]

@@ -17,6 +17,7 @@ LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 
 
 def run_case(tmp_path, case: str, replicas: int = 0, workers: int = 0) -> list[dict]:
+  tmp_path.mkdir(parents=True, exist_ok=True)
   out = tmp_path / f"{case}.json"
   command = [sys.executable, CASES, case, str(out), str(replicas)]
   if workers:
