@@ -42,14 +42,27 @@ def test_keras_metrics_are_exact_on_3_replicas_with_a_padded_last_batch(metrics_
   CompiledModelTask.metric_state), accuracy, AUC, precision, the subclassed count, ... differ;
   and before the subclassed metric's result was read inside the stateless scope, it read 0."""
   reference, ours = metrics_result["reference"], metrics_result["tfdp"]
-  compared = [k for k in reference if not k.endswith("_loss")]  # per-output losses: not reported
+  # Keras 3.15's evaluate reports per-output losses that do not add up to its own total loss
+  # (measured here: 1.570 against 1.614); each output's loss is checked against the loss
+  # function on single-device predictions instead, the total against Keras's.
+  compared = [k for k in reference if not k.endswith("_loss") or k == "loss"]
   assert len(compared) >= 11, compared
   for name in compared:
     assert ours[name] == pytest.approx(reference[name], rel=1e-5, abs=1e-6), name
+  for name, value in metrics_result["output_losses"].items():
+    assert ours[name] == pytest.approx(value, rel=1e-5), name
   for name, value in metrics_result["tfdp_evaluate"].items():
-    if name != "examples":
+    if name in compared:
       assert value == pytest.approx(reference[name], rel=1e-5, abs=1e-6), name
   assert metrics_result["tfdp_evaluate"]["examples"] == 25
+  recorded = metrics_result["config_yaml"]  # what ran, never a default that did not
+  assert recorded["task"]["name"] == "keras_model" and "model" not in recorded["task"]
+  assert "optimizer" not in recorded["trainer"] and "learning_rate" not in recorded["trainer"]
+  keras_record = recorded["keras"]
+  assert keras_record["model_class"].endswith(".Functional"), keras_record
+  assert keras_record["optimizer"]["class"] == "Adam"
+  assert sorted(l["weight"] for l in keras_record["losses"]) == [0.25, 0.5, 1.0]
+  assert keras_record["data"]["train_examples"] == 181
 
 
 def test_the_model_is_usable_afterwards_and_a_finished_run_returns_its_history(metrics_result):

@@ -89,11 +89,18 @@ def metrics_case():
   compile_multi(single)
   reference = single.evaluate(x_val, y_val, batch_size=7, verbose=0, return_dict=True)
   tfdp_val = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
+  # Each output's loss on its own, from single-device predictions (Keras 3.15's evaluate reports
+  # per-output losses that do not add up to its own total here).
+  single_pred = single.predict(x_val, verbose=0)
+  own_losses = {f"{name}_loss": float(np.mean(keras.losses.get(fn)(y_val[name], single_pred[name])))
+                for name, fn in (("klass", "sparse_categorical_crossentropy"),
+                                 ("binary", "binary_crossentropy"), ("value", "mse"))}
   again = tfdp.fit(model, x, y, batch_size=12, epochs=2, validation_data=(x_val, y_val),
                    model_dir="runs/metrics", verbose=0)  # finished: its history, at once
   predicted = tfdp.predict(model, x_val, batch_size=9)
   model.save("after.keras")
   return {"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
+          "output_losses": own_losses,
           "tfdp_evaluate": tfdp.evaluate(model, x_val, y_val, batch_size=9),
           "predict_difference": float(max(np.abs(predicted[k] - v).max()
                                           for k, v in single.predict(x_val, verbose=0).items())),
@@ -103,6 +110,7 @@ def metrics_case():
           "rerun_history": again.history, "first_history": history.history,
           "rerun_final_eval_loss": again.final.get("eval_loss"),
           "saved": os.path.exists("after.keras"),
+          "config_yaml": __import__("yaml").safe_load(open("runs/metrics/config.yaml")),
           "exported": os.path.exists("runs/metrics/model.keras")}
 
 

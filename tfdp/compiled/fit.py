@@ -138,6 +138,12 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, model_input_ranks=ranks)
+  replicas = strategy.num_replicas_in_sync
+  if inputs.global_batch % replicas:
+    lower = inputs.global_batch - inputs.global_batch % replicas
+    raise ConfigError(f"tfdp.fit: batch_size {inputs.global_batch} does not split evenly over "
+                      f"{replicas} replicas; pass a multiple of {replicas} such as "
+                      f"{lower or replicas}.")
   precision = keras.mixed_precision.dtype_policy().name
   if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
     precision = "float32"

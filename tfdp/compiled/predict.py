@@ -45,14 +45,11 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
                                                         strategy)
   task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False))
-  size = 3 + task.metric_state_size
+  size = 1 + 2 * len(task.metric_names) + task.metric_state_size
 
   def replica_sums(batch):
     outputs = model(batch["x"], training=False)
-    per_example = task.per_example_loss(batch, outputs)
-    loss, count = task.metric_sums(batch, outputs, per_example)["loss"]
-    return tf.concat([tf.stack([tf.reduce_sum(batch["weight"]), loss, count]),
-                      task.metric_state(batch, outputs)], axis=0)
+    return trainer_lib.metric_vector(task, batch, outputs, task.per_example_loss(batch, outputs))
 
   @tf.function
   def loop(iterator, steps):

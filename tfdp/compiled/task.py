@@ -59,11 +59,14 @@ class CompiledModelTask(tasks.Task):
     _check_labels(model, compile_loss, y_true, y_pred)
     if not compile_loss.built:
       compile_loss.build(y_true, y_pred)
-    self._flat_losses = []
-    for path, loss, weight, _ in compile_loss._flat_losses:  # pylint: disable=protected-access
+    self._flat_losses, loss_names = [], []
+    for path, loss, weight, name in compile_loss._flat_losses:  # pylint: disable=protected-access
       unreduced = copy.copy(loss)
       unreduced.reduction = "none"
       self._flat_losses.append((tuple(path), unreduced, 1.0 if weight is None else float(weight)))
+      loss_names.append(f"{name}_loss")
+    # Several losses: each is reported too, as Keras does (before its loss weight).
+    self.metric_names = ("loss", *loss_names) if len(loss_names) > 1 else ("loss",)
     self._y_true_structure = compile_loss._y_true_build_structure  # pylint: disable=protected-access
     self._y_pred_structure = compile_loss._y_pred_build_structure  # pylint: disable=protected-access
     self._metrics = compile_metrics
@@ -113,23 +116,31 @@ class CompiledModelTask(tasks.Task):
   def model_inputs(self, batch):
     return batch["x"]
 
-  def per_example_loss(self, batch, outputs):
+  def _losses(self, batch, outputs) -> list:
+    """Each compiled loss per example, before its loss weight and the sample weight."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     y_true = self._align(batch["y"], outputs)
-    total = None
-    for path, loss, weight in self._flat_losses:
-      y_t, y_p = _at(y_true, path), _at(outputs, path)
-      values = tf.cast(loss(y_t, y_p), tf.float32)
+    per_output = []
+    for path, loss, _ in self._flat_losses:
+      values = tf.cast(loss(_at(y_true, path), _at(outputs, path)), tf.float32)
       if values.shape.rank and values.shape.rank > 1:  # per token, per pixel: their mean, as Keras
         values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-      values = values * weight
-      total = values if total is None else total + values
-    return total * batch["sample_weight"]
+      per_output.append(values)
+    return per_output
+
+  def per_example_loss(self, batch, outputs):
+    weighted = [v * w for v, (_, _, w) in zip(self._losses(batch, outputs), self._flat_losses)]
+    return sum(weighted[1:], weighted[0]) * batch["sample_weight"]
 
   def metric_sums(self, batch, outputs, per_example_loss):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     weight = batch["weight"]  # the padding mask; per_example_loss carries the sample weight
-    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
+    count = tf.reduce_sum(weight)
+    sums = {"loss": (tf.reduce_sum(per_example_loss * weight), count)}
+    if len(self.metric_names) > 1:
+      for name, values in zip(self.metric_names[1:], self._losses(batch, outputs)):
+        sums[name] = (tf.reduce_sum(values * batch["sample_weight"] * weight), count)
+    return sums
 
   def metric_state(self, batch, outputs):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -165,7 +176,7 @@ class CompiledModelTask(tasks.Task):
               for name, value in self._metrics.result().items()}
 
   def reported_metric_names(self) -> list[str]:
-    return ["loss", *self._metric_names]
+    return [*self.metric_names, *self._metric_names]
 
   # ---- the record ---------------------------------------------------------------------------
 

@@ -79,6 +79,18 @@ class MetricSums:
     return values
 
 
+def metric_vector(task, batch, model_outputs, per_example):
+  """[examples, numerator_1, denominator_1, ..., metric_state...] in the task's metric order:
+  what the loops sum over replicas and steps (MetricSums reads it)."""
+  sums = task.metric_sums(batch, model_outputs, per_example)
+  parts = [tf.reduce_sum(batch["weight"])]
+  for name in task.metric_names:
+    parts.extend(tf.cast(x, tf.float32) for x in sums[name])
+  if not task.metric_state_size:
+    return tf.stack(parts)
+  return tf.concat([tf.stack(parts), task.metric_state(batch, model_outputs)], axis=0)
+
+
 class Trainer:
   """Owns model, optimizer, checkpoints and the compiled step loops for one strategy.
 
@@ -150,14 +162,7 @@ class Trainer:
   # ---- per-replica steps ---------------------------------------------------------------------
 
   def _sums(self, batch, model_outputs, per_example):
-    """[examples, numerator_1, denominator_1, ...] in the task's metric order."""
-    sums = self.task.metric_sums(batch, model_outputs, per_example)
-    parts = [tf.reduce_sum(batch["weight"])]
-    for name in self.task.metric_names:
-      parts.extend(tf.cast(x, tf.float32) for x in sums[name])
-    if not self.task.metric_state_size:
-      return tf.stack(parts)
-    return tf.concat([tf.stack(parts), self.task.metric_state(batch, model_outputs)], axis=0)
+    return metric_vector(self.task, batch, model_outputs, per_example)
 
   def metric_sums(self, vector) -> MetricSums:
     return MetricSums(self.task.metric_names, vector, self.task.finalize_metric,
