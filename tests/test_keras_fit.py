@@ -25,8 +25,10 @@ def run_case(tmp_path, case: str, replicas: int = 0, workers: int = 0) -> list[d
   proc = subprocess.run(command, cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  return [json.loads((tmp_path / f"{case}.json.{rank}").read_text())
-          for rank in range(max(workers, 1))]
+  results = [json.loads((tmp_path / f"{case}.json.{rank}").read_text())
+             for rank in range(max(workers, 1))]
+  results[0]["stderr"] = proc.stderr
+  return results
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +96,16 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
   errors = forms_result["errors"]
   expected = {"lengths": "different lengths", "split_with_dataset": "validation_data",
               "infinite": "steps_per_epoch", "too_small": "smaller batch_size",
-              "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks"}
+              "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks",
+              "subclassed_outside": "make_strategy().scope()"}
   for case, words in expected.items():
     assert errors[case].startswith("tfdp.fit: ") and words in errors[case], (case, errors[case])
     assert "\n" not in errors[case]
   assert forms_result["bad_dir_untouched"]
+  # A softmax output with a from_logits=True loss: one warning (the run goes on).
+  warned = [line for line in forms_result["stderr"].splitlines()
+            if "from_logits=True but the model's last layer applies softmax" in line]
+  assert len(warned) == 1, forms_result["stderr"][-3000:]
 
 
 def test_a_model_keras_cannot_serialize_exports_its_weights(forms_result):

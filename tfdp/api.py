@@ -20,7 +20,8 @@ def fit(*args, **kwargs):
 def train(config_files=(), params: str | dict = "", *, model_dir: str,
           mode: str = "train_and_eval", verbose=True) -> dict:
   """What `tfdp-train --config_file=... --params_override=...` runs, in this process (a notebook):
-  any task, its data from the config. Returns as `fit` does."""
+  any task, its data from the config. Returns a dict: the final metrics, the trainer (its
+  `.model`) and `history`, a pandas DataFrame of metrics.csv."""
   from tfdp import cli  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([cli.find_config(p) for p in config_files], _overrides(params))
   logs.start_tensorflow()

@@ -196,6 +196,14 @@ def forms_case():
     sub(x[:2])
     compile_small(sub)
   h = tfdp.fit(sub, x, y, batch_size=16, epochs=1, model_dir="runs/subclassed", verbose=0)
+  outside = NoConfig(np.ones(6, np.float32))  # built outside the scope: Keras cannot clone it
+  outside(x[:2])
+  compile_small(outside)
+  out["errors"]["subclassed_outside"] = one_line(lambda: tfdp.fit(outside, x, y, batch_size=16))
+  with strategy.scope():  # probabilities, trained as logits: a warning, once
+    softmax = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+    compile_small(softmax)
+  tfdp.fit(softmax, x, y, batch_size=16, epochs=1, model_dir="runs/softmax", verbose=0)
   out["subclassed_export"] = [h.final.get("exported"), os.path.exists(
       "runs/subclassed/model.weights.h5")]
   return out
