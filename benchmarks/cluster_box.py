@@ -4,6 +4,11 @@ one bridge, its link optionally rate-shaped, one command per host.
   box = cluster_box.Box([cluster_box.Host(cmd0), cluster_box.Host(cmd1, rate="100mbit")])
   result = box.run(timeout=300)      # exit codes, logs, bytes each host sent and received
 
+Faults: `LinkDown`s take a host's link down and up again mid-run; with `restarts` the box
+supervises the hosts as one group the way tfdp-launch --max_restarts does (tfdp-launch itself
+cannot: it starts every worker on one address), so a failed group is rerun on every host with
+TFDP_RESTART_COUNT set.
+
 Everything runs inside `unshare --user --map-root-user --net --mount --pid`: no root needed where
 user namespaces are allowed, nothing to clean up (the namespaces and every process in them end
 with the box, also when the caller is killed). Hosts get 10.77.0.<k+1>, addresses that exist only
@@ -23,6 +28,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's tfdp
+# pylint: disable-next=wrong-import-position
+from tfdp.distributed.launch import PEER_FAILURE_GRACE_SECONDS  # noqa: E402
+from tfdp.errors import EXIT_PERMANENT  # noqa: E402  pylint: disable=wrong-import-position
+
 SUBNET = "10.77.0"
 BRIDGE = "box0"
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
@@ -38,10 +48,12 @@ class Host:
 
 @dataclasses.dataclass
 class LinkDown:
-  """Take host `host`'s link down `at` seconds after the start, for `seconds`."""
+  """Take host `host`'s link down `at` seconds after the start (or after `after_path` exists:
+  e.g. a first checkpoint, whenever start-up ends), for `seconds`."""
   host: int
   at: float
   seconds: float
+  after_path: str = ""
 
 
 def address(index: int) -> str:
@@ -63,19 +75,27 @@ def unavailable() -> str | None:
 
 class Box:
 
-  def __init__(self, hosts: list[Host], link_downs: list[LinkDown] = ()):
+  def __init__(self, hosts: list[Host], link_downs: list[LinkDown] = (), restarts: int = 0,
+               marks: dict | None = None):
+    """restarts: as tfdp-launch --max_restarts. marks: {name: text}; each run records, per
+    host, the time its output first held each text."""
     self.hosts, self.link_downs = list(hosts), list(link_downs)
+    self.restarts, self.marks = restarts, dict(marks or {})
 
   def run(self, timeout: float, workdir: str | None = None) -> dict:
     """Runs every host's command to its end (or `timeout`); returns {"hosts": [{"returncode",
-    "log", "tx_bytes", "rx_bytes", "seconds"}...], "seconds"}."""
+    "log", "tx_bytes", "rx_bytes", "seconds"}...] (the last run; bytes: the whole box), "runs":
+    [{"started", "returncodes", "ended", "first_failure", "marks", "logs", "left"}...] (one per
+    start of the group; left: processes still alive in the box after it), "links": [{"host",
+    "down", "up"}...], "seconds"}; times in seconds since the first start."""
     with tempfile.TemporaryDirectory(prefix="cluster-box-", dir=workdir) as folder:
       spec = os.path.join(folder, "spec.json")
       result = os.path.join(folder, "result.json")
       with open(spec, "w") as f:
         json.dump({"hosts": [dataclasses.asdict(h) for h in self.hosts],
                    "link_downs": [dataclasses.asdict(d) for d in self.link_downs],
-                   "timeout": timeout, "folder": folder}, f)
+                   "timeout": timeout, "folder": folder, "restarts": self.restarts,
+                   "marks": self.marks}, f)
       proc = subprocess.run(UNSHARE + [sys.executable, os.path.abspath(__file__), "--inside",
                                        spec, result],
                             capture_output=True, text=True, timeout=timeout + 60)
@@ -127,49 +147,124 @@ def build(hosts: list[dict]) -> None:
       _shape(f"b{k}", host["rate"])  # what it receives
 
 
+class _Links:
+  """Takes links down and up again as the LinkDowns say; records when it did."""
+
+  def __init__(self, link_downs: list[dict]):
+    self.pending = [dict(d, due=None if d["after_path"] else d["at"]) for d in link_downs]
+    self.down = []  # (up at, event)
+    self.events = []  # {"host", "down", "up"}: seconds since the box's start
+
+  def tick(self, now: float) -> None:
+    for d in self.pending:
+      if d["due"] is None and os.path.exists(d["after_path"]):
+        d["due"] = now + d["at"]
+    for d in [d for d in self.pending if d["due"] is not None and d["due"] <= now]:
+      self.pending.remove(d)
+      _sh("ip", "link", "set", f"b{d['host']}", "down")
+      event = {"host": d["host"], "down": now, "up": None}
+      self.events.append(event)
+      self.down.append((now + d["seconds"], event))
+    for up_at, event in [u for u in self.down if u[0] <= now]:
+      _sh("ip", "link", "set", f"b{event['host']}", "up")
+      event["up"] = now
+      self.down.remove((up_at, event))
+
+
+class _Tail:
+  """The lines a host's log gained since the last look: when each mark first showed."""
+
+  def __init__(self, path: str, marks: dict):
+    self.path, self.marks, self.offset, self.partial, self.seen = path, marks, 0, b"", {}
+
+  def look(self, now: float) -> None:
+    with open(self.path, "rb") as f:
+      f.seek(self.offset)
+      data = f.read()
+    self.offset += len(data)
+    *lines, self.partial = (self.partial + data).split(b"\n")
+    for line in lines:
+      for name, text in self.marks.items():
+        if name not in self.seen and text.encode() in line:
+          self.seen[name] = now
+
+
+def _others_alive() -> list[str]:
+  """Every process in the box's pid namespace but this one (pid 1), zombies aside."""
+  import psutil  # pylint: disable=import-outside-toplevel
+  alive = []
+  for proc in psutil.process_iter(["pid", "status", "cmdline"]):
+    if proc.info["pid"] != os.getpid() and proc.info["status"] != psutil.STATUS_ZOMBIE:
+      alive.append(" ".join(proc.info["cmdline"] or [])[:200])
+  return alive
+
+
+def _run_group(hosts: list[dict], spec: dict, restart: int, links: _Links, clock) -> dict:
+  """One start of every host's command, supervised as tfdp-launch supervises a group: the first
+  host to fail gets the others SIGTERM, then SIGKILL after PEER_FAILURE_GRACE_SECONDS."""
+  procs, logs, tails, ended = [], [], [], {}
+  started = clock()
+  for k, host in enumerate(hosts):
+    path = os.path.join(spec["folder"], f"host{k}-run{restart}.log")
+    logs.append(open(path, "w"))
+    tails.append(_Tail(path, spec["marks"]))
+    procs.append(subprocess.Popen(
+        ["ip", "netns", "exec", f"h{k}", *host["command"]], stdout=logs[-1],
+        stderr=subprocess.STDOUT, env={**os.environ, **host["env"],
+                                       "TFDP_RESTART_COUNT": str(restart)}))
+  first_failure = kill_at = None
+  while len(ended) < len(procs):
+    now = clock()
+    links.tick(now)
+    for k, proc in enumerate(procs):
+      if k not in ended and proc.poll() is not None:
+        ended[k] = now
+        if proc.returncode and first_failure is None:
+          first_failure, kill_at = now, now + PEER_FAILURE_GRACE_SECONDS
+          for other in procs:
+            if other.poll() is None:
+              other.terminate()
+    if now > spec["timeout"] or (kill_at is not None and now > kill_at):
+      for proc in procs:
+        if proc.poll() is None:
+          proc.kill()
+    for tail in tails:
+      tail.look(now)
+    time.sleep(0.05)
+  left = _others_alive()
+  texts = []
+  for log in logs:
+    log.close()
+    with open(log.name) as f:
+      texts.append(f.read()[-20000:])
+  return {"started": started, "returncodes": [p.returncode for p in procs],
+          "ended": [ended[k] for k in range(len(procs))], "first_failure": first_failure,
+          "marks": [t.seen for t in tails], "logs": texts, "left": left}
+
+
 def inside(spec_path: str, result_path: str) -> None:
   with open(spec_path) as f:
     spec = json.load(f)
-  hosts, folder = spec["hosts"], spec["folder"]
+  hosts = spec["hosts"]
   build(hosts)
   before = [_counters(k) for k in range(len(hosts))]
-  procs, logs, ended = [], [], {}
   start = time.monotonic()
-  for k, host in enumerate(hosts):
-    log = open(os.path.join(folder, f"host{k}.log"), "w")
-    logs.append(log)
-    procs.append(subprocess.Popen(["ip", "netns", "exec", f"h{k}", *host["command"]],
-                                  env={**os.environ, **host["env"]}, stdout=log,
-                                  stderr=subprocess.STDOUT))
-  pending = sorted(spec["link_downs"], key=lambda d: d["at"])
-  downs = []  # (up at, host)
-  while len(ended) < len(procs) and time.monotonic() - start < spec["timeout"]:
-    now = time.monotonic() - start
-    while pending and pending[0]["at"] <= now:
-      down = pending.pop(0)
-      _sh("ip", "link", "set", f"b{down['host']}", "down")
-      downs.append((now + down["seconds"], down["host"]))
-    for up_at, k in [d for d in downs if d[0] <= now]:
-      _sh("ip", "link", "set", f"b{k}", "up")
-      downs.remove((up_at, k))
-    for k, proc in enumerate(procs):
-      if k not in ended and proc.poll() is not None:
-        ended[k] = time.monotonic() - start
-    time.sleep(0.05)
-  for proc in procs:
-    if proc.poll() is None:
-      proc.kill()
+  clock = lambda: time.monotonic() - start
+  links, runs = _Links(spec["link_downs"]), []
+  while True:
+    run = _run_group(hosts, spec, len(runs), links, clock)
+    runs.append(run)
+    codes = run["returncodes"]
+    if (not any(codes) or EXIT_PERMANENT in codes or len(runs) > spec["restarts"]
+        or clock() > spec["timeout"]):
+      break
   after = [_counters(k) for k in range(len(hosts))]
-  results = []
-  for k, (proc, log) in enumerate(zip(procs, logs)):
-    log.close()
-    with open(log.name) as f:
-      text = f.read()
-    results.append({"returncode": proc.wait(), "log": text[-20000:],
-                    "tx_bytes": after[k][0] - before[k][0], "rx_bytes": after[k][1] - before[k][1],
-                    "seconds": ended.get(k)})
+  last = runs[-1]
+  results = [{"returncode": last["returncodes"][k], "log": last["logs"][k],
+              "tx_bytes": after[k][0] - before[k][0], "rx_bytes": after[k][1] - before[k][1],
+              "seconds": last["ended"][k]} for k in range(len(hosts))]
   with open(result_path, "w") as f:
-    json.dump({"hosts": results, "seconds": time.monotonic() - start}, f)
+    json.dump({"hosts": results, "runs": runs, "links": links.events, "seconds": clock()}, f)
 
 
 if __name__ == "__main__":

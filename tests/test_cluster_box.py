@@ -3,12 +3,16 @@ TF_CONFIG naming real host addresses, not 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import helpers
+from tfdp import errors
+from tfdp.distributed import launch
 
 sys.path.insert(0, str(helpers.REPO / "benchmarks"))
 import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
@@ -71,3 +75,67 @@ def test_a_host_on_a_slow_link_still_trains_and_the_ring_loads_both_links_alike(
   assert "tfdp-train: done" in result["hosts"][0]["log"]
   fast, slow = (result["hosts"][k]["tx_bytes"] for k in range(2))
   assert fast > 0 and 0.8 < slow / fast < 1.25, (fast, slow)
+
+
+
+def test_a_link_down_mid_training_restarts_the_group_which_resumes_from_the_last_checkpoint(
+    tmp_path):
+  """Host 1's link goes down in epoch 2 of 3 (as soon as epoch 1's checkpoint exists) for
+  longer than failure detection (runtime.collective_timeout_seconds and watchdog_seconds 4 s,
+  heartbeat 5 s), then comes back. The group exits within a bound and is restarted by the box
+  harness, which reruns every host's tfdp-train the way tfdp-launch --max_restarts reruns a group
+  (the first failure gets the others SIGTERM, SIGKILL after PEER_FAILURE_GRACE_SECONDS, then all
+  rerun with TFDP_RESTART_COUNT=1); tfdp-launch itself cannot span the hosts: it starts every
+  worker on one address. The new group resumes at epoch 1's checkpoint: the planned final step,
+  each epoch once in metrics.csv, no process left in the box, byte counters still read. The
+  workers run with --start_over, which a restart (TFDP_RESTART_COUNT > 0) must not obey."""
+  steps_per_epoch, epochs, detect, down_seconds = 80, 3, 4, 12
+  total = steps_per_epoch * epochs
+  job = EQUIVALENCE.replace("task.train_data.num_examples=650",
+                            f"task.train_data.num_examples={48 * steps_per_epoch}").replace(
+      "trainer.epochs=1", f"trainer.epochs={epochs}")
+  job += (f",trainer.steps_per_loop=4,runtime.collective_timeout_seconds={detect},"
+          f"runtime.watchdog_seconds={detect},runtime.heartbeat_timeout_seconds={detect + 1}")
+  model_dir = tmp_path / "run"
+  train = lambda k: [sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}",
+                     "--mode=train", "--start_over", f"--params_override={job}"]
+  down = cluster_box.LinkDown(host=1, at=0, seconds=down_seconds,
+                              after_path=str(model_dir / "checkpoints" / "checkpoint"))
+  box = cluster_box.Box(worker_hosts(2, train), [down], restarts=1,
+                        marks={"training": "training: steps", "resumed": "resumed from"})
+  result = box.run(timeout=180)
+  runs, links = result["runs"], result["links"]
+  shown = json.dumps({**result, "hosts": None, "runs": [
+      {**r, "logs": [log[-2500:] for log in r["logs"]]} for r in runs]}, indent=1)
+  assert len(runs) == 2 and len(links) == 1, shown
+  first, second, (link,) = *runs, links
+  # The fault hit a training group, which noticed it and exited within the bound, retryably.
+  assert all(marks["training"] < link["down"] for marks in first["marks"]), shown
+  assert errors.EXIT_RESTART_GROUP in first["returncodes"], shown
+  failed = first["returncodes"].index(errors.EXIT_RESTART_GROUP)
+  assert "lost a peer worker" in first["logs"][failed], shown
+  exited = max(first["ended"]) - link["down"]
+  assert exited <= detect + launch.PEER_FAILURE_GRACE_SECONDS + 10, shown
+  # The restarted group trained again soon after the link came back, from step 80, and finished.
+  training_again = max(marks.get("training", math.inf) for marks in second["marks"])
+  # A restarted worker starts TensorFlow again: allow twice the first start (the load here).
+  start_up = max(marks["training"] for marks in first["marks"]) - first["started"]
+  assert training_again - link["down"] <= down_seconds + 2 * start_up + 20, shown
+  assert link["up"] - link["down"] >= down_seconds - 0.1, shown
+  assert second["returncodes"] == [0, 0], shown
+  for log in second["logs"]:  # --start_over is for the first start only (TFDP_RESTART_COUNT)
+    assert "--start_over ignored: this is restart 1 (TFDP_RESTART_COUNT)" in log, shown
+    assert f"ckpt-{steps_per_epoch} at step {steps_per_epoch}" in log, shown
+    assert f"training: steps {steps_per_epoch + 1}-{total} " in log, shown
+    assert any(line.startswith("tfdp-train: done") and f" step={total}," in line
+               for line in log.splitlines()), shown
+  metrics = pd.read_csv(model_dir / "metrics.csv")
+  assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
+  assert metrics["step"].tolist() == [steps_per_epoch * e for e in range(1, epochs + 1)], metrics
+  assert all(run["left"] == [] for run in runs), shown
+  for host in result["hosts"]:
+    assert host["tx_bytes"] > 10_000 and host["rx_bytes"] > 10_000, shown
+  print(f"start-up {start_up:.1f} s; link down -> first exit "
+        f"{first['first_failure'] - link['down']:.1f} s, group exited {exited:.1f} s, training "
+        f"again {training_again - link['down']:.1f} s ({training_again - link['up']:.1f} s after "
+        "the link came back)")
