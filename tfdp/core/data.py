@@ -2,9 +2,10 @@
 
 A source reads raw examples (dicts); the task's `preprocess` turns each into the model's
 features and labels. Every pipeline yields dict batches of a fixed per-replica size with a
-"weight" entry: the last batches of an epoch are padded with weight-0 examples (zeros shaped
-by the preprocessed element spec), so every replica runs the same number of steps with the same
-shapes (no empty or ragged final batch), and weighted sums count every real example once.
+"weight" entry: the last batches of an epoch are padded with weight-0 copies of the epoch's own
+real examples (BatchNorm's batch statistics see real data), so every replica runs the same number
+of steps with the same shapes (no empty or ragged final batch), and weighted sums count every
+real example once.
 """
 from __future__ import annotations
 
@@ -216,14 +217,48 @@ def shuffle_buffer(source: Source, data: DataConfig) -> int:
   return max(source.num_examples if whole else 10000, 1)
 
 
-def _zeros_like_spec(spec):
+def _zeros_batch(spec, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not spec.shape.is_fully_defined():
     raise DataError(f"preprocessed examples must have fixed shapes to be batched, got {spec}; "
                     "pad or truncate them in the task's preprocess.")
+  shape = [batch, *spec.shape]
   if spec.dtype == tf.string:
-    return tf.fill(spec.shape, "")
-  return tf.zeros(spec.shape, spec.dtype)
+    return tf.fill(shape, "")
+  return tf.zeros(shape, spec.dtype)
+
+
+def _fill_with_own_rows(batch: dict, size: int) -> dict:
+  """A short batch of r real rows → `size` rows: row i is real row i mod r, weight 0 past r. When
+  r divides the per-replica batch, each replica's batch statistics (BatchNorm's mean and biased
+  variance) are those of the real rows alone."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  real = tf.shape(batch["weight"])[0]
+
+  def filled():
+    position = tf.range(size)
+    rows = tf.nest.map_structure(lambda x: tf.gather(x, position % real), batch)
+    return {**rows, "weight": tf.where(position < real, rows["weight"],
+                                       tf.zeros_like(rows["weight"]))}
+
+  # A full batch passes as it is (no copy); static shapes either way.
+  return tf.cond(real == size, lambda: tf.nest.map_structure(
+      lambda x: tf.ensure_shape(x, [size, *x.shape[1:]]), batch), filled)
+
+
+def _then_copies_of_last(batches, copies: int, zeros: dict):
+  """`batches`, then `copies` weight-0 copies of its last batch (a scan carries it)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  flagged = batches.map(lambda b: (b, False)).concatenate(
+      tf.data.Dataset.from_tensors((zeros, True)).repeat(copies))
+
+  def step(last, flagged_batch):
+    batch, is_copy = flagged_batch
+    out = tf.cond(is_copy, lambda: {**last, "weight": tf.zeros_like(last["weight"])},
+                  lambda: batch)
+    return out, out
+
+  return flagged.scan(zeros, step)
 
 
 def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, seed: int,
@@ -234,9 +269,16 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   first epoch already done, so a resumed run sees exactly the batches it would have seen.
   `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
   the example's position in the epoch's order): the same on every worker and replica.
+
+  Padding is real data at weight 0, so BatchNorm's batch statistics see no zeros: the epoch's
+  last (short) step of a pipeline repeats its own real rows, and whole steps of padding after it
+  (uneven shards) repeat that filled last step. Filled per step, not per replica: a step holds
+  the same rows for any replica count (the replicas' averaged batch means agree). Only a pipeline
+  with no real examples pads with zeros.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   source, policy = plan.source, plan.policy
+  size = plan.step_batch  # padding is filled per step, then split into per-replica batches
   padded_len = plan.steps_per_epoch * plan.step_batch
   start_epoch, skip_steps = divmod(start_step, plan.steps_per_epoch)
   use_cache = data.cache and fits_in_memory(source, max(plan.counts))
@@ -260,9 +302,13 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     real = plan.counts[pipeline] if policy != "local" else source.num_examples
     spec = base.enumerate().map(
         lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
-    pad = tf.data.Dataset.from_tensors(tf.nest.map_structure(_zeros_like_spec, spec))
+    zeros = tf.nest.map_structure(lambda s: _zeros_batch(s, size), spec)
+    real_end = -(-real // size) * size  # the end of the last step holding a real example
 
-    def one_epoch(epoch):
+    def one_epoch(epoch, skip: int):
+      """The epoch's steps (pipeline batches) from example `skip` on (a multiple of a step)."""
+      if real == 0:  # an empty shard: nothing real to repeat
+        return tf.data.Dataset.from_tensors(zeros).repeat((padded_len - skip) // size)
       ds = base
       if training and data.shuffle:
         ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
@@ -270,15 +316,23 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
       ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
       if policy == "data":
         ds = ds.shard(n, pipeline)
-      skip = tf.where(epoch == start_epoch, tf.constant(skip_steps * plan.step_batch, tf.int64),
-                      tf.constant(0, tf.int64))
-      ds = ds.skip(skip).map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
-                             deterministic=data.deterministic)
-      return ds.concatenate(pad.repeat(padded_len - tf.maximum(tf.constant(real, tf.int64), skip)))
+      # Resumed past the real examples: read the last real step back, as the padding repeats it.
+      first = skip if skip < real else real_end - size
+      ds = ds.take(real).skip(first).map(lambda ex: prepare(ex, epoch),
+                                         num_parallel_calls=tf.data.AUTOTUNE,
+                                         deterministic=data.deterministic)
+      ds = ds.batch(size).map(lambda b: _fill_with_own_rows(b, size))
+      if padded_len > real_end:
+        ds = _then_copies_of_last(ds, (padded_len - real_end) // size, zeros)
+      return ds.skip((skip - first) // size)
 
-    epochs_ds = tf.data.Dataset.range(start_epoch if training else 0, epochs if training else 1)
-    ds = epochs_ds.flat_map(one_epoch)
-    ds = ds.batch(plan.per_replica_batch, drop_remainder=True)
+    first_epoch, end = (start_epoch, epochs) if training else (0, 1)
+    ds = tf.data.Dataset.range(first_epoch + 1, end).flat_map(lambda epoch: one_epoch(epoch, 0))
+    if first_epoch < end:
+      first_skip = skip_steps * plan.step_batch if first_epoch == start_epoch else 0
+      ds = one_epoch(tf.constant(first_epoch, tf.int64), first_skip).concatenate(ds)
+    if plan.per_replica_batch != size:
+      ds = ds.rebatch(plan.per_replica_batch, drop_remainder=True)
     options = tf.data.Options()
     options.deterministic = data.deterministic
     if data.threadpool_size:
