@@ -47,8 +47,10 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   if config.task.init_checkpoint:
     warm_start.find_init_checkpoint(config.task.init_checkpoint)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
-  if replicas:
-    data_lib.check_batch_divides(config, replicas)
+  if replicas:  # a resume splits the batch as its run record says (_batch_split)
+    split = (None if mode == "eval" or resume_from is None
+             else _batch_split(config, model_dir, replicas, cluster, None, resume_from))
+    data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
   return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
 
 
@@ -203,12 +205,18 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     task.worker, task.num_workers = max(cluster.rank, 0), max(cluster.num_workers, 1)
   data_cfg, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
-  train_plan = eval_plan = eval_dataset = None
+  train_plan = eval_plan = eval_dataset = split = None
   if mode != "eval":
     train_source = train_source or task.build_source(data_cfg.train_data)
+    resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
+    if resume_from:  # before the plan: on a resume the recorded run decides the accumulation
+      sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
+                                               num_pipelines)
+      split = _batch_split(config, model_dir, replicas, cluster, sharding, resume_from)
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
                                      trainer_cfg.global_batch_size, replicas, num_pipelines,
-                                     accumulation_steps=trainer_cfg.gradient_accumulation_steps,
+                                     accumulation_steps=(split.accumulation if split else
+                                                         trainer_cfg.gradient_accumulation_steps),
                                      local_counts=_local_counts(train_source, cluster, config,
                                                                 "train_counts"))
     data_lib.log_plan("train", train_plan)
@@ -253,6 +261,10 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
       _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
                                     {"train": train_plan, "eval": eval_plan})
     trainer.run_record, trainer.run_record_from_step = run_record, restored_step
+    if split and restored_step and split.changed:
+      logging.info("%s", split.line(restored_step))
+      if verbose and cluster.is_chief:  # beside the summary line: what the new group changed
+        print(split.line(restored_step), flush=True)
     if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
       init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
       task.warm_start(init)
@@ -287,8 +299,47 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
                                  else plan.source.num_examples), "data_order_seed": trainer_cfg.seed,
           "shard_policy": config.task.train_data.shard_policy,
           "gradient_accumulation_steps": plan.accumulation_steps,
+          "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas}
+
+
+def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
+                 cluster: cluster_lib.Cluster, sharding: str | None,
+                 resume_from: str) -> outputs.BatchSplit | None:
+  """How a resume splits the recorded run's global batch on this group (None: no record).
+
+  Why another worker count trains on the same examples in every step: under shard_policy
+  data (or off, one pipeline) every pipeline shuffles the same source with the same seed, and
+  pipeline p of n takes elements p, p+n, ... of that order (data.make_dataset_fn), a step's
+  worth (step_batch = global batch / n) at a time. Global step k therefore covers elements
+  [k * global_batch, (k+1) * global_batch) of the epoch's order, whatever n, replicas per
+  pipeline or accumulation; a resume skips the first start_step * global_batch of them. The
+  examples are only assigned to other replicas and micro-steps, and the gradient is their sum
+  over the global batch: the same step, up to float summation order. Each example's
+  augmentation seed is its position in that order, not its pipeline's. Steps per epoch are
+  ceil(examples / global_batch) for every n that divides the global batch. File shards (and
+  TFDS splits) are made per group instead: outputs.resume_batch_split refuses those mid-epoch."""
+  recorded = outputs.read_run_record(model_dir)
+  if not recorded:
+    return None
+  config_accumulation = config.trainer.gradient_accumulation_steps
+  split = outputs.resume_batch_split(recorded, model_dir, config.trainer.global_batch_size,
+                                     replicas, max(cluster.num_workers, 1), sharding,
+                                     outputs.checkpoint_step(resume_from))
+  if split and split.accumulation != config_accumulation:
+    logging.info("resume: gradient_accumulation_steps %d (the recorded run's split on %d "
+                 "replicas), not the config's %d, which is for a fresh run", split.accumulation,
+                 replicas, config_accumulation)
+  return split
+
+
+def _with_accumulation(config: ExperimentConfig,
+                       split: outputs.BatchSplit | None) -> ExperimentConfig:
+  if split is None:
+    return config
+  return dataclasses.replace(config, trainer=dataclasses.replace(
+      config.trainer, gradient_accumulation_steps=split.accumulation))
 
 
 def _check_saved_artifacts(task, source, config: ExperimentConfig, model_dir: str, mode: str,
