@@ -13,6 +13,8 @@ BENCHMARKS = os.path.join(REPO_ROOT, "benchmarks")
 # The job tfdp-train and tfdp-bench run with no --config_file; TFDP_DEFAULT_CONFIG may name
 # another (a site default, the tests').
 DEFAULT_JOB = "configs/cifar10_quick.yaml"
+# The neutral base a new job starts from; the default job layers airbench's recipe on it.
+BASE_JOB = "configs/base.yaml"
 
 
 def default_job(env=None) -> str:

@@ -1,7 +1,8 @@
 """Typed experiment config: the schema, YAML layering, strict checks — one name, `tfdp.config`.
 
   schema   the dataclasses (task / trainer / runtime) and their choices
-  loader   YAML files and overrides → dataclasses, unknown keys and wrong types refused
+  loader   YAML files (and the `base:` files they stand on) and overrides → dataclasses, unknown
+           keys and wrong types refused
   checks   impossible values refused, task checks asked of the task
 
 Nothing here imports TensorFlow: every mistake a user can make in a config is caught before
@@ -14,13 +15,14 @@ import json
 from typing import Sequence
 
 import yaml
+from absl import logging
 
 from tfdp.config import loader
 from tfdp.config.checks import validate
 from tfdp.config.loader import (MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, MAX_INT, MAX_NESTING,
                                 check_nesting, load_yaml, parse_overrides, short_repr)
 from tfdp.config.schema import *  # noqa: F401,F403  (the dataclasses and choices)
-from tfdp.config.schema import ExperimentConfig
+from tfdp.config.schema import ExperimentConfig, ModelConfig
 from tfdp.errors import ConfigError  # noqa: F401  (callers raise it as config.ConfigError)
 
 
@@ -32,18 +34,83 @@ def to_dict(config: ExperimentConfig) -> dict:
   return dataclasses.asdict(config)
 
 
+MODEL_SETTINGS = "model_settings"  # a config file's settings written for its model (README)
+MODEL_NAME = ("task", "model", "name")
+
+
 def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ()) -> ExperimentConfig:
-  """Defaults, then each YAML file in order, then each override; validated."""
-  merged: dict = {}
+  """Defaults, then each YAML file in order (after the files its `base:` names), then each
+  override; validated. A file's model_settings follow the model they were written for: when a
+  later layer changes task.model.name, they are left out (the layers below them decide those
+  keys) and one log line names what was dropped."""
+  layers = []  # (where, mapping, (model, its settings) or None)
   for path in config_files:
-    layer = load_yaml(path)
-    from_dict(layer)  # reject unknown keys naming the file's own mistake early
-    merged = loader.deep_merge(merged, layer)
-  for text in overrides:
-    merged = loader.deep_merge(merged, parse_overrides(text))
+    for where, data in loader.file_layers(path):
+      settings = _model_settings(where, data.pop(MODEL_SETTINGS, None))
+      from_dict(data)  # reject unknown keys naming the file's own mistake early
+      layers.append((where, data, settings))
+  layers += [("--params_override", parse_overrides(text), None) for text in overrides]
+  merged = _merge(layers)
+  model = _model_name(merged)
+  stale = {i for i, (_, _, settings) in enumerate(layers) if settings and settings[0] != model}
+  if stale:
+    kept = _merge(layers, skip=stale)
+    _log_dropped([layers[i] for i in sorted(stale)], from_dict(merged), from_dict(kept), model)
+    merged = kept
   config = from_dict(merged)
   validate(config)
   return config
+
+
+def _model_name(merged: dict) -> str:
+  return loader.get_path(merged, MODEL_NAME) or ModelConfig().name
+
+
+def _model_settings(where: str, block) -> tuple[str, dict] | None:
+  """`model_settings: {airbench: {task: ..., trainer: ...}}` → ("airbench", its settings)."""
+  if block is None:
+    return None
+  if not (isinstance(block, dict) and len(block) == 1
+          and isinstance(next(iter(block.values())), dict)):
+    raise ConfigError(f"config file '{where}': model_settings must be one model's name over its "
+                      f"settings (model_settings: {{airbench: {{task: ...}}}}), got "
+                      f"{short_repr(block)}.")
+  (model, settings), = block.items()
+  if loader.get_path(settings, MODEL_NAME) is not None:
+    raise ConfigError(f"config file '{where}': model_settings.{model} sets task.model.name; name "
+                      "the model under task.model, outside model_settings.")
+  from_dict(settings)
+  return str(model), settings
+
+
+def _merge(layers, skip=frozenset()) -> dict:
+  merged: dict = {}
+  for i, (where, data, settings) in enumerate(layers):
+    merged = loader.deep_merge(merged, data)
+    if settings and i not in skip:
+      written_for, values = settings
+      if _model_name(merged) != written_for:
+        raise ConfigError(f"config file '{where}' trains task.model.name {_model_name(merged)} "
+                          f"but its model_settings are written for {written_for}; rename the "
+                          "model_settings entry or delete it.")
+      merged = loader.deep_merge(merged, values)
+  return merged
+
+
+def _log_dropped(stale_layers, with_settings, without, model: str) -> None:
+  """One line per model whose settings were left out, naming each key that changed."""
+  before, after = to_dict(with_settings), to_dict(without)
+  by_model: dict[str, tuple[list, list]] = {}
+  for where, _, (written_for, values) in stale_layers:
+    paths, files = by_model.setdefault(written_for, ([], []))
+    files.append(where)
+    paths.extend(p for p in loader.leaf_paths(values) if p not in paths
+                 and loader.get_path(before, p) != loader.get_path(after, p))
+  for written_for, (paths, files) in by_model.items():
+    if paths:
+      logging.info("config: task.model.name changed %s → %s: dropped %s (written for %s in %s)",
+                   written_for, model, loader.describe_paths(paths), written_for,
+                   ", ".join(files))
 
 
 def dump_yaml(config: ExperimentConfig, transform=None) -> str:

@@ -138,6 +138,8 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
 
 
 def deep_merge(base: dict, override: dict) -> dict:
+  """override layered on base: mappings merge key by key, except `kwargs` (a model's arguments
+  fit only that model), which a later layer replaces whole."""
   merged = dict(base)
   for key, value in override.items():
     if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "kwargs":
@@ -250,3 +252,67 @@ def load_yaml(path: str) -> dict:
     raise ConfigError(f"config file '{path}' must hold a mapping with task/trainer/runtime keys.")
   check_nesting(data, f"config file '{path}'")
   return data
+
+
+BASE_KEY = "base"  # a config file's `base: other.yaml`: that file is loaded first, this one on it
+MAX_BASES = 8  # a chain of bases longer than this is a mistake (or a loop)
+
+
+def file_layers(path: str) -> list[tuple[str, dict]]:
+  """path's mapping and those of the files its `base:` names (relative to its folder), the
+  deepest base first: (path, mapping) each, the `base` key removed."""
+  layers, chain = [], []
+  while path:
+    real = os.path.realpath(path)
+    if real in chain:
+      raise ConfigError(f"config file '{path}' is its own base (through {len(chain)} base: lines); "
+                        "remove the base: line that loops.")
+    if len(chain) >= MAX_BASES:
+      raise ConfigError(f"config file '{layers[0][0]}' has more than {MAX_BASES} bases in a chain; "
+                        "layer fewer files.")
+    chain.append(real)
+    data = load_yaml(path)
+    base = data.pop(BASE_KEY, None)
+    layers.insert(0, (path, data))
+    if base is not None and (not isinstance(base, str) or not base.strip()):
+      raise ConfigError(f"config file '{path}': base must name a YAML file (e.g. base: base.yaml), "
+                        f"got {short_repr(base)}.")
+    if base is not None:
+      base_path = os.path.join(os.path.dirname(path), base.strip())
+      if not os.path.isfile(base_path):
+        raise ConfigError(f"config file '{path}' names base '{base}', which is not there "
+                          f"({base_path}); copy it beside the file or fix the base: line.")
+      base = base_path
+    path = base
+  return layers
+
+
+def get_path(data: dict, keys: tuple[str, ...], default: Any = None) -> Any:
+  for key in keys:
+    if not isinstance(data, dict) or key not in data:
+      return default
+    data = data[key]
+  return data
+
+
+def leaf_paths(data: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+  """The key paths deep_merge sets one by one (a `kwargs` mapping is one value)."""
+  paths = []
+  for key, value in data.items():
+    if isinstance(value, dict) and value and key != "kwargs":
+      paths.extend(leaf_paths(value, prefix + (key,)))
+    else:
+      paths.append(prefix + (key,))
+  return paths
+
+
+def describe_paths(paths: list[tuple[str, ...]]) -> str:
+  """`a.b.c, a.b.d, e` → `a.b.{c, d}, e`: one short line."""
+  groups: dict[tuple[str, ...], list[str]] = {}
+  for keys in paths:
+    groups.setdefault(keys[:-1], []).append(keys[-1])
+  parts = []
+  for parent, names in groups.items():
+    dotted = ".".join(parent) + "." if parent else ""
+    parts.append(dotted + (names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"))
+  return ", ".join(parts)
