@@ -251,3 +251,32 @@ def test_the_whitened_stem_decorrelates_patches_of_the_training_images(tmp_path)
   assert sample.shape == (40, 16, 16, 3)
   np.testing.assert_allclose(exp.trainer.model.layers[1].kernel,
                              models.patch_whitening_kernel(sample), rtol=1e-5, atol=1e-6)
+
+
+def test_a_restored_run_reads_no_images_for_the_whitened_stem(tmp_path, monkeypatch):
+  """The whitened stem is computed from 5000 training images only when nothing is restored over
+  it: a resume and --mode=eval build the model without reading them, and get the checkpoint's
+  stem. Seen failing: without task.restoring, the evaluation read the images again (calls [40])."""
+  from tfdp.workloads.vision import image_classification  # pylint: disable=g-import-not-at-top
+  read = image_classification.ImageClassificationTask.sample_images
+  calls = []
+
+  def counted(self, source, count):
+    calls.append(count)
+    return read(self, source, count)
+  monkeypatch.setattr(image_classification.ImageClassificationTask, "sample_images", counted)
+  monkeypatch.setattr(image_classification.ImageClassificationTask, "SAMPLE_IMAGES", 40)
+  config = config_lib.load_config([], [
+      "task.model.name=airbench,task.model.kwargs={widths: [4, 4, 4]},"
+      "task.train_data.source=synthetic,task.train_data.num_examples=40,"
+      "task.eval_data.source=synthetic,task.eval_data.num_examples=16,"
+      "task.train_data.image_size=16,task.eval_data.image_size=16,"
+      "task.train_data.num_classes=3,task.eval_data.num_classes=3,trainer.global_batch_size=8,"
+      "trainer.epochs=1,runtime.strategy=default"])
+  trained = experiment.build(config, str(tmp_path), "train", verbose=False)
+  trained.run()
+  assert calls == [40]
+  stem = np.asarray(trained.trainer.model.layers[1].kernel)
+  evaluated = experiment.build(config, str(tmp_path), "eval", verbose=False)
+  assert calls == [40]  # nothing read again
+  np.testing.assert_array_equal(np.asarray(evaluated.trainer.model.layers[1].kernel), stem)

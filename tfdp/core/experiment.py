@@ -250,6 +250,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     import keras  # pylint: disable=g-import-not-at-top
     keras.utils.set_random_seed(trainer_cfg.seed)
     batch_plan = train_plan or eval_plan  # the model is built for its source
+    task.restoring = not start_over and outputs.latest_checkpoint(model_dir) is not None
     trainer = trainer_lib.Trainer(config, strategy, write_plan,
                                   model_fn or (lambda: task.build_model(batch_plan.source)), task,
                                   global_batch=batch_plan.global_batch,

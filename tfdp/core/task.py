@@ -81,6 +81,9 @@ class Task:
   def __init__(self, config: TaskConfig):
     self.config = config
     self.worker, self.num_workers = 0, 1  # make_task sets them
+    # experiment.build sets it before build_model: a checkpoint will be restored over the new
+    # weights (a resume, --mode=eval), so an initialization from data need not read any.
+    self.restoring = False
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

@@ -82,7 +82,8 @@ class ImageClassificationTask(tasks.Task):
     model = self.config.model
     kwargs = dict(model.kwargs)
     if models.takes_sample_images(model.name):
-      kwargs["sample_images"] = self.sample_images(source, self.SAMPLE_IMAGES)
+      kwargs["sample_images"] = (models.RESTORED if self.restoring
+                                 else self.sample_images(source, self.SAMPLE_IMAGES))
     return models.build_model(model.name, source.image_shape, source.num_classes, **kwargs)
 
   def sample_images(self, source, count: int):

@@ -113,6 +113,11 @@ def small_cnn(input_shape, num_classes, filters=32, batch_norm=True, dropout=0.0
   return keras.Model(inputs, layers.Dense(num_classes, kernel_regularizer=reg)(x), name="small_cnn")
 
 
+# `sample_images=RESTORED`: a builder that initializes from data builds the same variables
+# without reading any, because a checkpoint is restored over them (a resume, --mode=eval).
+RESTORED = object()
+
+
 def patch_whitening_kernel(images, patch_size: int = 2, eps: float = 5e-4):
   """airbench's whitened first layer: a conv kernel [k, k, channels, 2 * k * k * channels] whose
   filters are the eigenvectors of the (uncentred) covariance of all k x k patches of `images`
@@ -156,7 +161,8 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
   inputs = keras.Input(input_shape)
   x = layers.Activation("gelu")(stem(inputs))
   if whiten and sample_images is not None:
-    stem.kernel.assign(patch_whitening_kernel(sample_images))
+    if sample_images is not RESTORED:  # else a checkpoint's fixed stem is restored over it
+      stem.kernel.assign(patch_whitening_kernel(sample_images))
     stem.kernel.trainable = False
   for width in widths:
     x = layers.Activation("gelu")(bn(layers.MaxPooling2D()(conv(x, width))))
