@@ -192,8 +192,7 @@ def forms_case():
       return self.dense(inputs * self.scale)
 
   with strategy.scope():
-    sub = NoConfig(np.ones(6, np.float32))
-    sub(x[:2])
+    sub = NoConfig(np.ones(6, np.float32))  # not built: tfdp.fit builds it on a batch, as Keras
     compile_small(sub)
   h = tfdp.fit(sub, x, y, batch_size=16, epochs=1, model_dir="runs/subclassed", verbose=0)
   outside = NoConfig(np.ones(6, np.float32))  # built outside the scope: Keras cannot clone it

@@ -51,15 +51,14 @@ def _strategy_for(model, strategy):
       raise ConfigError(f"tfdp.fit: the model function returned a {type(built).__name__}; return "
                         "a compiled keras.Model.")
     return strategy, built, None
-  if not model.weights:
-    raise ConfigError("tfdp.fit: the model has no weights yet (a Sequential without keras.Input); "
-                      "give it an Input layer or call it on one batch before tfdp.fit.")
   if strategy is None:
     if os.environ.get("TF_CONFIG"):
       raise ConfigError("tfdp.fit: TF_CONFIG names a cluster, but no tfdp strategy was made; "
                         "call strategy = tfdp.make_strategy() first and build and compile the "
                         "model under `with strategy.scope():`.")
     strategy = tf.distribute.get_strategy()
+  if not model.weights:  # not built yet (a subclassed model): built on the first batch, in scope
+    return strategy, model, None
   if all(compat.created_in_scope(strategy, v) for v in model.weights):
     return strategy, model, None
   try:
@@ -138,6 +137,10 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, model_input_ranks=ranks)
+  if not trained.weights:  # as keras.Model.fit builds it: on a batch, in the strategy's scope
+    first = next(iter(inputs.train.read([0]).take(1).batch(1)))
+    with strategy.scope():
+      trained(first["x"])
   replicas = strategy.num_replicas_in_sync
   if inputs.global_batch % replicas:
     lower = inputs.global_batch - inputs.global_batch % replicas

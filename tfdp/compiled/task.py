@@ -252,6 +252,8 @@ def _check_labels(model, compile_loss, y_true, y_pred) -> None:
       labels.ndim < len(y_pred.shape) or labels.shape[-1] == 1):
     raise DataError(f"tfdp.fit: y holds class ids, but the loss is {name}, which takes one-hot "
                     "labels; use SparseCategoricalCrossentropy or keras.utils.to_categorical(y).")
+  if not (getattr(model, "_is_graph_network", False) or isinstance(model, keras.Sequential)):
+    return  # a subclassed model's call() may apply its own softmax: no layer says so
   from_logits = getattr(loss, "from_logits", None)
   if from_logits is None:
     config = getattr(loss, "get_config", lambda: {})()

@@ -189,8 +189,10 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
     precision, why = strategy_lib.resolve_precision(config.runtime.mixed_precision)
-    plan = strategy_lib.StrategyPlan(kind=type(strategy).__name__, precision=precision,
-                                     precision_reason=why)
+    made = strategy_lib.plan_of(strategy)  # tfdp.make_strategy's: what it reduces with
+    plan = dataclasses.replace(made or strategy_lib.StrategyPlan(kind=type(strategy).__name__),
+                               kind=type(strategy).__name__, precision=precision,
+                               precision_reason=why)
   replicas = strategy.num_replicas_in_sync
   strategy_lib.check_jit_compile(config.runtime, replicas)
   if cluster.is_multi_worker:

@@ -273,15 +273,21 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   else:
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
-  _MADE[:] = [strategy]
+  _MADE[:] = [strategy, plan]
   return strategy, plan
 
 
-_MADE: list = []  # the strategy this process made last: tfdp.fit trains a model built in its scope
+_MADE: list = []  # the strategy this process made last, and its plan: tfdp.fit trains a model
+# built in its scope, and its log line says what the strategy reduces with
 
 
 def last_made():
   return _MADE[0] if _MADE else None
+
+
+def plan_of(strategy) -> StrategyPlan | None:
+  """The plan make_strategy made `strategy` from, if it made it last."""
+  return _MADE[1] if _MADE and _MADE[0] is strategy else None
 
 
 def describe(plan: StrategyPlan, num_replicas: int) -> str:
