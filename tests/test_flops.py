@@ -154,3 +154,15 @@ def test_throughput_report_carries_mfu(tmp_path, capsys):
   assert frame["mfu"].tolist() == [pytest.approx(0.15)]
   table = capsys.readouterr().out
   assert "mfu" in table.splitlines()[0] and "0.15" in table
+
+
+def test_the_interactive_bar_shows_mfu(capsys):
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  progress = logs.Progress(10, 5, ["loss"], stream=Terminal(), flops_per_example=1e8,
+                           peak_flops=1e11)
+  progress.start_epoch(0)
+  progress.loop_done(5, 5, seconds=2.0, metrics={"loss": 1.5}, examples_per_sec=200.0, lr=0.1)
+  assert "MFU: 0.2000" in capsys.readouterr().out
