@@ -166,3 +166,21 @@ def test_the_interactive_bar_shows_mfu(capsys):
   progress.start_epoch(0)
   progress.loop_done(5, 5, seconds=2.0, metrics={"loss": 1.5}, examples_per_sec=200.0, lr=0.1)
   assert "MFU: 0.2000" in capsys.readouterr().out
+
+
+def test_a_sequence_of_unknown_length_is_unknown_not_an_error():
+  import keras  # pylint: disable=g-import-not-at-top
+  inputs = keras.Input((None, 4))
+  x = keras.layers.Dense(2, name="d")(inputs)
+  x = keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 3), name="e")(x)
+  count = flops.count_flops(keras.Model(inputs, x))
+  assert count.uncounted == ["d (Dense)", "e (EinsumDense)"]
+  assert math.isnan(count.training_per_example)
+
+
+def test_einsum_dense_with_an_ellipsis_counts_the_dims_it_stands_for():
+  import keras  # pylint: disable=g-import-not-at-top
+  inputs = keras.Input((3, 4, 6))
+  layer = keras.layers.EinsumDense("...c,cd->...d", output_shape=5, name="e")
+  count = flops.count_flops(keras.Model(inputs, layer(inputs)))
+  assert count.per_layer == {"e": 2 * 3 * 4 * 6 * 5}

@@ -51,17 +51,19 @@ def layer_forward_flops(layer) -> int | None:
 
 
 def _einsum_macs(equation: str, input_shape: tuple, kernel_shape: tuple) -> int:
-  """One MAC per combination of the equation's indices; the batch (None) and a leading `...`
-  (its non-batch dims multiply in) as the input shape says."""
+  """One MAC per combination of the equation's indices, the batch (the input's first) left out;
+  a leading `...` stands for the input's dims after the batch. A dimension unknown until run
+  (None) raises TypeError: the count is unknown."""
   inputs, _ = equation.replace(" ", "").split("->")
   left, right = inputs.split(",")
-  extra = 1
   if left.startswith("..."):
     left = left[3:]
-    extra = _size(d for d in input_shape[1:len(input_shape) - len(left)] if d is not None)
-  sizes = dict(zip(left, input_shape[len(input_shape) - len(left):]))
+    extra = _size(input_shape[1:len(input_shape) - len(left)])
+    sizes = dict(zip(left, input_shape[len(input_shape) - len(left):]))
+  else:
+    extra, sizes = 1, dict(zip(left[1:], input_shape[1:]))
   sizes.update(zip(right, kernel_shape))
-  return extra * _size(v for v in sizes.values() if v is not None)
+  return extra * _size(sizes.values())
 
 
 def _attention_flops(layer) -> int:
@@ -105,7 +107,8 @@ def count_flops(model) -> FlopCount:
         continue
       try:
         flops = layer_forward_flops(layer)
-      except (AttributeError, ValueError):  # a layer never called symbolically: no shapes
+      # Never called symbolically (no shapes), or a dimension unknown until run (None).
+      except (AttributeError, ValueError, TypeError):
         flops = None
       if flops is None:
         uncounted.append(f"{name} ({type(layer).__name__})")
