@@ -15,7 +15,7 @@ TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
         "task.eval_data.image_size=8,task.eval_data.num_classes=2,trainer.global_batch_size=16,"
         "trainer.epochs=2,trainer.steps_per_loop=2,task.model.name=small_cnn,runtime.cpu_replicas=2")
 LOOP_LINE = re.compile(r"^epoch [12]/2 step (\d+)/8 loss \d+\.\d{4} accuracy \d+\.\d{4} "
-                       r"ex/s \d+\.\d lr \S+ ETA (\d+:\d\d|\?)$")
+                       r"ex/s \d+\.\d GFLOP/s \d+\.\d MFU \d+\.\d% lr \S+ ETA (\d+:\d\d|\?)$")
 # What TensorFlow prints on a CPU-only machine at start: C++ log lines (I0000 00:00:...), the
 # absl pre-init banner, the CUDA probe's error, tf.distribute's INFO lines.
 TF_NOISE = ("I0000 00:00", "W0000 00:00", "absl::InitializeLog", "cuInit", "cuda_platform",

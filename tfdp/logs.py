@@ -4,6 +4,7 @@ hidden unless asked for (`--tf_log_level`)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -111,12 +112,15 @@ def format_seconds(seconds: float) -> str:
 
 class Progress:
   """Training progress, once per compiled loop. Interactive: Keras' progress bar per epoch.
-  Otherwise one line per loop: epoch, step/total, the task's metrics, examples/s, learning rate
-  and the run's ETA (from the loops after the first, which also traces the graph)."""
+  Otherwise one line per loop: epoch, step/total, the task's metrics, examples/s, the model's
+  FLOP/s and MFU (when tfdp.core.flops could count them), learning rate and the run's ETA (from
+  the loops after the first, which also traces the graph)."""
 
   def __init__(self, total_steps: int, steps_per_epoch: int, metric_names, enabled: bool = True,
-               stream=None):
+               stream=None, flops_per_example: float = math.nan, peak_flops: float = math.nan):
     self.total_steps = total_steps
+    self.flops_per_example = flops_per_example  # training FLOPs per example (3x forward)
+    self.peak_flops = peak_flops  # of every device the job trains on
     self.steps_per_epoch = steps_per_epoch
     self.metric_names = list(metric_names)
     self.enabled = enabled
@@ -141,7 +145,7 @@ class Progress:
     epoch_steps = min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
     print(f"Epoch {epoch + 1}/{self.epochs}", file=self._out, flush=True)
     self._bar = keras.utils.Progbar(epoch_steps,
-                                    stateful_metrics=[*self.metric_names, "ex/s", "lr"])
+                                    stateful_metrics=[*self.metric_names, "ex/s", "MFU", "lr"])
 
   @property
   def epochs(self) -> int:
@@ -167,8 +171,10 @@ class Progress:
     if not self.enabled:
       return
     if self.interactive:
+      mfu = self.flops_per_example * examples_per_sec / (self.peak_flops or math.nan)
       self._bar.update(step - self._epoch * self.steps_per_epoch,
-                       values=[*metrics.items(), ("ex/s", examples_per_sec), ("lr", lr)])
+                       values=[*metrics.items(), ("ex/s", examples_per_sec),
+                               *([("MFU", mfu)] if math.isfinite(mfu) else []), ("lr", lr)])
       return
     print(self.line(step, metrics, examples_per_sec, lr), file=self._out, flush=True)
 
@@ -176,5 +182,14 @@ class Progress:
     shown = " ".join(f"{name} {value:.4f}" for name, value in metrics.items())
     eta = self.eta_seconds(step)
     return (f"epoch {self._epoch + 1}/{self.epochs} step {step}/{self.total_steps} {shown} "
-            f"ex/s {examples_per_sec:.1f} lr {lr:.4g} ETA "
+            f"ex/s {examples_per_sec:.1f}{self.flops_text(examples_per_sec)} lr {lr:.4g} ETA "
             f"{format_seconds(eta) if eta is not None else '?'}")
+
+  def flops_text(self, examples_per_sec: float) -> str:
+    """' GFLOP/s 32.1 MFU 19.3%'; the MFU left out without a peak, both without a count."""
+    achieved = self.flops_per_example * examples_per_sec
+    if not math.isfinite(achieved):
+      return ""
+    text = f" GFLOP/s {achieved / 1e9:.1f}"
+    return text + (f" MFU {100 * achieved / self.peak_flops:.1f}%"
+                   if math.isfinite(self.peak_flops) and self.peak_flops > 0 else "")

@@ -52,6 +52,15 @@ def _time_blocks(run: Callable[[int], Any], warmup: int, steps: int, repeats: in
   return seconds
 
 
+def _flops(exp) -> dict:
+  """The model's training FLOPs per example and the peak of the devices this cell trains on."""
+  from tfdp.core import flops  # pylint: disable=g-import-not-at-top
+  per_example, peak, how = flops.training_flops_and_peak(exp.trainer.model, exp.trainer.strategy,
+                                                         exp.trainer.precision)
+  return {"train_flops_per_example": per_example, "peak_flops": peak, "peak_how": how,
+          "precision": exp.trainer.precision}
+
+
 def _build(spec: dict, cluster=None):
   """tfdp's whole flow, built once: strategy, data plan, task, model, trainer."""
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
@@ -115,7 +124,7 @@ def train_cell(spec: dict) -> dict:
     out["cached_step_ms"] = _median_ms(cached, steps)
     out["input_wait_fraction"] = max(0.0, 1.0 - out["cached_step_ms"] / out["step_ms"])
   out["peak_rss_mb"] = _peak_rss_mb()
-  return out
+  return {**out, **_flops(exp)}
 
 
 def keras_fit_cell(spec: dict) -> dict:
@@ -156,7 +165,7 @@ def keras_fit_cell(spec: dict) -> dict:
           "steps_per_epoch": steps_per_epoch, "timed_epochs": len(timed),
           "images_per_sec": batch / statistics.median(step_ms) * 1000,
           "step_ms": statistics.median(step_ms), "step_ms_min": min(step_ms),
-          "step_ms_max": max(step_ms), "peak_rss_mb": _peak_rss_mb()}
+          "step_ms_max": max(step_ms), "peak_rss_mb": _peak_rss_mb(), **_flops(exp)}
 
 
 def allreduce_cell(spec: dict) -> dict:

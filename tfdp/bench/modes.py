@@ -58,10 +58,21 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                  "cached_step_ms": res["cached_step_ms"],
                  "input_wait_fraction": res["input_wait_fraction"],
                  "vs_keras_fit": res["images_per_sec"] / base if base else math.nan,
-                 "peak_rss_mb": res["peak_rss_mb"], "load_avg_1m": load, **info})
+                 "peak_rss_mb": res["peak_rss_mb"], **utilization(res), "load_avg_1m": load,
+                 **info})
     progress(f"{model} batch {batch} replicas {replicas}: {res['images_per_sec']:.1f} img/s, "
-             f"input wait {res['input_wait_fraction']:.2f}")
+             f"input wait {res['input_wait_fraction']:.2f}, MFU {rows[-1]['mfu']:.3f}")
   return rows
+
+
+def utilization(res: dict) -> dict:
+  """Achieved model FLOP/s (training FLOPs per example, 3x the forward count, x examples/s) and
+  MFU against the devices' peak (tfdp.core.flops: the formula and the table)."""
+  achieved = res["train_flops_per_example"] * res["images_per_sec"]
+  return {"train_flops_per_example": res["train_flops_per_example"],
+          "gflops_per_sec": achieved / 1e9, "peak_gflops_per_sec": res["peak_flops"] / 1e9,
+          "mfu": achieved / res["peak_flops"] if res["peak_flops"] else math.nan,
+          "precision": res["precision"], "peak_how": res["peak_how"]}
 
 
 def _row_head(res: dict) -> dict:
@@ -92,7 +103,7 @@ def baseline_row(opts: BenchOptions, model: str, batch: int, model_dir: str, inf
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
           "steps": res["steps_per_epoch"], "repeats": res["timed_epochs"],
           "cached_step_ms": math.nan, "input_wait_fraction": math.nan, "vs_keras_fit": 1.0,
-          "peak_rss_mb": res["peak_rss_mb"], "load_avg_1m": load, **info}
+          "peak_rss_mb": res["peak_rss_mb"], **utilization(res), "load_avg_1m": load, **info}
 
 
 # ---- scaling --------------------------------------------------------------------------------------

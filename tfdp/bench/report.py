@@ -36,10 +36,12 @@ def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
 
 def draw_throughput(frame, targets):
   del targets
-  fig, axes = _subplots(2, (12, 1.5 + 0.45 * len(frame)))
+  fig, axes = _subplots(3, (16, 1.5 + 0.45 * len(frame)))
   _bars(axes[0], frame, {"images_per_sec": "images/s"}, "images/s")
   _bars(axes[1], frame, {"input_wait_fraction": "input wait"}, "input-wait fraction")
   axes[1].set_xlim(0, 1)
+  _bars(axes[2], frame, {"mfu": "MFU"}, "model-FLOPs utilization (of the devices' peak)")
+  axes[2].set_yticks([])
   return fig
 
 
@@ -135,7 +137,8 @@ class View:
 
 VIEWS: dict[str, View] = {
     "throughput": View(["model", "strategy", "replicas", "global_batch", "images_per_sec",
-                        "step_ms", "input_wait_fraction", "vs_keras_fit", "peak_rss_mb"],
+                        "step_ms", "input_wait_fraction", "vs_keras_fit", "gflops_per_sec", "mfu",
+                        "peak_rss_mb"],
                        draw_throughput),
     "scaling": View(["model", "workers", "global_batch", "images_per_sec", "step_ms", "speedup",
                      "efficiency"], draw_scaling),

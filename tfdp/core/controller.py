@@ -16,6 +16,7 @@ import time
 from absl import logging
 
 from tfdp import logs
+from tfdp.core import flops
 from tfdp.core import outputs
 from tfdp import errors
 from tfdp.errors import Preempted, TrainingDiverged
@@ -322,8 +323,12 @@ class Controller:
     watchdog = Watchdog(trainer.config.runtime.watchdog_seconds)
     step, last_row = start, {}
     logging.info("training: steps %d-%d in loops of up to %d", start + 1, total, cfg.steps_per_loop)
+    flops_per_example, peak_flops, peak_how = flops.training_flops_and_peak(
+        trainer.model, trainer.strategy, trainer.precision)
+    logging.info("MFU against a peak of %.4g FLOP/s (%s)", peak_flops, peak_how)
     progress = logs.Progress(total, steps_per_epoch, trainer.task.reported_metric_names(),
-                             enabled=trainer.verbose)
+                             enabled=trainer.verbose, flops_per_example=flops_per_example,
+                             peak_flops=peak_flops)
     profile = ProfileWindow(trainer.config.runtime.profile_steps,
                             trainer.write_plan.path("train"), trainer.write_plan.is_chief)
     try:
@@ -370,6 +375,7 @@ class Controller:
                "learning_rate": float(trainer.schedule(step - 1)),
                "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
+        row["mfu"] = flops.mfu(flops_per_example, row["examples_per_sec"], peak_flops)
         with trainer.evaluation_weights():  # the weights' moving average, if kept
           self._precise_batchnorm_if_due(epoch, step)
           self._evaluate_if_due(epoch, step, row)
