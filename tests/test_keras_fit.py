@@ -92,12 +92,26 @@ def test_input_forms_and_weights(forms_result):
   assert forms_result["unbatched_dataset"] == [32, 3]
 
 
+def test_keras_methods_work_on_the_trained_model_and_one_hot_metrics_are_exact(forms_result):
+  """model.evaluate / model.predict in the same process after tfdp.fit (2 replicas), equal to
+  tfdp.evaluate; CategoricalAccuracy and the categorical loss on one-hot labels, 35 validation
+  examples in batches of 16 (a padded last batch), equal to single-device Keras."""
+  after = forms_result["after_fit"]
+  assert after["predict_rows"] == 96
+  for name in ("loss", "accuracy"):
+    assert after["tfdp_evaluate"][name] == pytest.approx(after["evaluate"][name], rel=1e-5)
+  accuracy, loss, reference = forms_result["onehot"]
+  assert accuracy == pytest.approx(reference["categorical_accuracy"], rel=1e-6)
+  assert loss == pytest.approx(reference["loss"], rel=1e-5)
+
+
 def test_bad_input_is_one_line_naming_the_fix(forms_result):
   errors = forms_result["errors"]
   expected = {"lengths": "different lengths", "split_with_dataset": "validation_data",
               "infinite": "steps_per_epoch", "too_small": "smaller batch_size",
               "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks",
-              "subclassed_outside": "make_strategy().scope()"}
+              "subclassed_outside": "make_strategy().scope()",
+              "ids_categorical": "one-hot labels"}
   for case, words in expected.items():
     assert errors[case].startswith("tfdp.fit: ") and words in errors[case], (case, errors[case])
     assert "\n" not in errors[case]

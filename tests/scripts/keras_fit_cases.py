@@ -164,8 +164,27 @@ def forms_case():
     compile_small(plain)
   h = tfdp.fit(plain, unbatched, batch_size=32, epochs=1, model_dir="runs/unbatched", verbose=0)
   out["unbatched_dataset"] = [h.params["batch_size"], h.final["step"]]
+  # Keras's own methods on the trained model, in this process (2 replicas, even batches).
+  out["after_fit"] = {"evaluate": plain.evaluate(x, y, batch_size=16, verbose=0, return_dict=True),
+                      "tfdp_evaluate": tfdp.evaluate(plain, x, y, batch_size=16),
+                      "predict_rows": int(plain.predict(x, batch_size=16, verbose=0).shape[0])}
+  # One-hot labels with a categorical loss and CategoricalAccuracy, on 3 of 2 x 16 + 3 rows.
+  with strategy.scope():
+    onehot = small_classifier()
+    onehot.compile(keras.optimizers.SGD(0.1), keras.losses.CategoricalCrossentropy(from_logits=True),
+                   metrics=[keras.metrics.CategoricalAccuracy(name="categorical_accuracy")])
+  y_onehot = np.eye(3, dtype=np.float32)[y]
+  h = tfdp.fit(onehot, x, y_onehot, batch_size=16, epochs=1, validation_data=(x[:35], y_onehot[:35]),
+               model_dir="runs/onehot", verbose=0)
+  single = small_classifier()
+  single.set_weights(onehot.get_weights())
+  single.compile(keras.optimizers.SGD(0.1), keras.losses.CategoricalCrossentropy(from_logits=True),
+                 metrics=[keras.metrics.CategoricalAccuracy(name="categorical_accuracy")])
+  out["onehot"] = [h.history["val_categorical_accuracy"][-1], h.history["val_loss"][-1],
+                   single.evaluate(x[:35], y_onehot[:35], verbose=0, return_dict=True)]
+  out["errors"] = {}
   # Bad input: one line each.
-  out["errors"] = {
+  out["errors"].update({
       "lengths": one_line(lambda: tfdp.fit(plain, x, y[:50], model_dir="runs/bad")),
       "split_with_dataset": one_line(lambda: tfdp.fit(plain, unbatched.batch(8),
                                                       validation_split=0.2, model_dir="runs/bad")),
@@ -178,7 +197,9 @@ def forms_case():
       "model_checkpoint": one_line(lambda: tfdp.fit(
           plain, x, y, callbacks=[keras.callbacks.ModelCheckpoint("m.keras")],
           model_dir="runs/bad")),
-  }
+      "ids_categorical": one_line(lambda: tfdp.fit(onehot, x, y, batch_size=16,
+                                                   model_dir="runs/bad")),
+  })
   out["bad_dir_untouched"] = not os.path.exists("runs/bad")
   # A subclassed model without get_config: the run finishes, the weights are exported.
 
