@@ -130,7 +130,7 @@ def test_a_model_keras_cannot_serialize_exports_its_weights(forms_result):
 def test_one_replica_two_replicas_and_two_workers_train_alike(tmp_path):
   """Shuffling off, fp32: final weights of 1 replica = 2 replicas = 2 worker processes ≤ 1e-5.
   The EarlyStopping (min_delta 10: no epoch improves enough) stops every worker after the same
-  epoch, and tfdp.evaluate on 2 workers counts each of 37 examples once. Seen failing: with
+  epoch, ReduceLROnPlateau halves every worker's learning rate once, and tfdp.evaluate on 2 workers counts each of 37 examples once. Seen failing: with
   EarlyStopping decided by the chief alone, worker 1 trained on and the group hung."""
   one = run_case(tmp_path / "one", "equivalence", replicas=1)[0]
   two = run_case(tmp_path / "two", "equivalence", replicas=2)[0]
@@ -139,5 +139,6 @@ def test_one_replica_two_replicas_and_two_workers_train_alike(tmp_path):
     for a, b in zip(one["weights"], other["weights"]):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert other["epochs"] == one["epochs"] == 2
+    assert other["learning_rate"] == one["learning_rate"] == pytest.approx(0.05)  # halved once
     assert other["evaluate_examples"] == 37
     assert other["evaluate_loss"] == pytest.approx(one["val_loss"], rel=1e-5)

@@ -239,12 +239,16 @@ def equivalence_case():
     model = small_classifier()
     compile_small(model)
   stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
-  history = tfdp.fit(model, x, y, batch_size=20, epochs=5, shuffle=False, callbacks=[stop],
+  slower = keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=10.0, patience=0,
+                                             factor=0.5)
+  history = tfdp.fit(model, x, y, batch_size=20, epochs=5, shuffle=False,
+                     callbacks=[stop, slower],
                      validation_data=(x[:37], y[:37]), model_dir="runs/equivalence", verbose=0)
   evaluated = tfdp.evaluate(model, x[:37], y[:37], batch_size=10)
   return {"weights": [w.tolist() for w in model.get_weights()],
           "epochs": len(history.history["loss"]), "stopped_epoch": stop.stopped_epoch,
           "evaluate_examples": evaluated["examples"], "evaluate_loss": evaluated["loss"],
+          "learning_rate": float(np.asarray(model.optimizer.learning_rate)),
           "val_loss": history.history["val_loss"][-1]}
 
 
