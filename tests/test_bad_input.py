@@ -23,7 +23,8 @@ def assert_one_line_error(proc, *words):
     ("trainer.epochz=2", ["trainer.epochz", "trainer.epochs"]),
     ("trainer.epochs=two", ["trainer.epochs", "whole number"]),
     ("trainer.epochs=-3", ["trainer.epochs", ">= 0"]),
-    ("runtime.cpu_replicas=3", ["global_batch_size", "3 replicas", "multiple of 3"]),
+    ("runtime.cpu_replicas=3,task.train_data.shard_policy=file",  # data/auto: split unevenly
+     ["global_batch_size", "3 replicas", "multiple of 3"]),
     ("task.model.name=resnet21", ["task.model.name", "resnet20"]),
     ("task.train_data.source=csv", ["task.train_data.source", "tfds"]),
     ("task.train_data.name=cifar11,task.train_data.data_dir=/nonexistent",

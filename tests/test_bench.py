@@ -120,7 +120,9 @@ def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--models=resnet21"], ["resnet21", "resnet20"]),
-    (["--replicas=3", "--global_batch_sizes=128"], ["3 replicas", "multiple of 3"]),
+    (["--replicas=3", "--global_batch_sizes=128",  # file shards: no uneven split
+      "--params_override=task.train_data.shard_policy=file"],
+     ["3 replicas", "multiple of 3"]),
     (["--replicas=1,x"], ["--replicas"]),
     (["--params_override=trainer.epochz=1"], ["trainer.epochs"]),
     (["--mode=allreduce", "--workers=1"], ["--workers"]),

@@ -87,8 +87,11 @@ def test_bad_files(tmp_path):
 
 def test_batch_must_split_over_replicas():
   config = config_lib.load_config([], ["trainer.global_batch_size=130"])
+  data_lib.check_batch_divides(config, 4)  # split unevenly (tests/test_uneven_batch.py)
+  config = config_lib.load_config([], ["trainer.global_batch_size=130",
+                                       "task.train_data.shard_policy=file"])
   data_lib.check_batch_divides(config, 2)
-  with pytest.raises(ConfigError, match="global_batch_size.*4 replicas.*128"):
+  with pytest.raises(ConfigError, match="global_batch_size.*4 replicas.*128.*shard_policy data"):
     data_lib.check_batch_divides(config, 4)
   assert strategy_lib.expected_replicas(config.runtime, 1) is None  # auto: depends on GPUs found
   config = config_lib.load_config([], ["runtime.cpu_replicas=3"])

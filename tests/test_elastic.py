@@ -1,7 +1,8 @@
 """Elastic resume: a checkpoint written by N workers (or N replicas) resumes on M. The global batch
 stays the run's, the per-replica batch stays the recorded one and gradient_accumulation_steps
 makes up the difference, so the resumed run takes the same steps on the same examples as an
-uninterrupted one. What cannot be split that way is refused in one line."""
+uninterrupted one, padded where no whole share fits. What cannot be split that way is refused in
+one line."""
 from __future__ import annotations
 
 import collections
@@ -149,17 +150,21 @@ def refusal(proc) -> str:
   return lines[0]
 
 
-def test_a_global_batch_that_does_not_split_evenly_over_the_new_replicas_is_refused(tmp_path):
+def test_four_replicas_resume_on_three_workers_with_an_uneven_split(uninterrupted, tmp_path):
+  """16 over 3 has no whole share: each worker's replica runs 3 rows per micro-step (twice, the
+  recorded per-replica batch 4 is the limit), 2 of the 18 rows weight 0; the workers read
+  unequal shares (6, 6, 4) of each step's 16 examples, over real collectives."""
   model_dir = tmp_path / "run"
-  first = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
-                            f"--params_override={job(2, 3)}", timeout=600)
-  assert first.returncode == 0, first.stderr[-3000:]
-  before = sorted(p.name for p in model_dir.rglob("*"))
-  line = refusal(helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
-                                   f"--params_override={job(3, 6)}", timeout=600))
-  assert "global batch 16" in line and "over 3 replicas" in line, line
-  assert "uneven splits are not supported yet" in line and "--start_over" in line, line
-  assert sorted(p.name for p in model_dir.rglob("*")) == before  # nothing written
+  probe(model_dir, job(4, 6), tmp_path / "first")
+  resumed, output = probe(model_dir, job(4, 12), tmp_path / "out", launcher_workers=3)
+  assert resumed["info"]["step"] == resumed["info"]["iterations"] == 12
+  lines = re.findall(r"resumed at step .*", output)
+  assert lines == ["resumed at step 6 on 3 workers (was 1): accumulation 1 → 2, per-replica "
+                   "batch 3 (16 over 3 replicas x 2 accumulation steps: 2 rows of padding per "
+                   "step), global batch 16 kept"], output[-3000:]
+  assert helpers.max_relative_difference(resumed["final"], uninterrupted["final"]) <= 1e-5
+  assert record(model_dir)["batch_history"][-1] == {
+      "from_step": 6, "per_replica_batch": 3, "gradient_accumulation_steps": 2}
 
 
 def test_the_smallest_accumulation_keeps_the_per_replica_batch_or_lowers_it_to_fit():

@@ -174,7 +174,8 @@ CASES = [
     Case("unknown_optimizer", ("trainer.optimizer.name", "adam"), override="trainer.optimizer.name=adan"),
     Case("unknown_task", ("task.name", "masked_lm"), override="task.name=mlm"),
     Case("unknown_model", ("task.model.name", "resnet20"), override="task.model.name=resnet21"),
-    Case("batch_does_not_split", ("global_batch_size", "multiple of 3"), override="runtime.cpu_replicas=3"),
+    Case("batch_does_not_split", ("global_batch_size", "multiple of 3"),  # file shards: no uneven
+         override="runtime.cpu_replicas=3,task.train_data.shard_policy=file"),
     Case("model_kwargs_rejected_by_keras", ("task.model.kwargs", "small_cnn"),
          override="task.model.kwargs.filters=-4"),
     Case("model_kwargs_unknown", ("task.model.kwargs", "small_cnn"), override="task.model.kwargs.widht=3"),

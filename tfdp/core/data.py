@@ -126,25 +126,54 @@ def shard_counts(policy: str, source: Source, num_pipelines: int) -> list[int]:
 
 
 def per_replica_batch(key: str, batch: int, num_replicas: int) -> int:
-  """The global batch is the user's number; every replica (and micro-step) gets an equal share.
-  `num_replicas` here counts replicas x gradient accumulation steps."""
-  if batch % num_replicas:
-    lower = batch - batch % num_replicas
+  """The global batch is the user's number; every replica (and micro-step) gets the same padded
+  shape: an equal share, or where none is whole the largest share (ceil), the rest weight-0
+  padding. `num_replicas` here counts replicas x gradient accumulation steps."""
+  if batch < 1:
+    raise ConfigError(f"config key '{key}' is {batch}; use a positive batch size.")
+  return -(-batch // num_replicas)
+
+
+def describe_split(batch: int, num_replicas: int, accumulation: int = 1) -> str:
+  """'per-replica batch 6 (16 over 3 replicas: 2 rows of padding per step)' (uneven), or
+  'per-replica batch 4' (even)."""
+  slots = num_replicas * accumulation
+  per_replica = per_replica_batch("", batch, slots)
+  if per_replica * slots == batch:
+    return f"per-replica batch {per_replica}"
+  over = f"{num_replicas} replica{'s' * (num_replicas != 1)}" + (
+      f" x {accumulation} accumulation steps" if accumulation > 1 else "")
+  return (f"per-replica batch {per_replica} ({batch} over {over}: "
+          f"{per_replica * slots - batch} rows of padding per step)")
+
+
+# An uneven split gives pipelines unequal real shares of each step's block of the one global
+# order; file and TFDS-split shards (and a worker's own local data) are no such order.
+UNEVEN_POLICIES = ("off", "data")
+
+
+def _refuse_uneven(key: str, batch: int, slots: int, policy: str) -> None:
+  if batch % slots and policy not in UNEVEN_POLICIES:
+    lower = batch - batch % slots
     raise ConfigError(
-        f"config key '{key}' is {batch}, which does not split evenly over {num_replicas} "
-        f"replicas x accumulation steps; use a multiple of {num_replicas} such as "
-        f"{lower or num_replicas}.")
-  return batch // num_replicas
+        f"config key '{key}' is {batch}, which does not split evenly over {slots} replicas x "
+        f"accumulation steps, and shard_policy {policy} cannot split it unevenly (each worker "
+        f"reads its own shard, not its share of one global order); use a multiple of {slots} "
+        f"such as {lower or slots}, or shard_policy data.")
 
 
 def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
   """Before TensorFlow starts, where the replica count is known from the config alone (the
-  input plan divides, with the same check, once the strategy is made)."""
+  input plan checks again, with the resolved shard policy, once the strategy is made)."""
   steps = config.trainer.gradient_accumulation_steps
-  per_replica_batch("trainer.global_batch_size", config.trainer.global_batch_size,
-                    num_replicas * steps)
-  per_replica_batch("trainer.eval_batch_size",
-                    config.trainer.eval_batch_size or config.trainer.global_batch_size, num_replicas)
+  for key, batch, slots, data in (
+      ("trainer.global_batch_size", config.trainer.global_batch_size, num_replicas * steps,
+       config.task.train_data),
+      ("trainer.eval_batch_size", config.trainer.eval_batch_size
+       or config.trainer.global_batch_size, num_replicas, config.task.eval_data)):
+    per_replica_batch(key, batch, slots)
+    if data.shard_policy in ("file", "tfds_split", "local"):
+      _refuse_uneven(key, batch, slots, data.shard_policy)
 
 
 @dataclasses.dataclass
@@ -158,6 +187,9 @@ class InputPlan:
   steps_per_epoch: int  # optimizer steps
   counts: list[int]
   accumulation_steps: int = 1  # per-replica batches (micro-steps) per optimizer step
+  # Real examples per optimizer step when they do not split evenly (the rest of each step is
+  # weight-0 padding); 0: an even split, every row of a full step real.
+  uneven_global_batch: int = 0
 
   @property
   def pipeline_batch(self) -> int:
@@ -170,7 +202,23 @@ class InputPlan:
 
   @property
   def global_batch(self) -> int:
+    """Real examples per optimizer step (the trainer divides the summed loss by it)."""
+    return self.uneven_global_batch or self.step_batch * self.num_pipelines
+
+  @property
+  def padded_global_batch(self) -> int:
+    """Rows per optimizer step, padding included."""
     return self.step_batch * self.num_pipelines
+
+  def block_share(self, pipeline: int) -> tuple[int, int]:
+    """Uneven split: (first, count) of the positions of each step's block of global_batch
+    examples this pipeline reads; its replicas and micro-steps split them as evenly as whole
+    rows allow (slot t of T: floor or ceil of count / T)."""
+    slots = self.replicas_per_pipeline * self.accumulation_steps
+    base, extra = divmod(self.global_batch, slots * self.num_pipelines)
+    first_slot = pipeline * slots
+    first = first_slot * base + min(first_slot, extra)
+    return first, slots * base + min(max(extra - first_slot, 0), slots)
 
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
@@ -183,9 +231,14 @@ def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas
   policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
   counts = (list(local_counts) if policy == "local" and local_counts is not None
             else shard_counts(policy, source, num_pipelines))
-  per_replica = per_replica_batch(batch_key, global_batch,
-                                             num_replicas * accumulation_steps)
+  slots = num_replicas * accumulation_steps
+  _refuse_uneven(batch_key, global_batch, slots, policy)
+  per_replica = per_replica_batch(batch_key, global_batch, slots)
   replicas_per_pipeline = num_replicas // num_pipelines
+  if per_replica * slots != global_batch:  # every step is block [k·G, (k+1)·G) of one order
+    steps = math.ceil(source.num_examples / global_batch)
+    return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline,
+                     max(steps, 1), counts, accumulation_steps, global_batch)
   steps = math.ceil(max(counts) / (per_replica * replicas_per_pipeline * accumulation_steps))
   return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline, max(steps, 1),
                    counts, accumulation_steps)
@@ -246,6 +299,22 @@ def _fill_with_own_rows(batch: dict, size: int) -> dict:
       lambda x: tf.ensure_shape(x, [size, *x.shape[1:]]), batch), filled)
 
 
+def _spread_over_slots(batch: dict, slots: int, per_slot: int) -> dict:
+  """An uneven split's step of m real rows → `slots` per-replica batches of `per_slot` rows: slot
+  t holds the next floor or ceil of m / slots real rows, then weight-0 copies of them (of the
+  step's rows, for a slot with none)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  real = tf.shape(batch["weight"])[0]
+  position = tf.range(slots * per_slot)
+  slot, row = position // per_slot, position % per_slot
+  base, extra = real // slots, real % slots
+  count = base + tf.cast(slot < extra, tf.int32)
+  offset = slot * base + tf.minimum(slot, extra)
+  index = tf.where(count > 0, offset + row % tf.maximum(count, 1), row % real)
+  rows = tf.nest.map_structure(lambda x: tf.gather(x, index), batch)
+  return {**rows, "weight": tf.where(row < count, rows["weight"], tf.zeros_like(rows["weight"]))}
+
+
 def _then_copies_of_last(batches, copies: int, zeros: dict):
   """`batches`, then `copies` weight-0 copies of its last batch (a scan carries it)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -274,7 +343,8 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   last (short) step of a pipeline repeats its own real rows, and whole steps of padding after it
   (uneven shards) repeat that filled last step. Filled per step, not per replica: a step holds
   the same rows for any replica count (the replicas' averaged batch means agree). Only a pipeline
-  with no real examples pads with zeros.
+  with no real examples pads with zeros. An uneven split (plan.uneven_global_batch) reads each
+  pipeline's share of every step's block of the one order instead of a shard (one_uneven_epoch).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   source, policy = plan.source, plan.policy
@@ -303,12 +373,39 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     spec = base.enumerate().map(
         lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
     zeros = tf.nest.map_structure(lambda s: _zeros_batch(s, size), spec)
+    if plan.uneven_global_batch:  # this pipeline's share of each step's block, not a shard
+      first_position, share = plan.block_share(pipeline)
+      whole_steps, last_block = divmod(source.num_examples, plan.global_batch)
+      real = whole_steps * share + min(max(last_block - first_position, 0), share)
     real_end = -(-real // size) * size  # the end of the last step holding a real example
+
+    def one_uneven_epoch(epoch, skip: int):
+      """As one_epoch, for an uneven split: step k holds this pipeline's share of positions
+      [k·G, (k+1)·G) of the epoch's order (G the global batch), spread over its slots."""
+      global_batch = plan.global_batch
+      real_steps = -(-real // share)
+      first = min(skip // size, real_steps - 1)  # past the real steps: read the last one back
+      ds = base
+      if training and data.shuffle:
+        ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
+      ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
+      ds = ds.filter(lambda ex: (ex["index"] >= first * global_batch) & (
+          ex["index"] % global_batch >= first_position) & (
+              ex["index"] % global_batch < first_position + share))
+      ds = ds.map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=data.deterministic).batch(share)
+      ds = ds.map(lambda b: _spread_over_slots(
+          b, plan.replicas_per_pipeline * plan.accumulation_steps, plan.per_replica_batch))
+      if plan.steps_per_epoch > real_steps:
+        ds = _then_copies_of_last(ds, plan.steps_per_epoch - real_steps, zeros)
+      return ds.skip(skip // size - first)
 
     def one_epoch(epoch, skip: int):
       """The epoch's steps (pipeline batches) from example `skip` on (a multiple of a step)."""
       if real == 0:  # an empty shard: nothing real to repeat
         return tf.data.Dataset.from_tensors(zeros).repeat((padded_len - skip) // size)
+      if plan.uneven_global_batch:
+        return one_uneven_epoch(epoch, skip)
       ds = base
       if training and data.shuffle:
         ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
@@ -345,7 +442,8 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
 
 
 def log_plan(name: str, plan: InputPlan) -> None:
-  logging.info("data %s: %d examples, %d step(s)/epoch of %d per replica, shard policy %s over %d "
+  split = describe_split(plan.global_batch, plan.num_pipelines * plan.replicas_per_pipeline,
+                         plan.accumulation_steps)
+  logging.info("data %s: %d examples, %d step(s)/epoch, %s, shard policy %s over %d "
                "pipeline(s), real examples per pipeline %s", name, plan.source.num_examples,
-               plan.steps_per_epoch, plan.per_replica_batch, plan.policy, plan.num_pipelines,
-               plan.counts)
+               plan.steps_per_epoch, split, plan.policy, plan.num_pipelines, plan.counts)

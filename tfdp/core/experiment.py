@@ -321,8 +321,11 @@ def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
   examples are only assigned to other replicas and micro-steps, and the gradient is their sum
   over the global batch: the same step, up to float summation order. Each example's
   augmentation seed is its position in that order, not its pipeline's. Steps per epoch are
-  ceil(examples / global_batch) for every n that divides the global batch. File shards (and
-  TFDS splits) are made per group instead: outputs.resume_batch_split refuses those mid-epoch."""
+  ceil(examples / global_batch) for every n. A global batch no replica count divides is split
+  unevenly: pipelines read unequal shares of the same block, and every replica's batch is
+  padded to the larger share with weight-0 rows. File shards (and TFDS splits) are made per
+  group instead: outputs.resume_batch_split refuses those mid-epoch, and this an uneven split
+  of them."""
   recorded = outputs.read_run_record(model_dir)
   if not recorded:
     return None
@@ -330,6 +333,13 @@ def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
   split = outputs.resume_batch_split(recorded, model_dir, config.trainer.global_batch_size,
                                      replicas, max(cluster.num_workers, 1), sharding,
                                      outputs.checkpoint_step(resume_from))
+  if (split and sharding and sharding not in data_lib.UNEVEN_POLICIES
+      and split.global_batch % (split.replicas * split.accumulation)):
+    raise OutputError(
+        f"--model_dir '{model_dir}' holds a run with global batch {split.global_batch}, which "
+        f"does not split evenly over {replicas} replicas, and its shard policy {sharding} cannot "
+        f"split it unevenly (each worker reads its own shard, not its share of one order); "
+        f"resume on a replica count that divides {split.global_batch}, or pass --start_over.")
   if split and split.accumulation != config_accumulation:
     logging.info("resume: gradient_accumulation_steps %d (the recorded run's split on %d "
                  "replicas), not the config's %d, which is for a fresh run", split.accumulation,

@@ -464,8 +464,8 @@ class BatchSplit:
   was_accumulation: int
 
   @property
-  def per_replica_batch(self) -> int:
-    return self.global_batch // (self.replicas * self.accumulation)
+  def per_replica_batch(self) -> int:  # an uneven split pads every replica to the larger share
+    return -(-self.global_batch // (self.replicas * self.accumulation))
 
   @property
   def changed(self) -> bool:
@@ -484,13 +484,19 @@ class BatchSplit:
     accumulation = (f"accumulation {self.was_accumulation} → {self.accumulation}"
                     if self.accumulation != self.was_accumulation
                     else f"accumulation {self.accumulation} kept")
+    slots = self.replicas * self.accumulation
+    padding = self.per_replica_batch * slots - self.global_batch
+    uneven = (f" ({self.global_batch} over {self.replicas} replica{'s' * (self.replicas != 1)}"
+              f"{f' x {self.accumulation} accumulation steps' if self.accumulation > 1 else ''}"
+              f": {padding} rows of padding per step)" if padding else "")
     return (f"resumed at step {step}{where}: {accumulation}, per-replica batch "
-            f"{self.per_replica_batch}, global batch {self.global_batch} kept")
+            f"{self.per_replica_batch}{uneven}, global batch {self.global_batch} kept")
 
 
 def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: int) -> int | None:
   """The fewest micro-steps that split `global_batch` evenly over `replicas` with a per-replica
-  batch no larger than `per_replica_limit` (its memory budget); None when no even split exists."""
+  batch no larger than `per_replica_limit` (its memory budget); None when no even split exists
+  (resume_batch_split then splits it unevenly, padded)."""
   for accumulation in range(1, global_batch // replicas + 1):
     if (global_batch % (replicas * accumulation) == 0
         and global_batch // (replicas * accumulation) <= per_replica_limit):
@@ -503,7 +509,7 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
   """On a resume, the recorded run decides the split: its global batch stays, its per-replica
   batch stays (or shrinks to the largest even share, never above any it used), and
   gradient_accumulation_steps makes up the difference. Refuses, in one line, a group that
-  cannot take the run's data as it was read: an uneven split, a worker-count change of data
+  cannot take the run's data as it was read: a worker-count change of data
   each worker reads alone, or of file shards in the middle of an epoch. None: an old record."""
   history = record.get("history") or []
   batch = int(record.get("global_batch_size", global_batch))
@@ -536,11 +542,8 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
     accumulation = was_accumulation
   else:
     accumulation = smallest_accumulation(batch, replicas, limit)
-  if accumulation is None:
-    raise OutputError(
-        f"{started} ({was_replicas} replica(s)) with global batch {batch}, which does not split "
-        f"evenly over {replicas} replicas (uneven splits are not supported yet); resume on a "
-        f"replica count that divides {batch} (such as {was_replicas}), or pass --start_over.")
+  if accumulation is None:  # no even split: the fewest micro-steps whose padded share fits
+    accumulation = next(a for a in range(1, batch + 1) if -(-batch // (replicas * a)) <= limit)
   return BatchSplit(batch, workers, replicas, accumulation, was_workers, was_replicas,
                     was_accumulation)
 
