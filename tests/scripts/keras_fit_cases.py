@@ -78,12 +78,12 @@ def multi_data(n):
 def metrics_case():
   """Exact Keras metrics on 3 replicas with an uneven last batch; the model afterwards."""
   x, y = multi_data(181)
-  x_val, y_val = multi_data(25)  # batch 12 over 3 replicas: a last batch of 1 real example
+  x_val, y_val = multi_data(27)  # batches of 13 over 3 replicas: a last batch of 1 real example
   with strategy.scope():
     model = multi_output_model()
     compile_multi(model)
-  history = tfdp.fit(model, x, y, batch_size=12, epochs=2, validation_data=(x_val, y_val),
-                     model_dir="runs/metrics", verbose=0)
+  history = tfdp.fit(model, x, y, batch_size=13, epochs=2, validation_data=(x_val, y_val),
+                     model_dir="runs/metrics", verbose=0)  # 13 over 3 replicas: 5, 4, 4
   single = multi_output_model()  # single-device Keras on the same weights: the reference
   single.set_weights(model.get_weights())
   compile_multi(single)
@@ -95,7 +95,7 @@ def metrics_case():
   own_losses = {f"{name}_loss": float(np.mean(keras.losses.get(fn)(y_val[name], single_pred[name])))
                 for name, fn in (("klass", "sparse_categorical_crossentropy"),
                                  ("binary", "binary_crossentropy"), ("value", "mse"))}
-  again = tfdp.fit(model, x, y, batch_size=12, epochs=2, validation_data=(x_val, y_val),
+  again = tfdp.fit(model, x, y, batch_size=13, epochs=2, validation_data=(x_val, y_val),
                    model_dir="runs/metrics", verbose=0)  # finished: its history, at once
   predicted = tfdp.predict(model, x_val, batch_size=9)
   model.save("after.keras")

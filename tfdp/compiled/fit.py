@@ -141,12 +141,6 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
     with strategy.scope():
       trained(first["x"])
-  replicas = strategy.num_replicas_in_sync
-  if inputs.global_batch % replicas:
-    lower = inputs.global_batch - inputs.global_batch % replicas
-    raise ConfigError(f"tfdp.fit: batch_size {inputs.global_batch} does not split evenly over "
-                      f"{replicas} replicas; pass a multiple of {replicas} such as "
-                      f"{lower or replicas}.")
   precision = keras.mixed_precision.dtype_policy().name
   if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
     precision = "float32"
