@@ -114,6 +114,16 @@ def test_core_imports_no_workload_and_no_bench():
   assert not bad
 
 
+def test_compiled_is_a_face_of_core_not_a_workload():
+  """tfdp.fit's package uses core and distributed; core reaches it only by name (its task is in
+  the registry's table), and it knows no workload or bench."""
+  assert "tfdp.compiled.task" in GRAPH["tfdp.compiled.fit"]
+  bad = [(a, b) for a, b in edges_from("tfdp.compiled")
+         if under(b, "tfdp.workloads") or under(b, "tfdp.bench")]
+  bad += [(a, b) for a, b in edges_from("tfdp.core") if under(b, "tfdp.compiled")]
+  assert not bad
+
+
 def test_distributed_knows_no_task_workload_or_bench():
   bad = [(a, b) for a, b in edges_from("tfdp.distributed")
          if under(b, "tfdp.core") or under(b, "tfdp.workloads") or under(b, "tfdp.bench")]
