@@ -229,3 +229,14 @@ def test_tta_ratios_need_a_tfdp_run():
   assert rows == [{"target": 0.6, "keras_recipe_seconds": 4.0, "keras_tutorial_seconds": 6.0},
                   {"target": 0.8, "keras_recipe_seconds": 8.0,
                    "keras_tutorial_seconds": pytest.approx(math.nan, nan_ok=True)}]
+
+
+def test_results_written_before_a_column_existed_still_draw():
+  """benchmarks/results/throughput/throughput.csv predates the mfu column: the figure draws it
+  (no MFU bars) instead of raising KeyError, as the scaling notebook once did."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  frame = pd.read_csv(helpers.REPO / "benchmarks" / "results" / "throughput" / "throughput.csv")
+  assert "mfu" not in frame.columns  # the case this test is about
+  fig = bench.figure("throughput", frame)
+  assert len(fig.axes) >= 3

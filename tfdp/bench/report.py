@@ -25,8 +25,10 @@ def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
   """Horizontal bars, one row of the frame per label, one bar per column (legend: its name)."""
   width = 0.8 / len(columns)
   for k, (column, name) in enumerate(columns.items()):
+    # A column results from before it existed lack (mfu) draws as no bar, not a KeyError.
+    values = frame[column].fillna(0) if column in frame.columns else [0.0] * len(frame)
     ax.barh([i + (k - (len(columns) - 1) / 2) * width for i in range(len(frame))],
-            frame[column].fillna(0), width, label=name)
+            values, width, label=name)
   ax.set_yticks(range(len(frame)), [_label(r) for _, r in frame.iterrows()])
   ax.invert_yaxis()
   ax.set_xlabel(xlabel)
