@@ -19,6 +19,7 @@ from tfdp import config as config_lib
 from tfdp import logs
 from tfdp import paths
 from tfdp.core import controller
+from tfdp.distributed import cluster
 from tfdp.errors import Preempted, TfdpError
 
 DEFAULT_CONFIG = paths.default_job()
@@ -75,12 +76,12 @@ def _start_over() -> bool:
   --requeue) of a group that already started over: it resumes the run it was training."""
   if not FLAGS.start_over:
     return False
-  for name in ("TFDP_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-    count = os.environ.get(name, "").strip()
-    if count.isdigit() and int(count) > 0:
-      logging.warning("--start_over ignored: this is restart %s (%s), which resumes the run "
-                      "the first start began", count, name)
-      return False
+  restart = cluster.group_restart()
+  if restart:
+    name, count = restart
+    logging.warning("--start_over ignored: this is restart %s (%s), which resumes the run "
+                    "the first start began", count, name)
+    return False
   return True
 
 

@@ -29,7 +29,7 @@ from tfdp.errors import ConfigError
 DEFAULT_RUNS = "tfdp_runs"  # model_dir=None: tfdp_runs/<model name>, a fresh run each time
 
 
-def _strategy_for(model, strategy):
+def strategy_for(model, strategy):
   """The strategy the model's variables live in; a model built outside it is cloned into it
   (Keras can clone functional and Sequential models), its weights copied back after training.
   Returns (strategy, model to train, the user's model or None when no copy is needed)."""
@@ -75,11 +75,6 @@ def _strategy_for(model, strategy):
   logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "
                   "made inside it; its weights are copied back into your model afterwards")
   return strategy, clone, model
-
-
-def _is_restart() -> bool:
-  return any(os.environ.get(n, "").strip().isdigit() and int(os.environ[n]) > 0
-             for n in ("TFDP_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
 def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
@@ -130,13 +125,13 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                       "drop it (pass the same model_dir to resume).")
   logs.start_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
-  strategy, trained, users_model = _strategy_for(model, strategy)
+  strategy, trained, users_model = strategy_for(model, strategy)
   callbacks = callbacks_lib.check_callbacks(callbacks)
-  ranks = [len(t.shape) for t in trained.inputs] if _has_inputs(trained) else []
   inputs = inputs_lib.make_inputs(
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
-      steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, model_input_ranks=ranks)
+      steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+      model_input_ranks=inputs_lib.input_ranks(trained))
   if not trained.weights:  # as keras.Model.fit builds it: on a batch, in the strategy's scope
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
     with strategy.scope():
@@ -148,7 +143,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   config.trainer.eval_every_epochs = validation_freq
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
-  start_over = model_dir is None and not _is_restart()
+  from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
+  start_over = model_dir is None and cluster.group_restart() is None
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
@@ -169,13 +165,6 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs)
-
-
-def _has_inputs(model) -> bool:
-  try:
-    return bool(model.inputs)
-  except (AttributeError, ValueError):
-    return False
 
 
 def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs):

@@ -44,8 +44,17 @@ def _tf():
   return tf
 
 
-def _is_dataset(value) -> bool:
+def is_dataset(value) -> bool:
   return isinstance(value, _tf().data.Dataset)
+
+
+def input_ranks(model) -> list[int]:
+  """The ranks of the model's symbolic inputs (batch dimension included), or [] for a model
+  without them (subclassed): how a dataset is told batched or not."""
+  try:
+    return [len(t.shape) for t in model.inputs]
+  except (AttributeError, ValueError):
+    return []
 
 
 def _length(value, argument: str) -> int:
@@ -179,7 +188,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
-  if _is_dataset(x):
+  if is_dataset(x):
     if y is not None or sample_weight is not None:
       raise fail("y/sample_weight", "were given with a dataset",
                  "put them in the dataset's elements: (x, y) or (x, y, sample_weight)")
@@ -215,7 +224,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
 
 
 def _validation_source(validation_data, validation_steps, global_batch, model_input_ranks):
-  if _is_dataset(validation_data):
+  if is_dataset(validation_data):
     dataset, _ = _unbatched(validation_data, model_input_ranks)
     dataset, count = _count(dataset, validation_steps or 0, global_batch, "validation_data")
   elif isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
@@ -232,7 +241,7 @@ def _validation_source(validation_data, validation_steps, global_batch, model_in
 
 def predict_source(x, model_input_ranks=()) -> data_lib.Source:
   """Inputs only, for tfdp.predict/evaluate: arrays or a dataset (its labels kept if present)."""
-  if _is_dataset(x):
+  if is_dataset(x):
     dataset, _ = _unbatched(x, model_input_ranks)
     dataset, count = _count(dataset, 0, 1, "x")
   else:

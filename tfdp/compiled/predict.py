@@ -10,15 +10,14 @@ from tfdp.compiled import inputs as inputs_lib
 
 
 def _setup(model, x, y, sample_weight, batch_size, strategy):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  strategy, model, _ = fit_lib._strategy_for(model, strategy)  # pylint: disable=protected-access
-  ranks = [len(t.shape) for t in model.inputs] if fit_lib._has_inputs(model) else []  # pylint: disable=protected-access
-  if y is None and not inputs_lib._is_dataset(x):  # pylint: disable=protected-access
+  strategy, model, _ = fit_lib.strategy_for(model, strategy)
+  ranks = inputs_lib.input_ranks(model)
+  if y is None and not inputs_lib.is_dataset(x):
     source = inputs_lib.predict_source(x, ranks)
   else:
     source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight, batch_size=1,
@@ -34,7 +33,6 @@ def _setup(model, x, y, sample_weight, batch_size, strategy):
   plan = data_lib.plan_input(source, data, batch, replicas, pipelines)
   dataset = strategy.distribute_datasets_from_function(
       data_lib.make_dataset_fn(plan, data, task, training=False, seed=0))
-  del tf
   return strategy, model, source, task, plan, dataset
 
 

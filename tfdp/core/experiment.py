@@ -208,9 +208,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   data_cfg, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
   train_plan = eval_plan = eval_dataset = split = None
+  resume_from = None if start_over else outputs.latest_checkpoint(model_dir)  # read once
   if mode != "eval":
     train_source = train_source or task.build_source(data_cfg.train_data)
-    resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
     if resume_from:  # before the plan: on a resume the recorded run decides the accumulation
       sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
                                                num_pipelines)
@@ -235,7 +235,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
 
   _check_saved_artifacts(task, (train_plan or eval_plan).source, config, model_dir, mode, start_over)
   run_record = _run_record(config, train_plan, cluster, replicas) if train_plan else None
-  if run_record and not start_over and outputs.latest_checkpoint(model_dir):
+  if run_record and resume_from:
     recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
     if recorded:  # before anything is written: a refused resume leaves model_dir as it was
       outputs.check_resume(recorded, run_record, model_dir)
@@ -252,7 +252,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     import keras  # pylint: disable=g-import-not-at-top
     keras.utils.set_random_seed(trainer_cfg.seed)
     batch_plan = train_plan or eval_plan  # the model is built for its source
-    task.restoring = not start_over and outputs.latest_checkpoint(model_dir) is not None
+    task.restoring = resume_from is not None
     trainer = trainer_lib.Trainer(config, strategy, write_plan,
                                   model_fn or (lambda: task.build_model(batch_plan.source)), task,
                                   global_batch=batch_plan.global_batch,

@@ -292,6 +292,17 @@ def from_slurm(env: Mapping[str, str],
                  cluster={"worker": addresses}, source="slurm")
 
 
+def group_restart(env: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
+  """(variable, count) when this process belongs to a restarted group (tfdp-launch
+  --max_restarts sets TFDP_RESTART_COUNT, a Slurm --requeue SLURM_RESTART_COUNT), else None: a
+  restart resumes the run its first start began, even one asked to start over."""
+  for name in ("TFDP_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+    count = env.get(name, "").strip()
+    if count.isdigit() and int(count) > 0:
+      return name, int(count)
+  return None
+
+
 def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
   """TF_CONFIG wins if set, else Slurm under a multi-task srun, else single.
 
