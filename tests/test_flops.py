@@ -95,6 +95,13 @@ def write_cpuinfo(tmp_path, vendor, family, flags, siblings, cores, mhz):
   return str(path)
 
 
+@pytest.fixture(autouse=True)
+def no_onednn_isa_cap(monkeypatch):
+  """The peaks below are the CPU's own, not those of a capped oneDNN (test_strategy has that)."""
+  monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+  monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+
 def test_zen4_peak_uses_256_bit_pipes_and_doubles_for_bfloat16(tmp_path):
   info = write_cpuinfo(tmp_path, "AuthenticAMD", 25, "fpu sse avx avx2 fma avx512f avx512_bf16",
                        2, 2, "2600.000")
@@ -184,3 +191,11 @@ def test_einsum_dense_with_an_ellipsis_counts_the_dims_it_stands_for():
   layer = keras.layers.EinsumDense("...c,cd->...d", output_shape=5, name="e")
   count = flops.count_flops(keras.Model(inputs, layer(inputs)))
   assert count.per_layer == {"e": 2 * 3 * 4 * 6 * 5}
+
+
+def test_an_avx2_isa_cap_drops_the_bfloat16_doubling(tmp_path, monkeypatch):
+  info = write_cpuinfo(tmp_path, "AuthenticAMD", 25, "fpu sse avx avx2 fma avx512f avx512_bf16",
+                       2, 2, "2600.000")
+  monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+  facts = flops.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
+  assert flops.cpu_peak_flops(facts, "mixed_bfloat16")[0] == flops.cpu_peak_flops(facts)[0]

@@ -128,8 +128,23 @@ def test_auto_precision_by_gpu_tensor_cores_and_cpu_bfloat16(requested, gpus, fl
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\nprocessor\t: 1\n")
-  assert strategy_lib.cpu_flags(str(cpuinfo)) == ["fpu", "avx512f", "avx512_bf16"]
+  assert strategy_lib.cpu_flags(str(cpuinfo), environ={}) == ["fpu", "avx512f", "avx512_bf16"]
   assert strategy_lib.cpu_flags(str(tmp_path / "absent")) == []
+
+
+@pytest.mark.parametrize("cap, expected_policy", [
+    ("AVX2", "float32"), ("avx512_core", "float32"), ("AVX512_CORE_BF16", "mixed_bfloat16"),
+    ("", "mixed_bfloat16")])
+def test_onednn_isa_cap_imitates_a_cpu_without_its_hidden_instructions(tmp_path, cap,
+                                                                       expected_policy):
+  """ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN off AVX-512 and bfloat16: auto must then pick float32,
+  as on an AVX2-only CPU, and the MFU peak must not count AVX-512 lanes."""
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("flags\t\t: fpu avx2 fma avx512f avx512_bf16 amx_bf16\n")
+  flags = strategy_lib.cpu_flags(str(cpuinfo), environ={"ONEDNN_MAX_CPU_ISA": cap})
+  assert strategy_lib.choose_precision("auto", [], flags)[0] == expected_policy
+  assert ("avx512f" in flags) == (cap.upper() != "AVX2")
+  assert "amx_bf16" not in flags or not cap
 
 
 def test_workers_must_agree_on_the_decided_precision():

@@ -16,6 +16,8 @@ import math
 import os
 import re
 
+from tfdp.distributed import strategy
+
 TRAINING_OVER_FORWARD = 3
 # Layers whose FLOPs are left out on purpose (see above); any other layer that holds weights
 # and is not counted makes the count unknown rather than silently low.
@@ -155,7 +157,8 @@ def cpu_facts(cpuinfo_path: str = "/proc/cpuinfo",
     with open(max_freq_path, encoding="utf-8") as f:
       mhz = int(f.read().strip()) / 1000.0  # kHz
   return CpuFacts(fields.get("vendor_id", ""), int(fields.get("cpu family", 0)),
-                  fields.get("model name", ""), frozenset(fields.get("flags", "").split()),
+                  fields.get("model name", ""),
+                  frozenset(strategy.onednn_capped(fields.get("flags", "").split())),
                   max(1, logical * per_package // max(siblings, 1)), mhz)
 
 

@@ -94,13 +94,32 @@ def choose_precision(requested: str, gpu_compute_capabilities: Sequence[tuple[in
   return "float32", "auto: no tensor-core GPU and no native bfloat16 on the CPU"
 
 
-def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
-  """The CPU's feature flags (Linux); [] where /proc/cpuinfo is absent."""
+# oneDNN's dispatch cap (ONEDNN_MAX_CPU_ISA, e.g. AVX2 to imitate an AVX2-only CPU) hides
+# instructions from every kernel TF runs; the flags it hides, by the cap's name.
+_AVX512_AND_AMX = ("avx512", "amx")
+ONEDNN_ISA_CAP_HIDES = {
+    **{isa: _AVX512_AND_AMX for isa in ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")},
+    "AVX512_CORE": ("avx512_bf16", "avx512_fp16", "amx"),
+    "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
+    "AVX512_CORE_BF16": ("avx512_fp16", "amx"), "AVX512_CORE_FP16": ("amx",),
+    "AVX10_1_512": ("amx",)}
+
+
+def onednn_capped(flags: Sequence[str], environ=None) -> list[str]:
+  """The flags oneDNN may use under ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA)."""
+  environ = os.environ if environ is None else environ
+  cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+  hidden = ONEDNN_ISA_CAP_HIDES.get(cap, ())
+  return [flag for flag in flags if not flag.startswith(hidden)] if hidden else list(flags)
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo", environ=None) -> list[str]:
+  """The CPU's feature flags (Linux) that oneDNN may use; [] where /proc/cpuinfo is absent."""
   try:
     with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
       for line in f:
         if line.startswith("flags"):
-          return line.partition(":")[2].split()
+          return onednn_capped(line.partition(":")[2].split(), environ)
   except OSError:
     pass
   return []
