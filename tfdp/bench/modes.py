@@ -103,6 +103,9 @@ def baseline_row(opts: BenchOptions, model: str, batch: int, model_dir: str, inf
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
           "steps": res["steps_per_epoch"], "repeats": res["timed_epochs"],
           "cached_step_ms": math.nan, "input_wait_fraction": math.nan, "vs_keras_fit": 1.0,
+          # tfdp's loop on one device, timed in the same process between Keras's epochs
+          "tfdp_interleaved_step_ms": res["tfdp_interleaved_step_ms"],
+          "tfdp_interleaved_vs_keras_fit": res["step_ms"] / res["tfdp_interleaved_step_ms"],
           "peak_rss_mb": res["peak_rss_mb"], **utilization(res), "load_avg_1m": load, **info}
 
 
