@@ -193,3 +193,12 @@ class Progress:
     text = f" GFLOP/s {achieved / 1e9:.1f}"
     return text + (f" MFU {100 * achieved / self.peak_flops:.1f}%"
                    if math.isfinite(self.peak_flops) and self.peak_flops > 0 else "")
+
+
+def process_age_seconds() -> float:
+  """Seconds since this process was created (the kernel's clock, so Python's and TensorFlow's own
+  import time count): a command's start-up is its age at its first training step."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  return time.time() - psutil.Process().create_time()
+

@@ -331,6 +331,10 @@ class Controller:
                              peak_flops=peak_flops)
     profile = ProfileWindow(trainer.config.runtime.profile_steps,
                             trainer.write_plan.path("train"), trainer.write_plan.is_chief)
+    if StopRequest._process is not None:  # a command (its first line installed it), not a notebook
+      logging.info("start-up: %.1f s from process start to the first training step (imports, "
+                   "cluster, data plan, model build, restore; the first loop then traces)",
+                   logs.process_age_seconds())
     try:
       while step < total:
         epoch = step // steps_per_epoch
