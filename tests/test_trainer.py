@@ -70,6 +70,9 @@ def test_a_task_made_for_tests_trains_and_reports_its_own_metrics(tmp_path):
     assert column in metrics.columns, column
   assert metrics["step"].tolist() == [13, 26, 39, 52]  # ceil(203 / 16) per epoch
   assert metrics["eval_examples"].tolist() == [37] * 4  # 48 slots, 11 of them padding
+  # What each evaluation cost, inside its epoch's wall time (not a Keras log: no eval_ prefix).
+  assert (metrics["evaluation_seconds"] > 0).all()
+  assert (metrics["evaluation_seconds"] < metrics["wall_time"].diff().fillna(1e9)).all()
   assert result["eval_loss"] < 0.05 * before.value("loss")
   # The eval numbers are exactly what the final weights give on the 37 real examples.
   x, y = toy_examples(37, seed=1)

@@ -298,9 +298,10 @@ class Controller:
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     if not self._eval_due(epoch, step):
       return
+    started = time.time()
     result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
     row.update({f"eval_{name}": value for name, value in result.values().items()},
-               eval_examples=int(result.examples))
+               eval_examples=int(result.examples), evaluation_seconds=time.time() - started)
     self._summarize(self.eval_writer, step, result, {})
     if self.trainer.verbose:
       shown = " ".join(f"{name} {value:.4f}" for name, value in result.values().items())
