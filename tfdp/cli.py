@@ -26,8 +26,13 @@ def exit_now(code: int) -> None:
   os._exit(code)
 
 
-def flags_parser(prog: str):
+prog = "tfdp"  # the running app's name, for one-line errors raised far from the app
+
+
+def flags_parser(prog: str):  # pylint: disable=redefined-outer-name
   """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line."""
+  globals()["prog"] = prog
+
   def parse(argv: list[str]) -> list[str]:
     try:
       return flags.FLAGS(argv)

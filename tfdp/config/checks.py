@@ -121,7 +121,7 @@ def validate(config: ExperimentConfig) -> None:
   check_positive("runtime.heartbeat_timeout_seconds", runtime.heartbeat_timeout_seconds)
   check_positive("runtime.num_packs", runtime.num_packs)
   for key in ("cpu_replicas", "bytes_per_pack", "collective_timeout_seconds", "watchdog_seconds",
-              "intra_op_threads", "inter_op_threads", "profile_steps"):
+              "intra_op_threads", "inter_op_threads", "profile_steps", "startup_timeout_seconds"):
     check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)
   if runtime.cpu_replicas and runtime.devices:
     raise ConfigError("set either 'runtime.cpu_replicas' or 'runtime.devices', not both.")

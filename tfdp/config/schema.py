@@ -168,6 +168,9 @@ class RuntimeConfig:
   # second ran out of threads here (std::system_error EAGAIN); runtime.watchdog_seconds bounds a
   # stuck training loop instead
   heartbeat_timeout_seconds: float = 30.0  # multi-worker: a silent worker counts as dead after this
+  startup_timeout_seconds: float = 600.0  # multi-worker: every worker must have joined within
+  # this while the strategy is made, else this one names who did not and exits 203 (restart);
+  # 0: wait for ever (TF's own behaviour)
   dense_embedding_gradients: bool = False  # all-reduce embedding gradients dense (TF all-gathers
   # sparse IndexedSlices instead: their cost grows with the workers; dense costs the table size)
   mixed_precision: str = "float32"  # auto: mixed_float16 on GPUs with tensor cores,

@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -359,3 +362,74 @@ def summary_line(cluster: Cluster, replicas_in_sync: int,
       where += f", rank {cluster.rank}"
   return (f"cluster: {where}, chief={cluster.is_chief}, "
           f"replicas_in_sync={replicas_in_sync}, all_reduce={all_reduce}")
+
+
+# --------------------------------------------------------------------------
+# Start-up: a cluster that never assembles
+# --------------------------------------------------------------------------
+
+
+def unanswered_peers(cluster: Cluster, seconds: float = 2.0) -> list[str]:
+  """`worker 2 at host:port (why)` for each other training task whose port takes no connection:
+  a host that is gone, or a worker that never started."""
+  mine = (cluster.task_type, cluster.task_index)
+  silent = []
+  for kind in _TRAINING_TASK_TYPES:
+    for index, address in enumerate(cluster.cluster.get(kind, [])):
+      if (kind, index) == mine:
+        continue
+      host, _, port = address.rpartition(":")
+      try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+      except (OSError, ValueError) as error:
+        why = type(error).__name__ if not getattr(error, "strerror", None) else error.strerror
+        silent.append(f"{kind} {index} at {address} ({why.lower()})")
+  return silent
+
+
+class StartupDeadline:
+  """Bounds the wait for the other workers while the strategy is made. TF's
+  MultiWorkerMirroredStrategy waits for every worker for ever, inside C++ that holds the GIL
+  (Context.ensure_initialized): a restarted group whose host never came back hung there for over
+  10 minutes, and no Python thread, signal handler or the coordination service's register timeout
+  could act. So a small watcher *process* waits instead: past runtime.startup_timeout_seconds it
+  names, in one line, the workers whose ports take no connection, and kills this worker
+  (SIGKILL: a retryable death for tfdp-launch --max_restarts/--min_workers and Kubeflow alike).
+  Leaving the block (or this process dying) ends the watcher."""
+
+  def __init__(self, cluster: Cluster, seconds: float):
+    self.cluster, self.seconds = cluster, seconds
+    self._watcher = None
+
+  def __enter__(self) -> "StartupDeadline":
+    if self.seconds > 0 and self.cluster.is_multi_worker:
+      from tfdp import cli  # pylint: disable=g-import-not-at-top
+      spec = json.dumps({"pid": os.getpid(), "seconds": self.seconds, "prog": cli.prog,
+                         "tf_config": self.cluster.as_tf_config()})
+      self._watcher = subprocess.Popen(  # its stderr is this worker's: the line lands in its log
+          [sys.executable, "-c", "import sys; from tfdp.distributed import cluster; "
+           "cluster.watch_startup(sys.argv[1])", spec],
+          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._watcher is not None:
+      self._watcher.stdin.close()  # end of input: the watcher leaves
+      self._watcher.wait()
+
+
+def watch_startup(spec_json: str) -> None:
+  """The watcher process of StartupDeadline: waits for the worker to close its stdin."""
+  import select  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  spec = json.loads(spec_json)
+  if select.select([sys.stdin], [], [], spec["seconds"])[0]:
+    return  # the strategy was made (or the worker died): nothing to do
+  cluster = parse_tf_config(json.dumps(spec["tf_config"]))
+  silent = unanswered_peers(cluster)
+  who = ("no answer from " + ", ".join(silent) if silent else
+         "every other worker's port answers, so one of them is stuck in its own start-up")
+  print(f"{spec['prog']}: error: worker {cluster.rank}: the cluster did not assemble in "
+        f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this worker "
+        "(SIGKILL) so that the group restarts", file=sys.stderr, flush=True)
+  os.kill(spec["pid"], signal.SIGKILL)

@@ -279,10 +279,11 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
       from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
       compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
-        else None,
-        communication_options=communication_options(runtime, plan.all_reduce))
+    with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds):
+      strategy = tf.distribute.MultiWorkerMirroredStrategy(
+          cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
+          else None,
+          communication_options=communication_options(runtime, plan.all_reduce))
   elif plan.kind == "mirrored":
     strategy = tf.distribute.MirroredStrategy(
         devices=list(plan.devices),
