@@ -1,10 +1,12 @@
-"""tfdp under a real Slurm: the shipped sbatch template, srun with 3 tasks, a requeued job.
+"""tfdp under a real Slurm: the shipped sbatch template, srun with 3 tasks, a requeued job (and one
+requeued with another task count).
 
 Needs slurmctld + slurmd + munged running (`.ci/run` starts them with
 tests/scripts/start_slurm.sh); skipped with that reason where Slurm is absent.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -136,6 +138,64 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
   assert text.count("worker 0 of 2 (slurm)") == 2, text[-3000:]  # the first run and the requeued one
   resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", text)]
   assert len(resumed) == 2 and resumed[0] == resumed[1] > 0, text[-3000:]  # both workers, one step
+  metrics = pd.read_csv(run / "metrics.csv")
+  assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
+  assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
+
+
+def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elastic_rules(tmp_path):
+  """A job of 3 tasks is requeued mid-run and, while it is pending, given 2 (`scontrol update
+  NumTasks=2 NumCPUs=2`; on many nodes a --nodes=2-4 job that comes back on fewer does the same).
+  The 2 tasks resume the 3-task run: the global batch 12 kept, accumulation 1 -> 2, the final
+  step exact. One node can change only the task count, not the node count; tfdp reads both
+  from the same step variables."""
+  run = tmp_path / "run"
+  script = tmp_path / "job.sbatch"
+  steps_per_epoch, epochs = 40, 2
+  # srun without --ntasks takes SLURM_NTASKS, which Slurm keeps from the submission (3) in a
+  # requeued job; the allocation's count on one node is SLURM_TASKS_PER_NODE.
+  script.write_text(
+      "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=3\n#SBATCH --cpus-per-task=1\n"
+      "#SBATCH --requeue\n#SBATCH --time=20\n"
+      "srun --ntasks=\"$SLURM_TASKS_PER_NODE\" --kill-on-bad-exit=1 "
+      f"{sys.executable} {helpers.TRAIN_APP} --model_dir={run} --mode=train "
+      f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 12},"
+      f"trainer.global_batch_size=12,trainer.epochs={epochs},trainer.steps_per_loop=2,"
+      "trainer.checkpoint_every_steps=10,trainer.export_model=false\n")
+  out = tmp_path / "job.out"
+  submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
+                              str(script)], capture_output=True, text=True, timeout=60,
+                             env=slurm_env(), cwd=str(helpers.REPO))
+  assert submitted.returncode == 0, submitted.stderr
+  job_id = submitted.stdout.strip().split(";")[0]
+  try:
+    deadline = time.monotonic() + 400
+    while not list((run / "checkpoints").glob("ckpt-*.index")):  # a first save: mid-run
+      assert time.monotonic() < deadline, "no checkpoint appeared"
+      assert squeue_state(job_id), "the job ended before it was requeued"
+      time.sleep(0.5)
+    requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                              timeout=30)
+    assert requeued.returncode == 0, requeued.stderr
+    while squeue_state(job_id) not in ("PENDING", ""):
+      time.sleep(0.2)
+    updated = subprocess.run(["scontrol", "update", f"JobId={job_id}", "NumTasks=2", "NumCPUs=2",
+                              "StartTime=now"], capture_output=True, text=True, timeout=30)
+    assert updated.returncode == 0, updated.stderr
+    while squeue_state(job_id):
+      assert time.monotonic() < deadline + 400, "the requeued job did not finish"
+      time.sleep(1)
+  finally:
+    cancel(job_id)
+  text = out.read_text()
+  assert "worker 2 of 3 (slurm)" in text and "worker 1 of 2 (slurm)" in text, text[-3000:]
+  # the chief's start-up line (every worker also logs it, prefixed)
+  lines = re.findall(r"^resumed at step (\d+) on 2 workers \(was 3\): (.*)$", text, re.MULTILINE)
+  assert len(lines) == 1 and int(lines[0][0]) >= 10, text[-3000:]
+  assert lines[0][1] == "accumulation 1 → 2, per-replica batch 3, global batch 12 kept"
+  history = json.loads((run / "checkpoints" / "run.json").read_text())["history"]
+  assert history == [{"from_step": 0, "workers": 3, "replicas": 3},
+                     {"from_step": int(lines[0][0]), "workers": 2, "replicas": 2}]
   metrics = pd.read_csv(run / "metrics.csv")
   assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
   assert metrics["step"].iloc[-1] == steps_per_epoch * epochs

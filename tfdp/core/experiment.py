@@ -234,11 +234,13 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
   _check_saved_artifacts(task, (train_plan or eval_plan).source, config, model_dir, mode, start_over)
-  run_record = _run_record(config, train_plan, cluster, replicas) if train_plan else None
+  run_record = (_run_record(config, train_plan, cluster, replicas, plan.precision)
+                if train_plan else None)
   if run_record and resume_from:
     recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
     if recorded:  # before anything is written: a refused resume leaves model_dir as it was
       outputs.check_resume(recorded, run_record, model_dir)
+      _check_precision_kept(recorded, run_record, plan, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
@@ -290,7 +292,7 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
 
 
 def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: cluster_lib.Cluster,
-                replicas: int) -> dict:
+                replicas: int, precision: str) -> dict:
   """What a step of this run means (outputs.check_resume compares it on a resume), and the
   group that takes it."""
   trainer_cfg = config.trainer
@@ -304,7 +306,32 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "gradient_accumulation_steps": plan.accumulation_steps,
           "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
-          "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas}
+          "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas,
+          "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype}
+
+
+# The run record's numerics fields, and the config key that sets each.
+PRECISION_FIELDS = {"precision": "runtime.mixed_precision",
+                    "all_reduce_dtype": "runtime.all_reduce_dtype"}
+
+
+def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.StrategyPlan,
+                          model_dir: str) -> None:
+  """A resume computes in the precision the run trained in. A step would still mean the same
+  examples in another one, but the run would no longer train as if never stopped, and the
+  change is easy to make unasked: a resume command without the first one's override, or
+  `auto` deciding anew on a host without native bfloat16. Refused, naming the key to set."""
+  changed = [(field, key) for field, key in PRECISION_FIELDS.items()
+             if field in record and record[field] != current[field]]
+  if not changed:
+    return
+  why = f" ({plan.precision_reason})" if plan.precision_reason else ""
+  said = "; ".join(f"{key} was {record[field]}, now {current[field]}"
+                   f"{why if field == 'precision' else ''}" for field, key in changed)
+  fix = " and ".join(f"{key}={record[field]}" for field, key in changed)
+  raise OutputError(f"--model_dir '{model_dir}' holds a run this config would resume in another "
+                    f"precision: {said}. A resume keeps the run's numerics; set {fix} to go on "
+                    "as it trained, or pass --start_over to move the earlier run aside.")
 
 
 def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
