@@ -22,7 +22,14 @@ COMMON = ",".join([
 ])
 
 
-def test_two_and_four_replicas_match_one_and_training_learns(tmp_path):
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory):
+  """COMMON on 2 replicas, run once: two tests compare against it."""
+  return helpers.run_probe(tmp_path_factory.mktemp("common"), "r2",
+                           f"{COMMON},runtime.cpu_replicas=2")
+
+
+def test_two_and_four_replicas_match_one_and_training_learns(tmp_path, two_replicas):
   one = helpers.run_probe(tmp_path, "r1", f"{COMMON},runtime.cpu_replicas=1", "train_and_eval")
   assert one["info"]["step"] == 21  # ceil(650 / 32): the padded final step trained too
   # The weights moved away from where they started: an update that does nothing fails here.
@@ -31,8 +38,8 @@ def test_two_and_four_replicas_match_one_and_training_learns(tmp_path):
   before, after = one["info"]["eval_before"], one["info"]["eval_after"]
   assert after["loss"] < 0.5 * before["loss"], (before, after)
   assert after["accuracy"] >= 0.7 and before["accuracy"] <= 0.45, (before, after)
-  for replicas in (2, 4):
-    run = helpers.run_probe(tmp_path, f"r{replicas}", f"{COMMON},runtime.cpu_replicas={replicas}")
+  four = helpers.run_probe(tmp_path, "r4", f"{COMMON},runtime.cpu_replicas=4")
+  for replicas, run in ((2, two_replicas), (4, four)):
     assert run["info"]["step"] == 21
     assert helpers.max_relative_difference(run["initial"], one["initial"]) == 0.0
     assert helpers.max_relative_difference(run["final"], one["final"]) <= 1e-5, replicas
@@ -110,10 +117,10 @@ def test_training_matches_a_plain_tensorflow_reference(tmp_path, accumulation_st
   assert helpers.max_relative_difference(tfdp_weights, reference) <= 1e-5
 
 
-def test_bfloat16_all_reduce_stays_close_to_float32_and_really_casts(tmp_path):
+def test_bfloat16_all_reduce_stays_close_to_float32_and_really_casts(tmp_path, two_replicas):
   """runtime.all_reduce_dtype=bfloat16 sends half the bytes: the trajectory moves off the
   float32 one by bfloat16 rounding (8 bits of mantissa), and no further."""
-  exact = helpers.run_probe(tmp_path, "f32", f"{COMMON},runtime.cpu_replicas=2")
+  exact = two_replicas
   halved = helpers.run_probe(tmp_path, "bf16",
                              f"{COMMON},runtime.cpu_replicas=2,runtime.all_reduce_dtype=bfloat16")
   assert helpers.max_relative_difference(halved["initial"], exact["initial"]) == 0.0

@@ -88,9 +88,9 @@ CHAOS_JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
              "task.train_data.image_size=16,task.train_data.num_classes=4,"
              "task.eval_data.source=synthetic,task.eval_data.num_examples=256,"
              "task.eval_data.image_size=16,task.eval_data.num_classes=4,"
-             "trainer.global_batch_size=32,trainer.epochs=4,trainer.steps_per_loop=4,"
+             "trainer.global_batch_size=32,trainer.epochs=2,trainer.steps_per_loop=4,"
              "trainer.checkpoint_every_steps=8,runtime.intra_op_threads=1,"
-             "runtime.inter_op_threads=1")
+             "runtime.inter_op_threads=1")  # 2 x 256 steps: far more than 2 s of training
 
 
 def test_chaos_three_random_worker_kills_and_the_job_still_finishes(tmp_path):
@@ -127,8 +127,8 @@ def test_chaos_three_random_worker_kills_and_the_job_still_finishes(tmp_path):
   assert proc.returncode == 0, f"seed {seed}\n{text[-4000:]}"
   assert text.count("restarting all 2 workers") == 3, f"seed {seed}\n{text[-4000:]}"
   metrics = pd.read_csv(model_dir / "metrics.csv")
-  assert metrics["epoch"].tolist() == [1, 2, 3, 4], metrics
-  assert int(metrics["step"].iloc[-1]) == 4 * 8192 // 32
+  assert metrics["epoch"].tolist() == [1, 2], metrics
+  assert int(metrics["step"].iloc[-1]) == 2 * 8192 // 32
   assert not any(alive(pid) for pid in seen)
   check = subprocess.run(
       [sys.executable, "-c", "import sys, keras; m = keras.saving.load_model(sys.argv[1]); "

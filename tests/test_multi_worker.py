@@ -76,26 +76,38 @@ def workers_of(launcher):
           for p in psutil.Process(launcher.pid).children() if p.is_running()}
 
 
-def probe_two_workers_and_one_process(tmp_path, worker_overrides, single_overrides=EQUIVALENCE):
-  """The probe on 2 worker processes (with `worker_overrides`) and in one process with 2 logical
-  replicas (`single_overrides`): (worker 0, worker 1, one process, the launcher's output)."""
-  for name in ("mw", "one", "tmp"):
+def probe_in_one_process(tmp_path, overrides):
+  """The probe in one process with 2 logical replicas."""
+  (tmp_path / "one").mkdir()
+  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), overrides,
+                           str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
+                          text=True, timeout=300)
+  assert single.returncode == 0, single.stderr[-3000:]
+  return helpers.load_probe(tmp_path / "one")
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+  """EQUIVALENCE in one process: the uninterrupted run three tests compare against (run once)."""
+  return probe_in_one_process(tmp_path_factory.mktemp("one_process"), EQUIVALENCE)
+
+
+def probe_two_workers(tmp_path, worker_overrides):
+  """The probe on 2 worker processes (with `worker_overrides`): (worker 0, worker 1, the
+  launcher's output)."""
+  for name in ("mw", "tmp"):
     (tmp_path / name).mkdir()
   proc = launch(["--num_workers=2"], [sys.executable, helpers.PROBE, str(tmp_path / "run_mw"),
                                       worker_overrides, str(tmp_path / "mw"), "train"],
                 TMPDIR=tmp_path / "tmp")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
-  single = subprocess.run([sys.executable, helpers.PROBE, str(tmp_path / "run_one"), single_overrides,
-                           str(tmp_path / "one"), "train"], env=helpers.env(), capture_output=True,
-                          text=True, timeout=300)
-  assert single.returncode == 0, single.stderr[-3000:]
-  return (helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1),
-          helpers.load_probe(tmp_path / "one"), out)
+  return helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1), out
 
 
-def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path):
-  w0, w1, one, out = probe_two_workers_and_one_process(tmp_path, EQUIVALENCE)
+def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path, one_process):
+  w0, w1, out = probe_two_workers(tmp_path, EQUIVALENCE)
+  one = one_process
   assert helpers.max_relative_difference(one["final"], one["initial"]) > 0.1  # they trained
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
@@ -107,20 +119,21 @@ def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path
   assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tfdp-worker")]
 
 
-def test_bfloat16_all_reduce_over_the_ring_between_worker_processes(tmp_path):
+def test_bfloat16_all_reduce_over_the_ring_between_worker_processes(tmp_path, one_process):
   """The collective ring carries bfloat16 gradients between real worker processes: the workers
   agree bitwise and stay close to (but not on) the float32 trajectory of one process."""
-  w0, w1, exact, _ = probe_two_workers_and_one_process(
-      tmp_path, f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16")
+  w0, w1, _ = probe_two_workers(tmp_path, f"{EQUIVALENCE},runtime.all_reduce_dtype=bfloat16")
+  exact = one_process
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert 1e-6 < helpers.max_relative_difference(w0["final"], exact["final"]) < 0.05
 
 
-def test_gradients_packed_in_backward_order_give_the_same_training(tmp_path):
+def test_gradients_packed_in_backward_order_give_the_same_training(tmp_path, one_process):
   """runtime.all_reduce_order=backward with small packs: the ring reduces the last layer's
   gradients first, in several packs, and every gradient still reaches its own variable."""
-  w0, w1, one, _ = probe_two_workers_and_one_process(
+  w0, w1, _ = probe_two_workers(
       tmp_path, f"{EQUIVALENCE},runtime.all_reduce_order=backward,runtime.bytes_per_pack=1024")
+  one = one_process
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
   assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
 
@@ -130,7 +143,8 @@ def test_the_weight_average_is_the_same_on_every_worker_and_in_one_process(tmp_p
   MultiWorkerMirroredStrategy: both workers keep the same average, equal to the one a single
   process with 2 replicas keeps, and it is not the weights themselves."""
   with_ema = f"{EQUIVALENCE},trainer.ema_decay=0.8"
-  w0, w1, one, _ = probe_two_workers_and_one_process(tmp_path, with_ema, with_ema)
+  w0, w1, _ = probe_two_workers(tmp_path, with_ema)
+  one = probe_in_one_process(tmp_path, with_ema)
   assert w0["ema"] is not None and sorted(w0["ema"]) == sorted(one["ema"])
   assert all(np.array_equal(w0["ema"][k], w1["ema"][k]) for k in w0["ema"])
   assert helpers.max_relative_difference(w0["ema"], one["ema"]) <= 1e-5
