@@ -17,8 +17,10 @@ from tfdp.distributed import launch
 sys.path.insert(0, str(helpers.REPO / "benchmarks"))
 import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 
-pytestmark = pytest.mark.skipif(cluster_box.unavailable() is not None,
-                                reason=str(cluster_box.unavailable()))
+pytestmark = [pytest.mark.skipif(cluster_box.unavailable() is not None,
+                                 reason=str(cluster_box.unavailable())),
+              # under `pytest -n 2 --dist loadgroup`: boxes of several hosts one at a time
+              pytest.mark.xdist_group("many_processes")]
 
 # 3 replicas either way: 3 hosts with one worker each, or one process with 3 logical CPUs.
 EQUIVALENCE = ",".join([

@@ -34,7 +34,9 @@ def _slurm_up() -> str | None:
   return None
 
 
-pytestmark = pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or "")
+pytestmark = [pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or ""),
+              # under `pytest -n 2 --dist loadgroup`: one job at a time on the one-node Slurm
+              pytest.mark.xdist_group("many_processes")]
 
 SYNTHETIC = ",".join([
     "task.model.name=small_cnn", "task.model.kwargs.filters=8",
