@@ -6,6 +6,7 @@ shows the returned figure inline (Jupyter's inline backend draws any Figure an e
 """
 from __future__ import annotations
 
+import gc
 import io
 import os
 
@@ -99,4 +100,8 @@ def write_metrics_png(model_dir: str) -> str:
   tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-{METRICS_PNG}")
   plot_metrics(model_dir, tmp)
   os.replace(tmp, path)
+  # A Figure dies only in reference cycles (~12k objects and its 2 MB canvas), which CPython's
+  # full collection reaches every ~10 epochs beside TensorFlow's long-lived objects: RSS crept
+  # ~4.5 MB per epoch until then (BENCHMARKS.md, "The creep after epoch 2, explained").
+  gc.collect()
   return path
