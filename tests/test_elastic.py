@@ -186,32 +186,31 @@ def test_file_shards_changed_mid_epoch_are_refused_at_the_epoch_end_they_are_not
   assert outputs.resume_batch_split(kept, "run", 16, 2, 2, "file", 8).accumulation == 2
 
 
-def test_a_worker_count_change_of_data_each_worker_reads_alone_is_refused(tmp_path):
+def test_fewer_workers_than_shards_without_a_mapping_is_refused_naming_the_key(tmp_path):
+  # Data each worker reads alone: the shard count is the data's. A resume of a 2-shard run on one
+  # process without task.train_data.shards_per_worker would read shard 0 alone; mapped, it
+  # resumes (tests/test_local_shards.py).
   from tfdp.workloads.recommenders import interactions  # pylint: disable=g-import-not-at-top
   from test_recommender import job as recommender_job  # pylint: disable=g-import-not-at-top
   frame, _ = interactions.planted_interactions(20, 20, 2, 0.3, 10, seed=0)
   frame.to_csv(tmp_path / "all.csv", index=False)
-  interactions.write_shards(frame, str(tmp_path / "train-{worker}.csv"), 3)
+  interactions.write_shards(frame, str(tmp_path / "train-{worker}.csv"), 2)
   for column, vocab in (("user", "users.txt"), ("item", "items.txt")):
     interactions.build_vocabulary(frame[column].to_numpy(), str(tmp_path / vocab))
   model_dir = tmp_path / "run"
   overrides = recommender_job(tmp_path, tmp_path / "train-{worker}.csv",
                               ",trainer.epochs=1,trainer.global_batch_size=24,"
                               "trainer.learning_rate.base_batch_size=24")
-
-  def launch(workers):
-    return subprocess.run(
-        [sys.executable, LAUNCH_APP, f"--num_workers={workers}", "--", sys.executable,
-         helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
-         f"--params_override={overrides}"],
-        env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
-
-  first = launch(2)
+  first = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable, helpers.TRAIN_APP,
+       f"--model_dir={model_dir}", "--mode=train", f"--params_override={overrides}"],
+      env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
   assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
   assert record(model_dir)["sharding"] == "local"
+  assert len(record(model_dir)["shard_counts"]) == 2
   before = sorted(p.name for p in model_dir.rglob("*") if p.name != ".lock")
-  line = refusal(launch(3))
-  assert "trained on 2 worker(s), each reading its own {worker} shard" in line, line
-  assert "shard count is the data's, not the group's" in line, line
-  assert "Resume on 2 workers, or pass --start_over" in line, line
+  line = refusal(helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                                   f"--params_override={overrides}"))
+  assert "{worker} placeholder (a shard per worker), but this is a single-process run" in line
+  assert "set task.train_data.shards_per_worker to the number of shards" in line, line
   assert sorted(p.name for p in model_dir.rglob("*") if p.name != ".lock") == before

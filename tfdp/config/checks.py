@@ -49,6 +49,35 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
     check_positive(prefix + key, getattr(data, key), allow_zero=True)
   if len(data.mean) != len(data.std) or any(s <= 0 for s in data.std):
     raise ConfigError(f"config keys '{prefix}mean'/'{prefix}std' need equal lengths and std > 0.")
+  _validate_shard_mapping(prefix, data)
+
+
+def _validate_shard_mapping(prefix: str, data: DataConfig) -> None:
+  """shards_per_worker / worker_shards map a {worker} path's shards onto the workers: every shard
+  once (the worker count is checked against them when the data is read: data.map_shards)."""
+  check_positive(prefix + "shards_per_worker", data.shards_per_worker, allow_zero=True)
+  if not (data.shards_per_worker or data.worker_shards):
+    return
+  if "{worker" not in data.path:
+    key = "shards_per_worker" if data.shards_per_worker else "worker_shards"
+    raise ConfigError(f"config key '{prefix}{key}' maps {{worker}} shards onto workers, but "
+                      f"'{prefix}path' '{data.path}' has no {{worker}} placeholder; drop it, or "
+                      "give a path with {worker}.")
+  if data.shards_per_worker and data.worker_shards:
+    raise ConfigError(f"config keys '{prefix}shards_per_worker' and '{prefix}worker_shards' are "
+                      "both set; keep one.")
+  lists = data.worker_shards
+  flat = [s for shards in lists if isinstance(shards, list) for s in shards]
+  if (not all(isinstance(shards, list) and shards for shards in lists)
+      or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in flat)):
+    raise ConfigError(f"config key '{prefix}worker_shards' is {short_repr(lists, 100)}; give one "
+                      "non-empty list of shard indices (integers >= 0) per worker, e.g. [[0, 1], [2]].")
+  if lists and sorted(flat) != list(range(len(flat))):
+    missing = sorted(set(range(max(flat) + 1)) - set(flat))
+    twice = sorted({s for s in flat if flat.count(s) > 1})
+    raise ConfigError(f"config key '{prefix}worker_shards' is {short_repr(lists, 100)}: every "
+                      f"shard 0..n-1 must be read by one worker once (missing {missing}, twice "
+                      f"{twice}), or its examples would count twice or never.")
 
 
 def validate(config: ExperimentConfig) -> None:

@@ -50,6 +50,10 @@ class DataConfig:
   std: list[float] = dataclasses.field(default_factory=lambda: [0.25, 0.25, 0.25])
   shard_policy: str = "auto"  # one of SHARD_POLICIES, used with several workers; local: each
   # worker reads only its own files (a path with {worker}), never another's
+  shards_per_worker: int = 0  # local ({worker} path): worker i reads shards i*k..i*k+k-1 (the
+  # shard count is the data's: fewer workers than shards); 0: shard i, one per worker
+  worker_shards: list[list[int]] = dataclasses.field(default_factory=list)  # local: the shards
+  # each worker reads, e.g. [[0, 1], [2]]; every shard once; empty: shards_per_worker decides
   deterministic: bool = True  # tf.data element order; False may be faster
   threadpool_size: int = 0  # tf.data private thread pool; 0: TF's shared pool
 

@@ -5,7 +5,8 @@ features and labels. Every pipeline yields dict batches of a fixed per-replica s
 "weight" entry: the last batches of an epoch are padded with weight-0 copies of the epoch's own
 real examples (BatchNorm's batch statistics see real data), so every replica runs the same number
 of steps with the same shapes (no empty or ragged final batch), and weighted sums count every
-real example once.
+real example once. Data each worker reads alone (local) is the exception to equal shapes: each
+worker's batch is its shards' share of the global batch (collectives need equal gradients only).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from absl import logging
 
+from tfdp.core import local_shards
 from tfdp.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # annotations only: core.task imports this module, and config imports core.task
@@ -39,6 +41,9 @@ class Source:
   # After a decode error inside tf.data (whose message names no file): the first file that
   # fails on its own, with TensorFlow's reason, or None.
   find_unreadable: Callable[[], str | None] | None = None
+  # A local source: the data's index of each of its shard files (file_counts in that order, as
+  # local_shards.map_shards decided); empty: the workers' files numbered in rank order.
+  shards: tuple[int, ...] = ()
 
   @property
   def num_examples(self) -> int:
@@ -148,8 +153,9 @@ def describe_split(batch: int, num_replicas: int, accumulation: int = 1) -> str:
 
 
 # An uneven split gives pipelines unequal real shares of each step's block of the one global
-# order; file and TFDS-split shards (and a worker's own local data) are no such order.
-UNEVEN_POLICIES = ("off", "data")
+# order; file and TFDS-split shards are no such order. Local data takes any global batch: each
+# shard's rows per step are its own share (split_local_batch).
+UNEVEN_POLICIES = ("off", "data", "local")
 
 
 def _refuse_uneven(key: str, batch: int, slots: int, policy: str) -> None:
@@ -172,7 +178,7 @@ def check_batch_divides(config: ExperimentConfig, num_replicas: int) -> None:
       ("trainer.eval_batch_size", config.trainer.eval_batch_size
        or config.trainer.global_batch_size, num_replicas, config.task.eval_data)):
     per_replica_batch(key, batch, slots)
-    if data.shard_policy in ("file", "tfds_split", "local"):
+    if data.shard_policy in ("file", "tfds_split"):
       _refuse_uneven(key, batch, slots, data.shard_policy)
 
 
@@ -190,6 +196,18 @@ class InputPlan:
   # Real examples per optimizer step when they do not split evenly (the rest of each step is
   # weight-0 padding); 0: an even split, every row of a full step real.
   uneven_global_batch: int = 0
+  # Local data: every shard's (rows per step, examples), by the data's shard index, and the
+  # shards each pipeline reads; a pipeline's per-replica batch is its shards' rows per step over
+  # its replicas x micro-steps (pipeline_replica_batch), so workers' batches differ.
+  shard_batches: tuple[int, ...] = ()
+  shard_counts: tuple[int, ...] = ()
+  pipeline_shards: tuple[tuple[int, ...], ...] = ()
+
+  def pipeline_replica_batch(self, pipeline: int) -> int:
+    if not self.shard_batches:
+      return self.per_replica_batch
+    rows = sum(self.shard_batches[shard] for shard in self.pipeline_shards[pipeline])
+    return max(-(-rows // (self.replicas_per_pipeline * self.accumulation_steps)), 1)
 
   @property
   def pipeline_batch(self) -> int:
@@ -203,6 +221,8 @@ class InputPlan:
   @property
   def global_batch(self) -> int:
     """Real examples per optimizer step (the trainer divides the summed loss by it)."""
+    if self.shard_batches:
+      return sum(self.shard_batches)
     return self.uneven_global_batch or self.step_batch * self.num_pipelines
 
   @property
@@ -223,18 +243,28 @@ class InputPlan:
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
                num_pipelines: int, batch_key: str = "trainer.global_batch_size",
-               accumulation_steps: int = 1, local_counts: list[int] | None = None) -> InputPlan:
+               accumulation_steps: int = 1, local_counts: list | None = None) -> InputPlan:
   """Decides once how one split is batched and sharded; the trainer takes its global batch and
-  steps per epoch from the plan that shaped the batches. `local_counts`: every worker's example
-  count of a local source (exchanged between workers), so all agree on the steps per epoch and
-  pad the shorter shards instead of hanging in a collective."""
+  steps per epoch from the plan that shaped the batches. `local_counts`: every worker's
+  (shard indices, examples per shard) of a local source (exchanged between workers), so all
+  agree on each shard's rows per step and the steps per epoch instead of hanging in a
+  collective."""
   policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
-  counts = (list(local_counts) if policy == "local" and local_counts is not None
-            else shard_counts(policy, source, num_pipelines))
+  replicas_per_pipeline = num_replicas // num_pipelines
+  if policy == "local":
+    per_worker = local_counts or [(list(source.shards), list(source.file_counts))]
+    pipeline_shards, shard_examples = local_shards.number_shards(per_worker)
+    batches, steps = local_shards.split_local_batch(shard_examples, global_batch, batch_key)
+    plan = InputPlan(source, policy, num_pipelines, 0, replicas_per_pipeline, steps,
+                     [sum(counts) for _, counts in per_worker], accumulation_steps,
+                     shard_batches=tuple(batches), shard_counts=tuple(shard_examples),
+                     pipeline_shards=pipeline_shards)
+    plan.per_replica_batch = max(map(plan.pipeline_replica_batch, range(num_pipelines)))
+    return plan
+  counts = shard_counts(policy, source, num_pipelines)
   slots = num_replicas * accumulation_steps
   _refuse_uneven(batch_key, global_batch, slots, policy)
   per_replica = per_replica_batch(batch_key, global_batch, slots)
-  replicas_per_pipeline = num_replicas // num_pipelines
   if per_replica * slots != global_batch:  # every step is block [k·G, (k+1)·G) of one order
     steps = math.ceil(source.num_examples / global_batch)
     return InputPlan(source, policy, num_pipelines, per_replica, replicas_per_pipeline,
@@ -360,9 +390,27 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     weight = tf.cast(example.get("weight", 1.0), tf.float32)  # a source may weigh its examples
     return {**features, "weight": weight}
 
+  def finish(ds, per_replica: int, step_rows: int):
+    if per_replica != step_rows:
+      ds = ds.rebatch(per_replica, drop_remainder=True)
+    options = tf.data.Options()
+    options.deterministic = data.deterministic
+    if data.threadpool_size:
+      options.threading.private_threadpool_size = data.threadpool_size
+    # tfdp shards itself (policy above); TF's auto-sharding would shard a second time.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
   def dataset_fn(ctx: tf.distribute.InputContext):
     pipeline = ctx.input_pipeline_id if plan.num_pipelines > 1 else 0
     n = plan.num_pipelines
+    if plan.shard_batches:  # local data: every shard's own share of each step
+      per_replica = plan.pipeline_replica_batch(pipeline)
+      step_rows = per_replica * plan.replicas_per_pipeline * plan.accumulation_steps
+      epoch_range = (start_epoch, epochs) if training else (0, 1)
+      return finish(_local_steps(plan, pipeline, step_rows, prepare, data, training, seed,
+                                 epoch_range, skip_steps if training else 0),
+                    per_replica, step_rows)
     files = list(range(len(source.file_counts)))
     if policy == "file":
       files = files[pipeline::n]
@@ -428,22 +476,64 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     if first_epoch < end:
       first_skip = skip_steps * plan.step_batch if first_epoch == start_epoch else 0
       ds = one_epoch(tf.constant(first_epoch, tf.int64), first_skip).concatenate(ds)
-    if plan.per_replica_batch != size:
-      ds = ds.rebatch(plan.per_replica_batch, drop_remainder=True)
-    options = tf.data.Options()
-    options.deterministic = data.deterministic
-    if data.threadpool_size:
-      options.threading.private_threadpool_size = data.threadpool_size
-    # tfdp shards itself (policy above); TF's auto-sharding would shard a second time.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return finish(ds, plan.per_replica_batch, size)
 
   return dataset_fn
+
+
+def _local_steps(plan: InputPlan, pipeline: int, step_rows: int, prepare, data: DataConfig,
+                 training: bool, seed: int, epoch_range: tuple[int, int], skip_steps: int):
+  """Local data, epochs [first, end) skipping `skip_steps` steps of the first: step k holds rows
+  [k·b, (k+1)·b) of the epoch's order of each shard this worker reads (b the shard's rows per
+  step, split_local_batch; the order a function of the seed, the epoch and the shard alone, so
+  any mapping of shards to workers takes the same examples in a step), filled to `step_rows`
+  with weight-0 copies of its own rows; a step with none repeats the last at weight 0."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  source, shards = plan.source, plan.pipeline_shards[pipeline]
+  spec = source.read([0]).map(lambda ex: prepare({**ex, "index": tf.constant(0, tf.int64)},
+                                                 tf.constant(0, tf.int64))).element_spec
+  zeros = tf.nest.map_structure(lambda s: _zeros_batch(s, step_rows), spec)
+  empty = tf.nest.map_structure(lambda s: _zeros_batch(s, 0), spec)
+
+  def shard_steps(file: int, shard: int, epoch):
+    count, rows = source.file_counts[file], plan.shard_batches[shard]
+    ds = source.read([file])
+    if training and data.shuffle:
+      ds = ds.shuffle(data.shuffle_buffer or max(count, 1), reshuffle_each_iteration=False,
+                      seed=(seed * 1000003 + epoch) * 1009 + shard)
+    ds = ds.enumerate().map(lambda i, ex: prepare({**ex, "index": i * len(plan.shard_counts)
+                                                   + shard}, epoch),
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=data.deterministic)
+    real_steps = -(-count // rows) if count else 0
+    ds = ds.batch(max(rows, 1)).take(real_steps)
+    return ds.concatenate(tf.data.Dataset.from_tensors(empty).repeat(
+        plan.steps_per_epoch - real_steps))
+
+  def fill(last, batch):
+    out = tf.cond(tf.shape(batch["weight"])[0] > 0, lambda: _fill_with_own_rows(batch, step_rows),
+                  lambda: {**last, "weight": tf.zeros_like(last["weight"])})
+    return out, out
+
+  def one_epoch(epoch, skip: int):
+    steps = [shard_steps(file, shard, epoch) for file, shard in enumerate(shards)]
+    ds = steps[0] if len(steps) == 1 else tf.data.Dataset.zip(tuple(steps)).map(
+        lambda *parts: tf.nest.map_structure(lambda *x: tf.concat(x, 0), *parts))
+    return ds.scan(zeros, fill).skip(skip)
+
+  first, end = epoch_range
+  ds = tf.data.Dataset.range(first + 1, end).flat_map(lambda epoch: one_epoch(epoch, 0))
+  if first < end:
+    ds = one_epoch(tf.constant(first, tf.int64), skip_steps).concatenate(ds)
+  return ds
 
 
 def log_plan(name: str, plan: InputPlan) -> None:
   split = describe_split(plan.global_batch, plan.num_pipelines * plan.replicas_per_pipeline,
                          plan.accumulation_steps)
+  if plan.shard_batches:  # local: each shard's share of a step, so all end their epoch together
+    split = (f"global batch {plan.global_batch} as rows per step of shards "
+             f"{list(plan.shard_batches)}, per-replica batch by worker "
+             f"{[plan.pipeline_replica_batch(p) for p in range(plan.num_pipelines)]}")
   logging.info("data %s: %d examples, %d step(s)/epoch, %s, shard policy %s over %d "
                "pipeline(s), real examples per pipeline %s", name, plan.source.num_examples,
                plan.steps_per_epoch, split, plan.policy, plan.num_pipelines, plan.counts)

@@ -13,6 +13,7 @@ from absl import logging
 from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
 from tfdp.core import data as data_lib
+from tfdp.core import local_shards
 from tfdp.core import outputs
 from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
@@ -222,6 +223,10 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                      local_counts=_local_counts(train_source, cluster, config,
                                                                 "train_counts"))
     data_lib.log_plan("train", train_plan)
+    if resume_from and train_plan.policy == "local":  # the run's shards, however mapped
+      local_shards.check_resumed_shards(outputs.read_run_record(model_dir),
+                                        train_plan.shard_counts, num_pipelines,
+                                        "task.train_data", model_dir)
   if mode != "train":
     eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
     eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,
@@ -305,6 +310,7 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "shard_policy": config.task.train_data.shard_policy,
           "gradient_accumulation_steps": plan.accumulation_steps,
           "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
+          **({"shard_counts": list(plan.shard_counts)} if plan.policy == "local" else {}),
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas,
           "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype}
@@ -401,15 +407,17 @@ def _check_saved_artifacts(task, source, config: ExperimentConfig, model_dir: st
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,
-                  topic: str) -> list[int] | None:
-  """Every worker's example count of a source each reads alone, in rank order."""
+                  topic: str) -> list | None:
+  """Every worker's (shard indices, examples per shard) of a source each reads alone, in rank
+  order."""
   if source.kind != "local" or not cluster.is_multi_worker:
     return None
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
-  counts = [int(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, str(source.num_examples), timeout, topic=topic)]
-  logging.info("data: examples per worker %s (%s)", counts, topic)
+  counts = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps([list(source.shards), source.file_counts]),
+      timeout, topic=topic)]
+  logging.info("data: (shards, examples) per worker %s (%s)", counts, topic)
   return counts
 
 

@@ -509,8 +509,9 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
   """On a resume, the recorded run decides the split: its global batch stays, its per-replica
   batch stays (or shrinks to the largest even share, never above any it used), and
   gradient_accumulation_steps makes up the difference. Refuses, in one line, a group that
-  cannot take the run's data as it was read: a worker-count change of data
-  each worker reads alone, or of file shards in the middle of an epoch. None: an old record."""
+  cannot take the run's data as it was read: a worker-count change of file shards in the
+  middle of an epoch (data each worker reads alone: local_shards.check_resumed_shards). None:
+  an old record."""
   history = record.get("history") or []
   batch = int(record.get("global_batch_size", global_batch))
   if not history or "gradient_accumulation_steps" not in record or batch != global_batch:
@@ -520,11 +521,6 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
   started = f"--model_dir '{model_dir}' holds a run trained on {was_workers} worker(s)"
   if workers != was_workers:
     was_sharding = record.get("sharding", record.get("shard_policy"))
-    if "local" in (was_sharding, sharding):
-      raise OutputError(
-          f"{started}, each reading its own {{worker}} shard of task.train_data (shard policy "
-          f"local), and this group has {workers}: the shard count is the data's, not the group's. "
-          f"Resume on {was_workers} workers, or pass --start_over to train from step 0.")
     steps_per_epoch = int(record.get("steps_per_epoch") or 0)
     if (steps_per_epoch and step is not None and step % steps_per_epoch
         and {was_sharding, sharding} & set(FILE_SHARDED)):

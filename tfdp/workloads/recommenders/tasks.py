@@ -109,34 +109,51 @@ class MatrixFactorizationTask(tasks.Task):
                           f"finite number{bound}, e.g. {example}.")
 
   def build_source(self, data: DataConfig):
+    import numpy as np  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
-    columns, local, users, items = self.read_rows(data)
-    read = lambda files: tf.data.Dataset.from_tensor_slices(columns)
-    return data_lib.Source([len(columns["user"])], read, "local" if local else "interactions",
+    columns, shards, users, items = self.read_rows(data)
+    counts = [count for _, count in shards] if shards else [len(columns["user"])]
+    starts = np.cumsum([0, *counts])
+
+    def read(files):  # a file is a shard: its rows in file order
+      rows = np.concatenate([np.arange(starts[f], starts[f + 1]) for f in files] or [[]])
+      return tf.data.Dataset.from_tensor_slices({k: v[rows.astype(np.int64)]
+                                                 for k, v in columns.items()})
+
+    return data_lib.Source(counts, read, "local" if shards else "interactions",
+                           shards=tuple(shard for shard, _ in shards or ()),
                            info={"users": users.num_rows, "items": items.num_rows,
                                  "mappings": {"user": users.to_dict(), "item": items.to_dict()}})
 
   def read_rows(self, data: DataConfig):
-    """This worker's rows of one split as numpy columns (ids mapped to rows), whether the path
-    is a per-worker shard, and the two id mappings."""
+    """This worker's rows of one split as numpy columns (ids mapped to rows), its shards'
+    (index, rows) when the path names a shard per worker ({worker}: in the order
+    local_shards.map_shards gives them; None for one file), and the two id mappings."""
     import numpy as np  # pylint: disable=g-import-not-at-top
-    local = "{worker" in data.path
-    # One process with a {worker} path is refused: it would train on one shard of many.
-    path = interactions.resolve_shard_path(data.path, self.worker if self.num_workers > 1 else None,
-                                           self.num_workers)
-    frame = interactions.read_interactions(path, data.user_column, data.item_column,
-                                           data.label_column, data.weight_column,
-                                           worker=self.worker if local else None)
-    frame = holdout_split(frame, data)
-    if not local:
-      interactions.check_not_empty(frame, path)
+    import pandas as pd  # pylint: disable=g-import-not-at-top
+    from tfdp.core import local_shards  # pylint: disable=g-import-not-at-top
+    shards = None
+    if "{worker" in data.path:  # one process without a mapping is refused: a shard of many
+      key = "task.train_data" if data is self.config.train_data else "task.eval_data"
+      mapping = local_shards.map_shards(data, self.num_workers, key)
+      shards = mapping[self.worker]
+      total = max(max(s) for s in mapping) + 1
+    frames = []
+    for shard in shards or [None]:
+      path = interactions.resolve_shard_path(data.path, shard, total if shards else 0)
+      frames.append(holdout_split(interactions.read_interactions(
+          path, data.user_column, data.item_column, data.label_column, data.weight_column,
+          worker=self.worker if shards else None), data))
+    if not shards:
+      interactions.check_not_empty(frames[0], data.path)
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     users, items = id_mappings(self.config)
     columns = {"user": users.lookup(frame["user"].to_numpy()).astype(np.int64),
                "item": items.lookup(frame["item"].to_numpy()).astype(np.int64),
                "label": frame["label"].to_numpy(np.float32),
                "weight": frame["weight"].to_numpy(np.float32)}
-    return columns, local, users, items
+    return (columns, shards and list(zip(shards, map(len, frames))), users, items)
 
   def preprocess(self, example, data, training, seed):
     del data, training, seed
@@ -235,11 +252,11 @@ class RetrievalTask(MatrixFactorizationTask):
 
   def read_rows(self, data: DataConfig):
     import numpy as np  # pylint: disable=g-import-not-at-top
-    columns, local, users, items = super().read_rows(data)
+    columns, shards, users, items = super().read_rows(data)
     if data.split != "holdout" and self.seen is None:  # the training split: built first
       self.seen = np.zeros((users.num_rows, items.num_rows), bool)
       self.seen[columns["user"], columns["item"]] = True
-    return columns, local, users, items
+    return columns, shards, users, items
 
   def build_model(self, source):
     kwargs = {"embedding_dim": 32, "l2": 0.0, **self.config.model.kwargs}
