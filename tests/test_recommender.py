@@ -22,8 +22,13 @@ SIGMA = 0.3
 def planted(tmp_path_factory):
   """200 users x 200 items, rank 3, 150 ratings a user, noise sigma 0.3; 10% held out by hash;
   training shards of 50% / 30% / 20% of the users; id vocabularies."""
-  root = tmp_path_factory.mktemp("planted")
-  frame, _ = interactions.planted_interactions(200, 200, 3, SIGMA, 150, seed=0)
+  return write_planted(tmp_path_factory.mktemp("planted"), users=200, per_user=150)
+
+
+def write_planted(root, users: int, per_user: int):
+  """users x users items, rank 3, noise SIGMA: all.csv, 3 training shards (50/30/20% of the
+  users) and the id vocabularies."""
+  frame, _ = interactions.planted_interactions(users, users, 3, SIGMA, per_user, seed=0)
   frame.to_csv(root / "all.csv", index=False)
   interactions.write_shards(frame, str(root / "train-{worker}.csv"), 3, fractions=[0.5, 0.3, 0.2])
   interactions.build_vocabulary(frame["user"].to_numpy(), str(root / "users.txt"))
@@ -57,13 +62,7 @@ def final_eval(model_dir):
 @pytest.fixture(scope="module")
 def planted_small(tmp_path_factory):
   """As `planted`, smaller: 100 users x 100 items, 80 ratings a user (8,000)."""
-  root = tmp_path_factory.mktemp("planted_small")
-  frame, _ = interactions.planted_interactions(100, 100, 3, SIGMA, 80, seed=0)
-  frame.to_csv(root / "all.csv", index=False)
-  interactions.write_shards(frame, str(root / "train-{worker}.csv"), 3, fractions=[0.5, 0.3, 0.2])
-  interactions.build_vocabulary(frame["user"].to_numpy(), str(root / "users.txt"))
-  interactions.build_vocabulary(frame["item"].to_numpy(), str(root / "items.txt"))
-  return root
+  return write_planted(tmp_path_factory.mktemp("planted_small"), users=100, per_user=80)
 
 
 def test_three_workers_with_their_own_uneven_shards_reach_the_noise_floor(planted_small, tmp_path):

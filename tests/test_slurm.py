@@ -110,32 +110,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
       f"trainer.global_batch_size=32,trainer.epochs={epochs},trainer.steps_per_loop=2,"
       "trainer.checkpoint_every_steps=10,trainer.export_model=false\n")
   out = tmp_path / "job.out"  # both runs, the first and the requeued one
-  submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
-                              str(script)],
-                             capture_output=True, text=True, timeout=60, env=slurm_env(),
-                             cwd=str(helpers.REPO))
-  assert submitted.returncode == 0, submitted.stderr
-  job_id = submitted.stdout.strip().split(";")[0]
-  try:
-    deadline = time.monotonic() + 400
-    while not list((run / "checkpoints").glob("ckpt-*.index")):  # a first save: mid-run
-      assert time.monotonic() < deadline, "no checkpoint appeared"
-      assert squeue_state(job_id), "the job ended before it was requeued"
-      time.sleep(0.5)
-    requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                              timeout=30)
-    assert requeued.returncode == 0, requeued.stderr
-    while squeue_state(job_id) not in ("PENDING", ""):  # the steps are being stopped
-      time.sleep(0.2)
-    # Slurm holds a requeued job back for 2 minutes (BeginTime); a real preemption waits for
-    # nodes anyway: start it at once.
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                   capture_output=True, timeout=30)
-    while squeue_state(job_id):  # pending again, then running, then gone when done
-      assert time.monotonic() < deadline + 400, "the requeued job did not finish"
-      time.sleep(1)
-  finally:
-    cancel(job_id)
+  requeue_mid_run_and_wait(script, run, out)
   text = out.read_text()
   assert text.count("worker 0 of 2 (slurm)") == 2, text[-3000:]  # the first run and the requeued one
   resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", text)]
@@ -165,6 +140,25 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
       f"trainer.global_batch_size=12,trainer.epochs={epochs},trainer.steps_per_loop=2,"
       "trainer.checkpoint_every_steps=10,trainer.export_model=false\n")
   out = tmp_path / "job.out"
+  requeue_mid_run_and_wait(script, run, out, "NumTasks=2", "NumCPUs=2")
+  text = out.read_text()
+  assert "worker 2 of 3 (slurm)" in text and "worker 1 of 2 (slurm)" in text, text[-3000:]
+  # the chief's start-up line (every worker also logs it, prefixed)
+  lines = re.findall(r"^resumed at step (\d+) on 2 workers \(was 3\): (.*)$", text, re.MULTILINE)
+  assert len(lines) == 1 and int(lines[0][0]) >= 10, text[-3000:]
+  assert lines[0][1] == "accumulation 1 → 2, per-replica batch 3, global batch 12 kept"
+  history = json.loads((run / "checkpoints" / "run.json").read_text())["history"]
+  assert history == [{"from_step": 0, "workers": 3, "replicas": 3},
+                     {"from_step": int(lines[0][0]), "workers": 2, "replicas": 2}]
+  metrics = pd.read_csv(run / "metrics.csv")
+  assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
+  assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
+
+def requeue_mid_run_and_wait(script, run, out, *changes: str) -> None:
+  """Submits the job, requeues it (`scontrol requeue`: SIGTERM, then pending again) after its
+  first checkpoint, applies `changes` (`scontrol update` fields) while it is pending, starts it
+  at once (Slurm holds a requeued job back for 2 minutes; a real preemption waits for nodes
+  anyway) and waits for it to finish. The job is cancelled whatever happens."""
   submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
                               str(script)], capture_output=True, text=True, timeout=60,
                              env=slurm_env(), cwd=str(helpers.REPO))
@@ -179,25 +173,13 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
     requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
                               timeout=30)
     assert requeued.returncode == 0, requeued.stderr
-    while squeue_state(job_id) not in ("PENDING", ""):
+    while squeue_state(job_id) not in ("PENDING", ""):  # the steps are being stopped
       time.sleep(0.2)
-    updated = subprocess.run(["scontrol", "update", f"JobId={job_id}", "NumTasks=2", "NumCPUs=2",
-                              "StartTime=now"], capture_output=True, text=True, timeout=30)
+    updated = subprocess.run(["scontrol", "update", f"JobId={job_id}", *changes, "StartTime=now"],
+                             capture_output=True, text=True, timeout=30)
     assert updated.returncode == 0, updated.stderr
-    while squeue_state(job_id):
+    while squeue_state(job_id):  # pending again, then running, then gone when done
       assert time.monotonic() < deadline + 400, "the requeued job did not finish"
       time.sleep(1)
   finally:
     cancel(job_id)
-  text = out.read_text()
-  assert "worker 2 of 3 (slurm)" in text and "worker 1 of 2 (slurm)" in text, text[-3000:]
-  # the chief's start-up line (every worker also logs it, prefixed)
-  lines = re.findall(r"^resumed at step (\d+) on 2 workers \(was 3\): (.*)$", text, re.MULTILINE)
-  assert len(lines) == 1 and int(lines[0][0]) >= 10, text[-3000:]
-  assert lines[0][1] == "accumulation 1 → 2, per-replica batch 3, global batch 12 kept"
-  history = json.loads((run / "checkpoints" / "run.json").read_text())["history"]
-  assert history == [{"from_step": 0, "workers": 3, "replicas": 3},
-                     {"from_step": int(lines[0][0]), "workers": 2, "replicas": 2}]
-  metrics = pd.read_csv(run / "metrics.csv")
-  assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
-  assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
