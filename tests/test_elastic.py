@@ -101,6 +101,22 @@ def test_four_replicas_resume_on_one_with_accumulation_four(uninterrupted, tmp_p
   assert record(model_dir)["gradient_accumulation_steps"] == 4
 
 
+def test_two_replicas_resume_on_four_with_a_smaller_per_replica_batch(uninterrupted, tmp_path):
+  """Growing: the recorded per-replica batch (8) x 4 replicas would overshoot the global batch,
+  so the per-replica batch is lowered to fit (4, accumulation 1): the same 16 examples a step."""
+  model_dir = tmp_path / "run"
+  probe(model_dir, job(2, 6), tmp_path / "first")
+  resumed, output = probe(model_dir, job(4, 12), tmp_path / "out")
+  lines = re.findall(r"resumed at step .*", output)
+  assert len(lines) == 1 and lines[0].startswith("resumed at step 6 on 4 replicas (was 2): "), \
+      output[-3000:]
+  assert lines[0].endswith("accumulation 1 kept, per-replica batch 4, global batch 16 kept")
+  assert resumed["info"]["step"] == 12
+  assert helpers.max_relative_difference(resumed["final"], uninterrupted["final"]) <= 1e-5
+  assert record(model_dir)["history"] == [{"from_step": 0, "workers": 1, "replicas": 2},
+                                          {"from_step": 6, "workers": 1, "replicas": 4}]
+
+
 def step_blocks(plan, data, start_step: int) -> dict[int, list[int]]:
   """Global step -> the real example ids every pipeline of `plan` gives it, from `start_step`
   to the epoch's end (each pipeline's step is `step_batch` consecutive elements)."""
