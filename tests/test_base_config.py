@@ -43,7 +43,7 @@ def test_swapping_only_the_model_leaves_the_job_on_the_neutral_base(job, caplog)
   line = dropped_line(lines)
   assert "task.model.name changed airbench → small_cnn" in line
   for key in ("task.model.kwargs", "label_smoothing", "eval_flip", "trainer.learning_rate.{base_lr",
-              "trainer.optimizer.{momentum, weight_decay}", "trainer.global_batch_size"):
+              "trainer.optimizer.{momentum, weight_decay}", "global_batch_size"):
     assert key in line
   assert "written for airbench in" in line and job in line
 

@@ -105,10 +105,12 @@ def test_whole_padding_batches_repeat_the_last_and_a_resume_sees_the_same(tmp_pa
 def test_a_pipeline_with_no_real_examples_pads_with_zeros():
   data = data_config(source="test")
   plan = data_lib.plan_input(id_source(0, kind="local"), data, global_batch=8, num_replicas=2,
-                             num_pipelines=2, local_counts=[9, 0])
-  assert plan.policy == "local" and plan.steps_per_epoch == 3
+                             num_pipelines=2, local_counts=[((), [9]), ((), [0])])
+  # Rows per step follow the shards (tfdp.core.local_shards): worker 0 holds all 9 examples and
+  # takes all 8 rows of a step, so 2 steps an epoch; the empty worker still runs every step.
+  assert plan.policy == "local" and plan.steps_per_epoch == 2 and plan.shard_batches == (8, 0)
   empty = batches(plan, data, pipeline=1, epochs=2)
-  assert len(empty) == 6
+  assert len(empty) == 4
   assert all(b["weight"].numpy().sum() == 0 and not b["image"].numpy().any() for b in empty)
 
 
@@ -128,7 +130,7 @@ def test_string_features_pad_with_real_strings_or_empty_ones(count, expected):
        "label": tf.range(count, dtype=tf.int64)}), "local")
   data = data_config(source="test", shuffle=False)
   plan = data_lib.plan_input(source, data, global_batch=4, num_replicas=1, num_pipelines=1,
-                             local_counts=[count])
+                             local_counts=[((), [count])])
   ctx = tf.distribute.InputContext(1, 0, 1)
   out = list(data_lib.make_dataset_fn(plan, data, _TextTask(), training=True, seed=0)(ctx))
   assert len(out) == max(plan.steps_per_epoch, 1)
