@@ -31,8 +31,7 @@ def start_launcher(*args: str, log=subprocess.PIPE) -> subprocess.Popen:
 def worker_pids(launcher_proc: subprocess.Popen, count: int, timeout: float = 60) -> list[int]:
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
-    children = [p for p in psutil.Process(launcher_proc.pid).children()
-                if p.status() != psutil.STATUS_ZOMBIE]
+    children = [p for p in psutil.Process(launcher_proc.pid).children() if alive(p.pid)]
     if len(children) == count:
       return sorted(p.pid for p in children)
     time.sleep(0.05)
@@ -42,7 +41,7 @@ def worker_pids(launcher_proc: subprocess.Popen, count: int, timeout: float = 60
 def alive(pid: int) -> bool:
   try:
     return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-  except psutil.NoSuchProcess:
+  except (psutil.NoSuchProcess, ProcessLookupError):  # gone between listing and reading it
     return False
 
 
