@@ -52,6 +52,14 @@ def _time_blocks(run: Callable[[int], Any], warmup: int, steps: int, repeats: in
   return seconds
 
 
+def _run_loops(trainer, iterator, num_steps: int) -> None:
+  """num_steps training steps as tfdp-train runs them: steps_per_loop steps per compiled call."""
+  per_call = trainer.config.trainer.steps_per_loop
+  while num_steps > 0:
+    trainer.run_steps(iterator, min(per_call, num_steps))
+    num_steps -= per_call
+
+
 def _flops(exp) -> dict:
   """The model's training FLOPs per example and the peak of the devices this cell trains on."""
   from tfdp.core import flops  # pylint: disable=g-import-not-at-top
@@ -86,14 +94,7 @@ def train_cell(spec: dict) -> dict:
 
   def time_training(fn) -> list[float]:
     iterator = iter(trainer.strategy.distribute_datasets_from_function(fn))
-    per_call = config.trainer.steps_per_loop  # as tfdp-train runs: this many steps per call
-
-    def run(n):
-      while n > 0:
-        trainer.run_steps(iterator, min(per_call, n))
-        n -= per_call
-
-    return _time_blocks(run, warmup, steps, repeats)
+    return _time_blocks(lambda n: _run_loops(trainer, iterator, n), warmup, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
          "image_size": source.image_shape[0] if source.image_shape else 0,
@@ -137,9 +138,9 @@ def keras_fit_cell(spec: dict) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   config, plan, model = exp.config, exp.train_plan, exp.trainer.model
   steps_per_epoch, epochs, batch = spec["steps"], spec["repeats"], plan.global_batch
-  dataset = tta.keras_batches(exp.train_dataset_fn(
-      epochs=math.ceil((epochs + 1) * steps_per_epoch / plan.steps_per_epoch) + 1)(
-          tf.distribute.InputContext()), exp.task)  # the same batches, as model.fit takes them
+  data_epochs = math.ceil((epochs + 1) * steps_per_epoch / plan.steps_per_epoch) + 1
+  dataset = tta.keras_batches(exp.train_dataset_fn(epochs=data_epochs)(
+      tf.distribute.InputContext()), exp.task)  # the same batches, as model.fit takes them
   opt, lr = config.trainer.optimizer, config.trainer.learning_rate
   model.compile(
       optimizer=keras.optimizers.SGD(lr.base_lr * batch / lr.base_batch_size,
@@ -151,14 +152,8 @@ def keras_fit_cell(spec: dict) -> dict:
   # tfdp's own loop on this one-device experiment, timed between Keras's epochs (A, B, A, B in
   # one process): the 1-device ratio then sees the same load, which separate cells do not.
   tfdp_iterator = iter(exp.trainer.strategy.distribute_datasets_from_function(
-      exp.train_dataset_fn(epochs=math.ceil((epochs + 1) * steps_per_epoch
-                                            / plan.steps_per_epoch) + 1)))
+      exp.train_dataset_fn(epochs=data_epochs)))
   tfdp_seconds: list[float] = []
-
-  def tfdp_block(n: int) -> None:
-    while n > 0:
-      exp.trainer.run_steps(tfdp_iterator, min(config.trainer.steps_per_loop, n))
-      n -= config.trainer.steps_per_loop
 
   class EpochTimer(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
@@ -167,7 +162,7 @@ def keras_fit_cell(spec: dict) -> dict:
     def on_epoch_end(self, epoch, logs=None):
       seconds.append(time.perf_counter() - self.start)
       start = time.perf_counter()
-      tfdp_block(steps_per_epoch)  # the first block traces, like Keras's first epoch
+      _run_loops(exp.trainer, tfdp_iterator, steps_per_epoch)  # the first traces, as Keras's
       tfdp_seconds.append(time.perf_counter() - start)
 
   model.fit(dataset, epochs=epochs + 1, steps_per_epoch=steps_per_epoch, callbacks=[EpochTimer()],
