@@ -1,8 +1,10 @@
 """Elastic resume of the masked-LM task: the masking is a function of (seed, epoch, example), so
-a run stopped on 2 replicas and resumed on 1 (accumulation 2) masks and trains on the same
-tokens in every step as one never stopped. (Two replicas, not four: a BERT's tracing grows with
-the replicas, and the rule is the same.)"""
+a run whose replica count changes at every stop — 2 → 4 → 1 → 4 → 3, the last one an uneven
+split of the global batch 16 (6, 5, 5 rows) — masks and trains on the same tokens in every step
+as one never stopped on 2 replicas."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -11,26 +13,35 @@ from test_elastic import probe, record
 from test_elastic_precision import side_by_side
 from test_text_tasks import mlm_overrides, write_corpus
 
+# (replicas, last step) of each leg; every leg after the first resumes the one before it.
+LEGS = [(2, 2), (4, 4), (1, 6), (4, 8), (3, 10)]
+
 
 def job(corpus, replicas: int, steps: int) -> str:
-  # A constant schedule: the stopped leg's shorter max_steps does not reshape it.
+  # A constant schedule: a leg's shorter max_steps does not reshape it.
   return mlm_overrides(corpus, f",trainer.learning_rate.schedule=constant,"
                                f"trainer.learning_rate.warmup_epochs=0,trainer.epochs=4,"
-                               f"trainer.steps_per_loop=3,runtime.strategy=mirrored,"
+                               f"trainer.steps_per_loop=2,runtime.strategy=mirrored,"
                                f"runtime.cpu_replicas={replicas},trainer.max_steps={steps}")
 
 
-def test_masked_lm_stopped_on_two_replicas_resumes_on_one_as_if_never_stopped(tmp_path):
+def test_masked_lm_resumed_on_four_one_four_and_three_replicas_equals_one_never_stopped(tmp_path):
   corpus = write_corpus(tmp_path / "corpus", documents_per_class=4)
   model_dir = tmp_path / "run"
-  whole, _ = side_by_side((tmp_path / "whole", job(corpus, 2, 6), tmp_path / "w"),
-                         (model_dir, job(corpus, 2, 3), tmp_path / "first"))
-  resumed, output = probe(model_dir, job(corpus, 1, 6), tmp_path / "out")
-  assert resumed["info"]["step"] == 6
-  assert ("resumed at step 3 on 1 replica (was 2): accumulation 1 → 2, per-replica batch 8, "
-          "global batch 16 kept") in output, output[-3000:]
-  assert [h["replicas"] for h in record(model_dir)["history"]] == [2, 1]
-  assert record(model_dir)["steps_per_epoch"] > 3  # stopped in the middle of an epoch
+  (first_replicas, first_steps), total = LEGS[0], LEGS[-1][1]
+  whole, _ = side_by_side((tmp_path / "whole", job(corpus, 2, total), tmp_path / "w"),
+                          (model_dir, job(corpus, first_replicas, first_steps), tmp_path / "l0"))
+  for leg, ((was, start), (replicas, steps)) in enumerate(zip(LEGS, LEGS[1:]), 1):
+    resumed, output = probe(model_dir, job(corpus, replicas, steps), tmp_path / f"l{leg}")
+    assert resumed["info"]["step"] == steps
+    plural = "replica" if replicas == 1 else "replicas"
+    line = re.search(rf"^resumed at step {start} on {replicas} {plural} \(was {was}\): (.*)$",
+                     output, re.MULTILINE)
+    assert line and line.group(1).endswith("global batch 16 kept"), output[-3000:]
+  assert [(h["from_step"], h["replicas"]) for h in record(model_dir)["history"]] == [
+      (0, 2), (2, 4), (4, 1), (6, 4), (8, 3)]
+  steps_per_epoch = record(model_dir)["steps_per_epoch"]
+  assert 2 < steps_per_epoch < total  # the changes fall inside epochs and across an epoch's end
   # As in test_text_tasks: the attention key bias (an exactly zero gradient) and the pooler
   # (none in masked-LM training) move by round-off only; a relative measure of them means nothing.
   moved = {k for k in whole["final"]
