@@ -3,6 +3,7 @@ import json
 import re
 import shlex
 import signal
+import subprocess
 
 import pytest
 import yaml
@@ -72,6 +73,7 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
   assert tasks == num_workers
   srun = next(line for line in text.splitlines() if line.startswith("srun "))
   args = [a for a in shlex.split(srun)[1:] if a != "$@"]  # "$@": the sbatch arguments
+  args = args[args.index("tfdp-train"):]  # after srun's own options
   # What srun gives task 1 of this allocation:
   env = {"SLURM_PROCID": "1", "SLURM_NTASKS": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks),
          "SLURM_STEP_NODELIST": f"node[01-{tasks:02d}]",
@@ -80,6 +82,25 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
   cluster = cluster_lib.resolve_cluster(env)
   assert cluster.source == "slurm" and cluster.num_workers == tasks and cluster.rank == 1
   check_job([a.replace("$HOME", "/home/u") for a in args], cluster, config_file)
+
+
+@pytest.mark.parametrize("stem", [stem for stem, _, _ in JOBS])
+def test_slurm_script_asks_srun_for_the_allocations_tasks_not_the_submitted_count(stem, tmp_path):
+  """A requeued job that came back on fewer nodes or tasks keeps the submission's SLURM_NTASKS;
+  the script counts the allocation's tasks from SLURM_TASKS_PER_NODE instead."""
+  (tmp_path / "srun").write_text('#!/bin/sh\necho "srun $*"\n')  # prints what it was asked
+  (tmp_path / "srun").chmod(0o755)
+  env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_NTASKS": "99"}
+  for tasks_per_node, tasks in (("2(x3),1", 7), ("1(x4)", 4), ("3", 3)):
+    proc = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch"), "--extra"],
+                          env={**env, "SLURM_TASKS_PER_NODE": tasks_per_node},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"srun --ntasks={tasks} tfdp-train "), proc.stdout
+    assert proc.stdout.rstrip().endswith(" --extra"), proc.stdout
+  outside = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch")], env=env,
+                           capture_output=True, text=True, timeout=30)
+  assert outside.returncode != 0 and "submit this script with sbatch" in outside.stderr
 
 
 @pytest.mark.parametrize("manifest", sorted(CLUSTER_DIR.glob("tfjob_*.yaml")),

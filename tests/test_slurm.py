@@ -121,26 +121,30 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
 
 
 def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elastic_rules(tmp_path):
-  """A job of 3 tasks is requeued mid-run and, while it is pending, given 2 (`scontrol update
-  NumTasks=2 NumCPUs=2`; on many nodes a --nodes=2-4 job that comes back on fewer does the same).
-  The 2 tasks resume the 3-task run: the global batch 12 kept, accumulation 1 -> 2, the final
-  step exact. One node can change only the task count, not the node count; tfdp reads both
-  from the same step variables."""
+  """The shipped template, its resource lines set for this one node (3 tasks), is requeued
+  mid-run and, while it is pending, given 2 (`scontrol update NumTasks=2 NumCPUs=2`; on many
+  nodes a --nodes=2-4 job that comes back on fewer does the same). Slurm keeps SLURM_NTASKS=3
+  from the submission; the script asks srun for the allocation's 2, and they resume the 3-task
+  run: the global batch 12 kept, accumulation 1 -> 2, the final step exact."""
   run = tmp_path / "run"
   script = tmp_path / "job.sbatch"
   steps_per_epoch, epochs = 40, 2
-  # srun without --ntasks takes SLURM_NTASKS, which Slurm keeps from the submission (3) in a
-  # requeued job; the allocation's count on one node is SLURM_TASKS_PER_NODE.
-  script.write_text(
-      "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=3\n#SBATCH --cpus-per-task=1\n"
-      "#SBATCH --requeue\n#SBATCH --time=20\n"
-      "srun --ntasks=\"$SLURM_TASKS_PER_NODE\" --kill-on-bad-exit=1 "
-      f"{sys.executable} {helpers.TRAIN_APP} --model_dir={run} --mode=train "
-      f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 12},"
-      f"trainer.global_batch_size=12,trainer.epochs={epochs},trainer.steps_per_loop=2,"
-      "trainer.checkpoint_every_steps=10,trainer.export_model=false\n")
+  shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
+  one_node = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=1\n",
+              "#SBATCH --ntasks-per-node=1\n": "#SBATCH --ntasks=3\n",
+              "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
+              "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}
+  for line, replacement in one_node.items():
+    assert line in shipped, line
+    shipped = shipped.replace(line, replacement)
+  script.write_text(shipped)
   out = tmp_path / "job.out"
-  requeue_mid_run_and_wait(script, run, out, "NumTasks=2", "NumCPUs=2")
+  requeue_mid_run_and_wait(
+      script, run, out, "NumTasks=2", "NumCPUs=2",
+      args=[f"--model_dir={run}", "--mode=train",
+            f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 12},"
+            f"trainer.global_batch_size=12,trainer.epochs={epochs},trainer.steps_per_loop=2,"
+            "trainer.checkpoint_every_steps=10,trainer.export_model=false"])
   text = out.read_text()
   assert "worker 2 of 3 (slurm)" in text and "worker 1 of 2 (slurm)" in text, text[-3000:]
   # the chief's start-up line (every worker also logs it, prefixed)
@@ -154,13 +158,14 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
   assert metrics["epoch"].tolist() == list(range(1, epochs + 1)), metrics
   assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
 
-def requeue_mid_run_and_wait(script, run, out, *changes: str) -> None:
+
+def requeue_mid_run_and_wait(script, run, out, *changes: str, args=()) -> None:
   """Submits the job, requeues it (`scontrol requeue`: SIGTERM, then pending again) after its
   first checkpoint, applies `changes` (`scontrol update` fields) while it is pending, starts it
   at once (Slurm holds a requeued job back for 2 minutes; a real preemption waits for nodes
   anyway) and waits for it to finish. The job is cancelled whatever happens."""
   submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
-                              str(script)], capture_output=True, text=True, timeout=60,
+                              str(script), *args], capture_output=True, text=True, timeout=60,
                              env=slurm_env(), cwd=str(helpers.REPO))
   assert submitted.returncode == 0, submitted.stderr
   job_id = submitted.stdout.strip().split(";")[0]
