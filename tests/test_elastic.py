@@ -101,19 +101,21 @@ def test_four_replicas_resume_on_one_with_accumulation_four(uninterrupted, tmp_p
   assert record(model_dir)["gradient_accumulation_steps"] == 4
 
 
-def test_two_replicas_resume_on_four_with_a_smaller_per_replica_batch(uninterrupted, tmp_path):
+def test_two_workers_resume_on_four_replicas_with_a_smaller_per_replica_batch(uninterrupted,
+                                                                             tmp_path):
   """Growing: the recorded per-replica batch (8) x 4 replicas would overshoot the global batch,
-  so the per-replica batch is lowered to fit (4, accumulation 1): the same 16 examples a step."""
+  so the per-replica batch is lowered to fit (4, accumulation 1): the same 16 examples a step.
+  The first leg runs on 2 worker processes (real collectives), the second in one process."""
   model_dir = tmp_path / "run"
-  probe(model_dir, job(2, 6), tmp_path / "first")
+  probe(model_dir, job(2, 6), tmp_path / "first", launcher_workers=2)
   resumed, output = probe(model_dir, job(4, 12), tmp_path / "out")
   lines = re.findall(r"resumed at step .*", output)
-  assert len(lines) == 1 and lines[0].startswith("resumed at step 6 on 4 replicas (was 2): "), \
-      output[-3000:]
+  assert len(lines) == 1 and lines[0].startswith(
+      "resumed at step 6 on 1 worker with 4 replicas (was 2 workers): "), output[-3000:]
   assert lines[0].endswith("accumulation 1 kept, per-replica batch 4, global batch 16 kept")
   assert resumed["info"]["step"] == 12
   assert helpers.max_relative_difference(resumed["final"], uninterrupted["final"]) <= 1e-5
-  assert record(model_dir)["history"] == [{"from_step": 0, "workers": 1, "replicas": 2},
+  assert record(model_dir)["history"] == [{"from_step": 0, "workers": 2, "replicas": 2},
                                           {"from_step": 6, "workers": 1, "replicas": 4}]
 
 
@@ -175,7 +177,7 @@ def test_four_replicas_resume_on_three_workers_with_an_uneven_split(uninterrupte
   resumed, output = probe(model_dir, job(4, 12), tmp_path / "out", launcher_workers=3)
   assert resumed["info"]["step"] == resumed["info"]["iterations"] == 12
   lines = re.findall(r"resumed at step .*", output)
-  assert lines == ["resumed at step 6 on 3 workers (was 1): accumulation 1 → 2, per-replica "
+  assert lines == ["resumed at step 6 on 3 workers (was 1 worker with 4 replicas): accumulation 1 → 2, per-replica "
                    "batch 3 (16 over 3 replicas x 2 accumulation steps: 2 rows of padding per "
                    "step), global batch 16 kept"], output[-3000:]
   assert helpers.max_relative_difference(resumed["final"], uninterrupted["final"]) <= 1e-5

@@ -475,9 +475,13 @@ class BatchSplit:
   def line(self, step: int) -> str:
     """The chief's start-up line for a resume on another group."""
     def group(workers: int, replicas: int, was: bool = False) -> str:
-      if self.workers != self.was_workers:
+      if self.workers == self.was_workers:
+        return str(replicas) if was else f"{replicas} replica{'s' * (replicas != 1)}"
+      if self.replicas == self.workers and self.was_replicas == self.was_workers:
         return str(workers) if was else f"{workers} worker{'s' * (workers != 1)}"
-      return str(replicas) if was else f"{replicas} replica{'s' * (replicas != 1)}"
+      # both changed, and a worker holds several replicas on one side: name both counts
+      return (f"{workers} worker{'s' * (workers != 1)}"
+              + (f" with {replicas} replicas" if replicas != workers else ""))
     where = (f" on {group(self.workers, self.replicas)} "
              f"(was {group(self.was_workers, self.was_replicas, was=True)})"
              if (self.workers, self.replicas) != (self.was_workers, self.was_replicas) else "")
