@@ -69,7 +69,8 @@ def test_tfjob_runs_its_config_as_a_multi_worker_job(stem, config_file, num_work
 def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, num_workers):
   text = (CLUSTER_DIR / f"slurm_{stem}.sbatch").read_text()
   sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
-  tasks = int(sbatch["nodes"]) * int(sbatch["ntasks-per-node"])
+  tasks = int(sbatch["nodes"])  # one task per node: no --ntasks
+  assert "ntasks" not in sbatch and "ntasks-per-node" not in sbatch
   assert tasks == num_workers
   srun = next(line for line in text.splitlines() if line.startswith("srun "))
   args = [a for a in shlex.split(srun)[1:] if a != "$@"]  # "$@": the sbatch arguments

@@ -130,8 +130,7 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
   script = tmp_path / "job.sbatch"
   steps_per_epoch, epochs = 40, 2
   shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
-  one_node = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=1\n",
-              "#SBATCH --ntasks-per-node=1\n": "#SBATCH --ntasks=3\n",
+  one_node = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=1\n#SBATCH --ntasks=3\n",
               "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
               "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}
   for line, replacement in one_node.items():

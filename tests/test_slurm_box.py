@@ -40,11 +40,7 @@ def test_a_requeued_job_that_comes_back_on_fewer_nodes_resumes_with_the_elastic_
   run, folder = tmp_path / "run", tmp_path / "slurm"
   steps_per_epoch, epochs = 30, 2
   shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
-  # Without --ntasks-per-node: with it sbatch sets --ntasks to min nodes x 1 and Slurm gives a
-  # 2-3 node job 2 nodes though 3 are idle (seen: node[1-2], SLURM_TASKS_PER_NODE=1(x2)).
-  # Without it each node gets one task, as many nodes as are free.
   small = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=2-3\n",
-           "#SBATCH --ntasks-per-node=1\n": "",
            "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
            "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}
   for line, replacement in small.items():
