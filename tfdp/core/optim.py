@@ -72,7 +72,7 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
   ema_decay > 0 keeps Keras's moving average of the weights in the optimizer, so checkpoints
   carry it. (Its `ema_overwrite_frequency`, a lookahead, fails under MirroredStrategy: a
-  merge_call inside a cond.)"""
+  merge_call inside a cond; tfdp's own is `Lookahead` below.)"""
   wd = opt.weight_decay or None
   ema = {"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}
   if opt.name == "sgd":
