@@ -103,6 +103,10 @@ def validate(config: ExperimentConfig) -> None:
   if task.eval_flip and not tasks.task_class(task.name).supports_eval_flip:
     raise ConfigError(f"config key 'task.eval_flip' is true, but task '{task.name}' has no images "
                       "to mirror; set task.eval_flip=false.")
+  check_positive("task.eval_translate", task.eval_translate, allow_zero=True)
+  if task.eval_translate and not tasks.task_class(task.name).supports_eval_flip:
+    raise ConfigError(f"config key 'task.eval_translate' is {task.eval_translate}, but task "
+                      f"'{task.name}' has no images to shift; set task.eval_translate=0.")
   tasks.task_class(task.name).validate(task)
   _validate_data("task.train_data.", task.train_data)
   _validate_data("task.eval_data.", task.eval_data)
@@ -123,7 +127,17 @@ def validate(config: ExperimentConfig) -> None:
   if not 0.0 <= trainer.ema_decay < 1.0:
     raise ConfigError(f"config key 'trainer.ema_decay' is {trainer.ema_decay}; it must be in "
                       "[0, 1), e.g. 0.99 (0 turns the average off).")
+  check_positive("trainer.lookahead_every_steps", trainer.lookahead_every_steps, allow_zero=True)
+  if not 0.0 < trainer.lookahead_decay <= 1.0:
+    raise ConfigError(f"config key 'trainer.lookahead_decay' is {trainer.lookahead_decay}; it "
+                      "must be in (0, 1], e.g. 0.95.")
   check_choice("trainer.optimizer.name", trainer.optimizer.name, OPTIMIZERS)
+  multiplier = trainer.optimizer.norm_bias_lr_multiplier
+  check_positive("trainer.optimizer.norm_bias_lr_multiplier", multiplier)
+  if multiplier != 1.0 and trainer.optimizer.name != "sgd":
+    raise ConfigError(f"config key 'trainer.optimizer.norm_bias_lr_multiplier' is {multiplier}, "
+                      f"but {trainer.optimizer.name} adapts its step to the gradient's scale; "
+                      "use trainer.optimizer.name=sgd or set it to 1.")
   check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
   for key in ("momentum", "beta_1", "beta_2"):
     if not 0.0 <= getattr(trainer.optimizer, key) < 1.0:

@@ -96,6 +96,9 @@ class TaskConfig:
   label_smoothing: float = 0.0
   eval_flip: bool = False  # image classification: evaluate on the mean logits of each image and
   # its mirror image (test-time augmentation)
+  eval_translate: int = 0  # >0: image classification also evaluates each image shifted this many
+  # pixels up-left and down-right (reflect-padded); logits = 1/2 the unshifted views' + 1/4 each
+  # shifted one's (airbench's tta_level 2 with eval_flip and 1); 0: off
   text: TextConfig = dataclasses.field(default_factory=TextConfig)
   recommender: RecommenderConfig = dataclasses.field(default_factory=RecommenderConfig)
   init_checkpoint: str = ""  # warm start: a run's model_dir (or checkpoint prefix) to take the
@@ -111,6 +114,9 @@ class OptimizerConfig:
   beta_1: float = 0.9
   beta_2: float = 0.999
   epsilon: float = 1e-7  # adam/adamw/lamb (BERT uses 1e-6)
+  norm_bias_lr_multiplier: float = 1.0  # sgd: BatchNormalization's beta learns at this multiple
+  # of the learning rate (airbench: 64); its gradient is scaled before the update, exact for
+  # SGD's momentum and Nesterov; the decoupled weight decay (which skips biases) is unchanged
 
 
 @dataclasses.dataclass
@@ -146,6 +152,10 @@ class TrainerConfig:
   # frozen, across replicas and workers (PreciseBN); 0 keeps the moving averages
   ema_decay: float = 0.0  # >0: evaluate and export an exponential moving average of the weights
   # (Keras's optimizer EMA; the checkpoint carries it); 0: the weights themselves
+  lookahead_every_steps: int = 0  # >0: lookahead (Zhang et al. 2019; airbench: 5): every k steps
+  # slow += (1 - d) * (weights - slow), then weights = slow, with d = lookahead_decay ** k *
+  # (step / total_steps) ** 3; after the last step the weights are the slow ones. 0: off
+  lookahead_decay: float = 0.95  # per step; see lookahead_every_steps
   stop_on_nan: bool = True  # a non-finite loss or metric stops the run, keeping the last good
   # checkpoint (no weights are saved after it)
   seed: int = 42

@@ -72,7 +72,7 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
   ema_decay > 0 keeps Keras's moving average of the weights in the optimizer, so checkpoints
   carry it. (Its `ema_overwrite_frequency`, a lookahead, fails under MirroredStrategy: a
-  merge_call inside a cond.)"""
+  merge_call inside a cond; tfdp's own is `Lookahead` below.)"""
   wd = opt.weight_decay or None
   ema = {"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}
   if opt.name == "sgd":
@@ -108,3 +108,44 @@ def adopt_optimizer(optimizer, model):
   optimizer.build(model.trainable_variables)
   compat.skip_optimizer_all_reduce(optimizer)
   return optimizer
+
+
+class Lookahead(tf.Module):
+  """airbench's lookahead (Zhang et al. 2019): slow copies of the trainable weights; after every
+  `every` steps, slow += (1 - d) * (weights - slow) and the weights restart from slow, with
+  d = decay ** every * (step / total_steps) ** 3 (airbench: 0.95 ** 5 * progress ** 3), and after
+  the last step the weights are the slow ones. Runs in cross-replica context (the train loop's
+  body, outside strategy.run): every copy of a mirrored weight is equal on every replica and
+  worker, so each assigns the same values with no collective (Keras's ema_overwrite_frequency
+  needs a merge_call inside a cond, which MirroredStrategy refuses). Make inside
+  strategy.scope(); the checkpoint carries `slow`."""
+
+  def __init__(self, weights, every: int, decay: float, total_steps: int):
+    super().__init__(name="lookahead")
+    self.weights = list(weights)
+    self.every, self.decay, self.total_steps = int(every), float(decay), max(int(total_steps), 1)
+    self.slow = [tf.Variable(tf.identity(w.value), trainable=False, name="slow")
+                 for w in self.weights]
+
+  def start(self, step) -> None:
+    """At step 0 the slow weights are the weights (after any warm start); later, a checkpoint's."""
+    def copy():
+      for slow, weight in zip(self.slow, self.weights):
+        slow.assign(weight.value)
+      return tf.constant(0)
+    tf.cond(tf.equal(step, 0), copy, lambda: tf.constant(0))
+
+  def after_step(self, step) -> None:
+    """`step`: the global step just taken (1 after the first)."""
+    step = tf.cast(step, tf.int64)
+    sync = tf.equal(step % self.every, 0)
+    last = step >= self.total_steps
+
+    def update():
+      progress = tf.cast(step, tf.float32) / float(self.total_steps)
+      decay = tf.where(sync, self.decay ** self.every * progress ** 3, 1.0)
+      for slow, weight in zip(self.slow, self.weights):
+        slow.assign_add((1.0 - decay) * (weight.value - slow))
+        weight.assign(slow)
+      return tf.constant(0)
+    tf.cond(tf.logical_or(sync, last), update, lambda: tf.constant(0))

@@ -135,8 +135,20 @@ class Trainer:
       # (keras-team/keras#20878), but checkpoints, resume and the data position must.
       self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self._lookahead = (optim.Lookahead(self.model.trainable_variables,
+                                         trainer.lookahead_every_steps, trainer.lookahead_decay,
+                                         self.total_steps)
+                         if trainer.lookahead_every_steps else None)
+    # Per trainable variable: the factor its gradient is scaled by before the update (an exact
+    # learning-rate multiplier for SGD), or None.
+    multiplier = trainer.optimizer.norm_bias_lr_multiplier
+    betas = ({id(layer.beta) for layer in self.batchnorm_layers() if layer.center}
+             if multiplier != 1.0 and own_optimizer is None else set())
+    self._gradient_multipliers = [multiplier if id(v) in betas else None
+                                  for v in self.model.trainable_variables]
+    extra = {"lookahead": self._lookahead} if self._lookahead is not None else {}
     self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                          step=self._step)
+                                          step=self._step, **extra)
     # A non-chief's copies are never read: it keeps none (see save) beyond the one being written.
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, write_plan.checkpoint_dir,
@@ -209,6 +221,8 @@ class Trainer:
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
         clip = clip * tf.cast(self.optimizer.dynamic_scale, tf.float32)  # grads are still scaled
       grads, _ = tf.clip_by_global_norm(grads, clip)
+    grads = [g if m is None or g is None else g * m
+             for g, m in zip(grads, self._gradient_multipliers)]
     # Variables the loss does not reach (BertMaskedLM's unused pooler) have no gradient.
     self.optimizer.apply_gradients(
         [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None])
@@ -227,6 +241,9 @@ class Trainer:
     def train_loop(iterator, num_steps):
       totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
       taken = tf.constant(0, tf.int64)
+      if self._lookahead is not None:
+        with strategy.scope():
+          self._lookahead.start(self._step)
       for _ in tf.range(num_steps):
         batches = tuple(next(iterator) for _ in range(self.accumulation_steps))
         # Read every step (the signal thread sets it while this runs): a stop is agreed after
@@ -234,6 +251,9 @@ class Trainer:
         flag = self._stop_flag.read_value()
         totals = strategy.run(self._train_step_with_flag, args=(batches, totals, flag))
         taken += 1
+        if self._lookahead is not None:  # cross-replica context: every copy alike
+          with strategy.scope():
+            self._lookahead.after_step(self._step + taken)
         if strategy.experimental_local_results(totals)[0][-1] > 0:
           break  # the same sum on every replica and worker: all leave after this step
       self._step.assign_add(taken)

@@ -1,7 +1,8 @@
 """Image classification: images → one of num_classes, cross-entropy on logits, accuracy.
 
 The default workload (CIFAR-10): per-example normalization and stateless augmentation, models
-from the vision registry (`task.model.name`), mirror test-time augmentation (`task.eval_flip`).
+from the vision registry (`task.model.name`), mirror and translate test-time augmentation
+(`task.eval_flip`, `task.eval_translate`).
 """
 from __future__ import annotations
 
@@ -80,6 +81,10 @@ class ImageClassificationTask(tasks.Task):
 
   def build_model(self, source):
     model = self.config.model
+    shift, shape = self.config.eval_translate, source.image_shape
+    if shift and shape and shift >= min(shape[0], shape[1]):  # reflect padding needs shift < side
+      raise ConfigError(f"config key 'task.eval_translate' is {shift}, but the images are "
+                        f"{shape[0]}x{shape[1]}; use fewer pixels than a side, e.g. 1.")
     kwargs = dict(model.kwargs)
     if models.takes_sample_images(model.name):
       kwargs["sample_images"] = (models.RESTORED if self.restoring
@@ -99,13 +104,26 @@ class ImageClassificationTask(tasks.Task):
     return batch["image"]
 
   def eval_outputs(self, model, batch):
-    if not self.config.eval_flip:
+    flip, shift = self.config.eval_flip, self.config.eval_translate
+    if not (flip or shift):
       return super().eval_outputs(model, batch)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    def views(image):  # the image's logits, or their mean with its mirror's
+      logits = tf.cast(model(image, training=False), tf.float32)
+      if not flip:
+        return logits
+      mirrored = tf.reverse(image, axis=[2])  # [batch, height, width, channels]: width
+      return (logits + tf.cast(model(mirrored, training=False), tf.float32)) / 2.0
     image = self.model_inputs(batch)
-    mirrored = tf.reverse(image, axis=[2])  # [batch, height, width, channels]: width
-    return (tf.cast(model(image, training=False), tf.float32)
-            + tf.cast(model(mirrored, training=False), tf.float32)) / 2.0
+    if not shift:
+      return views(image)
+    # airbench's tta_level 2: half the unshifted views, a quarter each shift's.
+    height, width = tf.shape(image)[1], tf.shape(image)[2]
+    padded = tf.pad(image, [[0, 0], [shift, shift], [shift, shift], [0, 0]], mode="REFLECT")
+    up_left = padded[:, :height, :width]
+    down_right = padded[:, 2 * shift:, 2 * shift:]
+    return 0.5 * views(image) + 0.25 * (views(up_left) + views(down_right))
 
   def per_example_loss(self, batch, outputs):
     import keras  # pylint: disable=g-import-not-at-top

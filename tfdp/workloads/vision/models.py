@@ -137,14 +137,28 @@ def patch_whitening_kernel(images, patch_size: int = 2, eps: float = 5e-4):
   return kernel.reshape(patch_size, patch_size, channels, -1).astype(np.float32)
 
 
+def dirac_kernel(kernel):
+  """A conv kernel [k, k, in, out] whose first min(in, out) filters pass their own input channel
+  through unchanged (a 1 at the centre) and see no other; the rest as given (PyTorch's dirac_
+  on airbench's w[:in_channels])."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  kernel = np.array(kernel)
+  size, channels = kernel.shape[0], min(kernel.shape[2], kernel.shape[3])
+  kernel[:, :, :, :channels] = 0.0
+  kernel[size // 2, size // 2, np.arange(channels), np.arange(channels)] = 1.0
+  return kernel
+
+
 @register_model("airbench")
 def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum=0.4,
-             logit_scale=1 / 9, whiten=True, sample_images=None):
+             logit_scale=1 / 9, whiten=True, dirac_init=False, sample_images=None):
   """The fast CIFAR-10 net of airbench (Keller Jordan 2024): a 2x2 stem, three groups of
   conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. The stem is fixed to
   whiten 2x2 patches of `sample_images` (patch_whitening_kernel; its bias still learns) when
-  `whiten` and images are given, else learned. Differences from airbench: BatchNorm keeps a
-  learned scale; no lookahead, bias learning-rate scaling or Dirac initialization."""
+  `whiten` and images are given, else learned. `dirac_init`: each 3x3 conv's first filters (one
+  per input channel) start as the identity, as airbench's do. Differences from airbench:
+  BatchNorm keeps a learned scale; lookahead and the BatchNorm-bias learning-rate multiplier are
+  the trainer's (trainer.lookahead_every_steps, trainer.optimizer.norm_bias_lr_multiplier)."""
   import keras  # pylint: disable=g-import-not-at-top
   from keras import layers  # pylint: disable=g-import-not-at-top
   if len(widths) != 3:
@@ -154,7 +168,11 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
     return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12)(x)
 
   def conv(x, filters):
-    return layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+    layer = layers.Conv2D(filters, 3, padding="same", use_bias=False)
+    y = layer(x)
+    if dirac_init:
+      layer.kernel.assign(dirac_kernel(layer.kernel))
+    return y
 
   stem_width = 2 * 2 * 2 * input_shape[-1]  # every 2x2 patch direction, and its negative
   stem = layers.Conv2D(stem_width, 2, padding="valid")

@@ -1,0 +1,70 @@
+"""What each airbench piece ported to tfdp adds, at a fixed number of epochs (accuracy does not
+depend on the machine's load; time does): configs/cifar10_airbench.yaml at a narrower width and
+fewer epochs, baseline, + each piece, all; translate test-time augmentation is evaluated on the
+baseline's and on all's final checkpoints (--mode=eval), no training of its own.
+
+  nice -n 10 python benchmarks/airbench_ablation.py --out=/tmp/ablation [--epochs=3]
+      [--widths=32,64,128] [--seed=42] [--only=baseline,lookahead]
+
+Prints and appends to OUT/results.jsonl one JSON line per run: name, eval accuracy, seconds.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIECES = {
+    "baseline": "",
+    "lookahead": "trainer.lookahead_every_steps=5",
+    "bias64": "trainer.optimizer.norm_bias_lr_multiplier=64",
+    "dirac": "task.model.kwargs.dirac_init=true",
+}
+PIECES["all"] = ",".join(v for v in PIECES.values() if v)
+
+
+def train(out, name, common, extra, mode="train_and_eval"):
+  overrides = ",".join(x for x in (common, extra) if x)
+  cmd = [sys.executable, os.path.join(REPO, "apps", "train.py"),
+         f"--config_file={os.path.join(REPO, 'configs', 'cifar10_airbench.yaml')}",
+         f"--model_dir={os.path.join(out, name.split('+')[0])}", f"--mode={mode}",
+         f"--params_override={overrides}"]
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+  done = [l for l in proc.stderr.splitlines() + proc.stdout.splitlines() if "done:" in l]
+  if proc.returncode or not done:
+    raise SystemExit(f"{name} failed: {proc.stderr[-2000:]}")
+  accuracy = float(re.search(r"eval_accuracy=([\d.]+)", done[-1]).group(1))
+  row = {"name": name, "eval_accuracy": accuracy, "seconds": round(time.time() - start, 1),
+         "mode": mode, "overrides": overrides}
+  print(json.dumps(row), flush=True)
+  with open(os.path.join(out, "results.jsonl"), "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--epochs", type=int, default=3)
+  parser.add_argument("--widths", default="32,64,128")
+  parser.add_argument("--seed", type=int, default=42)
+  parser.add_argument("--only", default=",".join(PIECES))
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  # airbench.yaml's 2.5 warmup epochs of 11, kept as a fraction of the run.
+  common = ",".join([f"task.model.kwargs.widths=[{args.widths}]", f"trainer.epochs={args.epochs}",
+                     f"trainer.eval_every_epochs={args.epochs}", f"trainer.seed={args.seed}",
+                     f"trainer.learning_rate.warmup_epochs={2.5 * args.epochs / 11:.3f}",
+                     "trainer.export_model=false", "runtime.watchdog_seconds=0"])
+  for name in args.only.split(","):
+    train(args.out, name, common, PIECES[name])
+    if name in ("baseline", "all"):  # the same checkpoint, evaluated with translate TTA too
+      train(args.out, name + "+translate", common, f"{PIECES[name]},task.eval_translate=1".strip(","),
+            mode="eval")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,204 @@
+"""airbench's pieces ported to tfdp (configs/cifar10_airbench.yaml): lookahead, the BatchNorm-bias
+learning-rate multiplier, Dirac initialization, translate test-time augmentation. Each is
+checked against a reference written here from airbench's definition."""
+import shutil
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import helpers  # pylint: disable=wrong-import-position
+from test_multi_worker import EQUIVALENCE, probe_in_one_process, probe_two_workers  # pylint: disable=wrong-import-position
+from tfdp import config as config_lib  # pylint: disable=wrong-import-position
+from tfdp.core import data as data_lib  # pylint: disable=wrong-import-position
+from tfdp.core import experiment  # pylint: disable=wrong-import-position
+from tfdp.core import task as tasks  # pylint: disable=wrong-import-position
+from tfdp.errors import ConfigError  # pylint: disable=wrong-import-position
+
+
+@tasks.register_task("bn_regression")
+class BatchNormRegression(tasks.Task):
+  """y = x·w on a Dense-BatchNorm-Dense model: a BatchNorm beta for the multiplier to act on."""
+
+  metric_names = ("loss",)
+
+  def build_source(self, data):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(data.num_examples, 3)).astype(np.float32)
+    y = (x @ np.array([1.5, -2.0, 0.5], np.float32)).astype(np.float32)
+    return data_lib.Source([len(y)], lambda files: tf.data.Dataset.from_tensor_slices(
+        {"x": x, "y": y}), "toy", info={})
+
+  def preprocess(self, example, data, training, seed):
+    return {"x": example["x"], "y": example["y"]}
+
+  def build_model(self, source):
+    import keras  # pylint: disable=g-import-not-at-top
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, use_bias=False),
+                             keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(1)])
+
+  def model_inputs(self, batch):
+    return batch["x"]
+
+  def per_example_loss(self, batch, outputs):
+    return tf.square(outputs[:, 0] - batch["y"])
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    return {"loss": (tf.reduce_sum(per_example_loss * batch["weight"]), tf.reduce_sum(batch["weight"]))}
+
+
+BATCH, EXAMPLES, EPOCHS = 16, 64, 4  # 16 steps, in loops of 3: syncs cross the loop boundaries
+TOY = (f"task.name=bn_regression,task.train_data.num_examples={EXAMPLES},"
+       f"task.train_data.shuffle=false,trainer.global_batch_size={BATCH},trainer.epochs={EPOCHS},"
+       "trainer.steps_per_loop=3,trainer.optimizer.weight_decay=0.01,"
+       "trainer.learning_rate.base_lr=0.05,trainer.learning_rate.base_batch_size=16,"
+       "runtime.strategy=default,trainer.export_model=false")
+
+
+def reference_training(model, initial, schedule, config):
+  """The same steps in plain Keras: SGD with beta's learning rate times the multiplier (its own
+  optimizer), and airbench's lookahead loop written out."""
+  import keras  # pylint: disable=g-import-not-at-top
+  trainer, opt = config.trainer, config.trainer.optimizer
+  model.set_weights(initial)
+  variables = model.trainable_variables
+  betas = [v for v in variables if "beta" in v.path]
+  rest = [v for v in variables if "beta" not in v.path]
+
+  class Scaled(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+      return opt.norm_bias_lr_multiplier * schedule(step)
+  beta_sgd = keras.optimizers.SGD(Scaled(), momentum=opt.momentum, nesterov=opt.nesterov)
+  rest_sgd = keras.optimizers.SGD(schedule, momentum=opt.momentum, nesterov=opt.nesterov,
+                                  weight_decay=opt.weight_decay)
+  rest_sgd.exclude_from_weight_decay(var_list=[v for v in rest if len(v.shape) <= 1])
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(EXAMPLES, 3)).astype(np.float32)
+  y = x @ np.array([1.5, -2.0, 0.5], np.float32)
+  total = EPOCHS * EXAMPLES // BATCH
+  slow = [np.asarray(v) for v in variables]
+  for step in range(1, total + 1):
+    start = (step - 1) * BATCH % EXAMPLES
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x[start:start + BATCH], training=True)[:, 0]
+                                      - y[start:start + BATCH]))
+    grads = dict(zip((id(v) for v in variables), tape.gradient(loss, variables)))
+    beta_sgd.apply_gradients([(grads[id(v)], v) for v in betas])
+    rest_sgd.apply_gradients([(grads[id(v)], v) for v in rest])
+    every = trainer.lookahead_every_steps
+    if every and step % every == 0:
+      decay = trainer.lookahead_decay ** every * (step / total) ** 3
+      slow = [s + (1 - decay) * (np.asarray(v) - s) for s, v in zip(slow, variables)]
+      for v, s in zip(variables, slow):
+        v.assign(s)
+    if every and step == total:
+      for v, s in zip(variables, slow):
+        v.assign(s)
+  return [np.asarray(v) for v in model.weights]
+
+
+def max_difference(a, b) -> float:
+  """max over variables (in model order) of max|a - b| / max|b|."""
+  return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-12)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("piece", ["trainer.lookahead_every_steps=5",
+                                   "trainer.optimizer.norm_bias_lr_multiplier=8"])
+def test_lookahead_and_the_batchnorm_bias_multiplier_follow_their_definitions(tmp_path, piece):
+  """tfdp's loop against plain Keras steps: the multiplier is exactly beta's learning rate times
+  8 under Nesterov momentum and a changing (cosine) rate, weight decay unchanged; lookahead is
+  airbench's rule, the final weights the slow ones."""
+  import keras  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [f"{TOY},{piece}"])
+  exp = experiment.build(config, str(tmp_path), "train", verbose=False)
+  model = exp.trainer.model
+  initial = [np.asarray(v) for v in model.weights]
+  exp.run()
+  trained = [np.asarray(v) for v in model.weights]
+  expected = reference_training(keras.models.clone_model(model), initial,
+                                exp.trainer.schedule, config)
+  assert max_difference(trained, expected) <= 1e-5
+  plain = reference_training(keras.models.clone_model(model), initial, exp.trainer.schedule,
+                             config_lib.load_config([], [TOY]))
+  assert max_difference(trained, plain) > 1e-3  # the piece changes training
+
+
+LOOKAHEAD = (f"{EQUIVALENCE},trainer.epochs=2,trainer.lookahead_every_steps=5,"
+             "trainer.checkpoint_every_steps=7,trainer.max_checkpoints=20")
+
+
+def test_lookahead_resumed_mid_run_and_on_two_workers_equals_one_uninterrupted_run(tmp_path):
+  """2 epochs of 21 steps on 2 replicas, a checkpoint every 7: resuming from step 14 (slow and
+  fast weights apart: the last sync was at step 10) ends where the uninterrupted run ends, and
+  two workers end there too, bitwise alike."""
+  whole = probe_in_one_process(tmp_path, LOOKAHEAD)
+  assert whole["info"]["step"] == 42
+  run = tmp_path / "run_one" / "checkpoints"
+  resumed_dir = tmp_path / "resumed"
+  shutil.copytree(tmp_path / "run_one", resumed_dir)
+  for path in (resumed_dir / "checkpoints").glob("ckpt-*"):
+    if int(path.name.split(".")[0].split("-")[1]) > 14:
+      path.unlink()
+  (resumed_dir / "checkpoints" / "checkpoint").write_text(
+      'model_checkpoint_path: "ckpt-14"\nall_model_checkpoint_paths: "ckpt-14"\n')
+  assert (run / "ckpt-42.index").exists()
+  resumed = helpers.run_probe(tmp_path, "resumed", LOOKAHEAD)
+  assert resumed["info"]["step"] == 42
+  assert helpers.max_relative_difference(resumed["final"], whole["final"]) <= 1e-5
+  w0, w1, _ = probe_two_workers(tmp_path, LOOKAHEAD)
+  assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
+  assert helpers.max_relative_difference(w0["final"], whole["final"]) <= 1e-5
+
+
+def test_dirac_initialization_passes_each_input_channel_through():
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  for dirac in (True, False):
+    model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 16), dirac_init=dirac)
+    convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)
+             and l.kernel_size == (3, 3)]
+    assert len(convs) == 6
+    for conv in convs:
+      channels = conv.input.shape[-1]
+      x = tf.random.stateless_normal((2, 6, 6, channels), seed=(3, 4))
+      y = np.asarray(conv(x))
+      shared = min(channels, conv.filters)
+      assert np.allclose(y[..., :shared], np.asarray(x)[..., :shared], atol=1e-6) == dirac
+      assert np.std(y[..., shared:]) > 0 if shared < conv.filters else True  # the rest random
+
+
+def test_translate_tta_weights_airbench_views_and_bad_values_are_one_line_errors():
+  import keras  # pylint: disable=g-import-not-at-top
+  images = tf.random.stateless_uniform((3, 5, 6, 2), seed=(1, 2))
+  model = keras.Sequential([keras.Input((5, 6, 2)), keras.layers.Flatten(), keras.layers.Dense(3)])
+  logits = lambda x: np.asarray(model(np.ascontiguousarray(x)), np.float64)
+
+  def task(**overrides):
+    config = config_lib.load_config([], [",".join(f"task.{k}={v}" for k, v in overrides.items())])
+    return tasks.make_task(config.task)
+  padded = np.pad(images.numpy(), [(0, 0), (1, 1), (1, 1), (0, 0)], mode="reflect")
+  shifted = (padded[:, :5, :6], padded[:, 2:, 2:])  # airbench: [0:32, 0:32] and [2:34, 2:34]
+  mirror = lambda x: (logits(x) + logits(x[:, :, ::-1])) / 2
+  expected = 0.5 * mirror(images.numpy()) + 0.25 * (mirror(shifted[0]) + mirror(shifted[1]))
+  both = task(eval_flip="true", eval_translate=1).eval_outputs(model, {"image": images})
+  np.testing.assert_allclose(both, expected, rtol=1e-5, atol=1e-6)
+  alone = task(eval_translate=1).eval_outputs(model, {"image": images})
+  np.testing.assert_allclose(alone, 0.5 * logits(images) + 0.25 * (logits(shifted[0])
+                                                                  + logits(shifted[1])),
+                             rtol=1e-5, atol=1e-6)
+  assert not np.allclose(both, mirror(images.numpy()), atol=1e-4)  # the shifts count
+  source = data_lib.Source([4], None, "images", num_classes=3, image_shape=(5, 6, 2))
+  with pytest.raises(ConfigError, match=r"'task.eval_translate' is 5, but the images are 5x6; "
+                                        r"use fewer pixels than a side"):
+    task(eval_translate=5).build_model(source)  # before training: reflect padding would fail
+  for override, words in (("task.eval_translate=-1", ["task.eval_translate", ">= 0"]),
+                          ("task.name=masked_lm,task.eval_translate=1", ["eval_translate=0"]),
+                          ("trainer.lookahead_decay=0", ["trainer.lookahead_decay", "(0, 1]"]),
+                          ("trainer.lookahead_every_steps=-5", ["lookahead_every_steps"]),
+                          ("trainer.optimizer.name=adam,trainer.optimizer.norm_bias_lr_multiplier=64",
+                           ["norm_bias_lr_multiplier", "name=sgd"])):
+    with pytest.raises(ConfigError) as error:
+      config_lib.load_config([], [override])
+    message = str(error.value)
+    assert "\n" not in message and all(w in message for w in words), message
