@@ -246,3 +246,19 @@ def test_results_written_before_a_column_existed_still_draw():
   assert "mfu" not in frame.columns  # the case this test is about
   fig = bench.figure("throughput", frame)
   assert len(fig.axes) >= 3
+
+
+def test_the_keras_tta_runs_leave_out_what_model_fit_cannot_do():
+  """keras_recipe is tfdp's recipe without what tfdp adds: a config that turns on lookahead, the
+  BatchNorm-bias multiplier and translate evaluation gets them back off for both Keras runs."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.bench import tta  # pylint: disable=g-import-not-at-top
+  on = ["trainer.lookahead_every_steps=5,trainer.optimizer.norm_bias_lr_multiplier=64,"
+        "task.eval_translate=1"]
+  files = [str(helpers.REPO / "configs" / "cifar10_airbench.yaml")]
+  tfdp_run = config_lib.load_config(files, on + tta.run_overrides("tfdp"))
+  assert tfdp_run.trainer.lookahead_every_steps == 5
+  for run in ("keras_recipe", "keras_tutorial"):
+    config = config_lib.load_config(files, on + tta.run_overrides(run))
+    assert (config.trainer.lookahead_every_steps, config.trainer.optimizer.norm_bias_lr_multiplier,
+            config.task.eval_translate, config.task.eval_flip) == (0, 1.0, 0, False), run

@@ -10,7 +10,8 @@ model builder and seed, the input plans and the learning-rate schedule. Only the
                   smoothing included), tfdp's training and eval batches (augmentation,
                   normalization, global batch) and precision; Keras' defaults otherwise (one
                   step per call). Not what tfdp adds to evaluation: no weight average
-                  (trainer.ema_decay), mirror test-time augmentation or PreciseBN
+                  (trainer.ema_decay), mirror/translate test-time augmentation or PreciseBN;
+                  nor lookahead or the BatchNorm-bias lr multiplier
   keras_tutorial  `model.fit` as the Keras tutorials do: Adam(1e-3), batch 32, no augmentation,
                   SparseCategoricalCrossentropy(from_logits=True), float32 (the same model
                   builder and tfdp's normalization, so only the recipe differs)
@@ -42,7 +43,10 @@ def run_overrides(run: str) -> list[str]:
   one_device = ["runtime.strategy=default", "runtime.cpu_replicas=0", "runtime.devices=[]",
                 "trainer.gradient_accumulation_steps=1",  # model.fit takes the whole batch
                 # what tfdp adds to evaluation, which model.fit does not have:
-                "trainer.ema_decay=0", "task.eval_flip=false", "trainer.precise_bn_batches=0"]
+                "trainer.ema_decay=0", "task.eval_flip=false", "task.eval_translate=0",
+                "trainer.precise_bn_batches=0",
+                # and to the update, which a Keras optimizer in model.fit does not do:
+                "trainer.lookahead_every_steps=0", "trainer.optimizer.norm_bias_lr_multiplier=1"]
   if run == "keras_recipe":
     return every_epoch + one_device
   if run == "keras_tutorial":

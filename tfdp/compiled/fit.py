@@ -88,13 +88,14 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
   config.task.train_data.shuffle = bool(shuffle) and inputs.from_arrays
   if inputs.from_arrays and not config.task.train_data.shuffle_buffer:
     config.task.train_data.shuffle_buffer = inputs.train.num_examples  # Keras shuffles it all
-  config.task.eval_flip, config.task.label_smoothing = False, 0.0
+  config.task.eval_flip, config.task.eval_translate, config.task.label_smoothing = False, 0, 0.0
   trainer = config.trainer
   trainer.epochs, trainer.global_batch_size = epochs, inputs.global_batch
   trainer.eval_batch_size = inputs.global_batch
   # The compiled optimizer is the recipe: none of the config's schedule, decay, clip or EMA.
   trainer.learning_rate = config_lib.LearningRateConfig(schedule="constant")
   trainer.gradient_clip_norm, trainer.ema_decay, trainer.precise_bn_batches = 0.0, 0.0, 0
+  trainer.lookahead_every_steps, trainer.optimizer.norm_bias_lr_multiplier = 0, 1.0
   config.runtime.mixed_precision = precision
   config_lib.validate(config)
   return config
