@@ -47,6 +47,18 @@ SYNTHETIC = ",".join([
 ])
 
 
+def shipped_template(nodes_line: str) -> str:
+  """configs/cluster/slurm_cifar10_quick.sbatch with its node line replaced, 1 CPU a task and
+  20 minutes: what this machine's Slurm can run."""
+  shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
+  for line, replacement in {"#SBATCH --nodes=2\n": nodes_line,
+                            "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
+                            "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}.items():
+    assert line in shipped, line
+    shipped = shipped.replace(line, replacement)
+  return shipped
+
+
 def slurm_env() -> dict:
   env = helpers.env()
   # Jobs start tfdp-train from this virtualenv and read the repository's configs.
@@ -129,14 +141,7 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
   run = tmp_path / "run"
   script = tmp_path / "job.sbatch"
   steps_per_epoch, epochs = 40, 2
-  shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
-  one_node = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=1\n#SBATCH --ntasks=3\n",
-              "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
-              "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}
-  for line, replacement in one_node.items():
-    assert line in shipped, line
-    shipped = shipped.replace(line, replacement)
-  script.write_text(shipped)
+  script.write_text(shipped_template("#SBATCH --nodes=1\n#SBATCH --ntasks=3\n"))
   out = tmp_path / "job.out"
   requeue_mid_run_and_wait(
       script, run, out, "NumTasks=2", "NumCPUs=2",

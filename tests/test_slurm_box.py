@@ -16,20 +16,12 @@ import helpers
 
 sys.path.insert(0, str(helpers.SCRIPTS))
 import slurm_box  # noqa: E402  pylint: disable=wrong-import-position
+from test_slurm import SYNTHETIC, shipped_template  # noqa: E402  pylint: disable=wrong-import-position
 
 UNAVAILABLE = slurm_box.unavailable()
 pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE)),
               # under `pytest -n 2 --dist loadgroup`: with the other many-process tests
               pytest.mark.xdist_group("many_processes")]
-
-# as tests/test_slurm.py
-SYNTHETIC = ",".join([
-    "task.model.name=small_cnn", "task.model.kwargs.filters=8",
-    "task.train_data.source=synthetic", "task.train_data.image_size=16",
-    "task.train_data.num_classes=4", "task.eval_data.source=synthetic",
-    "task.eval_data.num_examples=96", "task.eval_data.image_size=16",
-    "task.eval_data.num_classes=4", "runtime.intra_op_threads=1", "runtime.inter_op_threads=1",
-])
 
 
 def test_a_requeued_job_that_comes_back_on_fewer_nodes_resumes_with_the_elastic_rules(tmp_path):
@@ -39,15 +31,8 @@ def test_a_requeued_job_that_comes_back_on_fewer_nodes_resumes_with_the_elastic_
   exact, each epoch once, no job or process left."""
   run, folder = tmp_path / "run", tmp_path / "slurm"
   steps_per_epoch, epochs = 30, 2
-  shipped = (helpers.REPO / "configs" / "cluster" / "slurm_cifar10_quick.sbatch").read_text()
-  small = {"#SBATCH --nodes=2\n": "#SBATCH --nodes=2-3\n",
-           "#SBATCH --cpus-per-task=8\n": "#SBATCH --cpus-per-task=1\n",
-           "#SBATCH --time=01:00:00\n": "#SBATCH --time=20\n"}
-  for line, replacement in small.items():
-    assert line in shipped, line
-    shipped = shipped.replace(line, replacement)
   script = tmp_path / "job.sbatch"
-  script.write_text(shipped)
+  script.write_text(shipped_template("#SBATCH --nodes=2-3\n"))
   out = tmp_path / "job.out"  # both runs, the first and the requeued one
   env = helpers.env()
   env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
