@@ -29,6 +29,17 @@ def test_files_layer_in_order_and_overrides_win(tmp_path):
   assert config.trainer.learning_rate.base_lr == config_lib.LearningRateConfig().base_lr
 
 
+def test_a_models_arguments_merge_one_by_one_unless_another_model_is_named(tmp_path):
+  job = write(tmp_path, "job.yaml", {"task": {"model": {"name": "airbench",
+                                                        "kwargs": {"widths": [8, 16, 32]}}}})
+  one_more = config_lib.load_config([job], ["task.model.kwargs.dirac_init=true"])
+  assert one_more.task.model.kwargs == {"widths": [8, 16, 32], "dirac_init": True}
+  same_name = config_lib.load_config([job], ["task.model={name: airbench, kwargs: {whiten: false}}"])
+  assert same_name.task.model.kwargs == {"widths": [8, 16, 32], "whiten": False}
+  other = config_lib.load_config([job], ["task.model={name: small_cnn, kwargs: {filters: 4}}"])
+  assert other.task.model.kwargs == {"filters": 4}  # airbench's widths would not fit small_cnn
+
+
 def test_yaml_and_json_overrides_and_lists():
   config = config_lib.load_config([], ['{"trainer": {"epochs": 3}}',
                                        "trainer.learning_rate.decay_epochs=[1,2],"

@@ -138,12 +138,17 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
 
 
 def deep_merge(base: dict, override: dict) -> dict:
-  """override layered on base: mappings merge key by key, except `kwargs` (a model's arguments
-  fit only that model), which a later layer replaces whole."""
+  """override layered on base: mappings merge key by key. A model's `kwargs` (its arguments fit
+  only that model) are replaced whole by a layer that names another model, and otherwise merge
+  argument by argument (`task.model.kwargs.dirac_init=true` keeps the file's widths)."""
   merged = dict(base)
+  renamed = "name" in override and override["name"] != base.get("name")
   for key, value in override.items():
-    if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "kwargs":
-      merged[key] = deep_merge(merged[key], value)
+    if isinstance(value, dict) and isinstance(merged.get(key), dict):
+      if key != "kwargs":
+        merged[key] = deep_merge(merged[key], value)
+      else:
+        merged[key] = dict(value) if renamed else {**merged[key], **value}
     else:
       merged[key] = value
   return merged
