@@ -128,7 +128,9 @@ class Watchdog:
   ever: its heartbeat beats and the launcher sees neither an exit nor a stopped process. A thread
   times the training loops: one running longer than max(LOOPS × the median loop time,
   runtime.watchdog_seconds) — FIRST_LOOP × watchdog_seconds for a run's first loop, which traces
-  and fills the input pipeline, and is left out of the median — dumps every Python thread's
+  and fills the input pipeline, and is left out of the median; LOOPS × the first loop's time for
+  the second (a slow CPU's loop may be longer than the floor: the default job's 50 steps take
+  ~230 s on the slowest CPU seen) — dumps every Python thread's
   stack to the log and exits with EXIT_CODE, a failure tfdp-launch --max_restarts restarts from
   the last checkpoint. Only the loops are timed: evaluation, checkpoints and export wait on
   runtime.collective_timeout_seconds when it is set (off by default: see its comment)."""
@@ -140,6 +142,7 @@ class Watchdog:
   def __init__(self, seconds: float):
     self.seconds = seconds
     self.loop_seconds = collections.deque(maxlen=50)
+    self.first_loop_seconds = 0.0
     self.loops = 0
     self._deadline = None
     self._done = threading.Event()
@@ -149,8 +152,8 @@ class Watchdog:
   def limit(self) -> float:
     if not self.loops:
       return self.FIRST_LOOP * self.seconds
-    if not self.loop_seconds:
-      return self.seconds
+    if not self.loop_seconds:  # only the first loop so far: its time (with tracing) is the scale
+      return max(self.LOOPS * self.first_loop_seconds, self.seconds)
     return max(self.LOOPS * statistics.median(self.loop_seconds), self.seconds)
 
   def loop_started(self) -> None:
@@ -160,6 +163,8 @@ class Watchdog:
     self._deadline = None
     if self.loops:
       self.loop_seconds.append(seconds)
+    else:
+      self.first_loop_seconds = seconds
     self.loops += 1
 
   def close(self) -> None:
