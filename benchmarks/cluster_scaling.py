@@ -49,6 +49,7 @@ NS = [1, 2, 3, 4]
 FIT_N, HELD_OUT_N = cluster_allreduce.FIT_N, cluster_allreduce.HELD_OUT_N
 PORT = cluster_allreduce.PORT
 WARMUP, STEPS, REPEATS = 2, 4, 3  # per box: 2 untimed steps (tracing), then 3 blocks of 4
+CORES = os.cpu_count() or 1
 PACK = 256 << 10  # the backward variant's packs: tfdp-bench's earlier overlap experiment's size
 
 # name → (config files, model name for tfdp-bench's grid, per-replica batch, extra overrides)
@@ -70,15 +71,16 @@ VARIANTS = {
 def grid(quick: bool) -> list[tuple[str, str, str, int]]:
   """(model, variant, rate, N) in the order they run: every model's compute and baselines before
   any variant, so a run cut short still has the baselines. Variants only at 100 Mbit/s, where
-  the wire dominates; float32 at 1 Gbit/s too."""
+  the wire dominates; float32 at 1 Gbit/s too. 48 boxes, ~70 s each on the shared machine."""
   if quick:
     return [("resnet20", "compute", "", 1), ("resnet20", "fp32", "100mbit", 2)]
   boxes = []
   for model in MODELS:
     boxes += [(model, "compute", "", n) for n in NS]
     boxes += [(model, "fp32", rate, n) for rate in ("100mbit", "1gbit") for n in NS[1:]]
-  for variant in ("bf16", "backward"):
-    boxes += [(model, variant, "100mbit", n) for model in MODELS for n in NS[1:]]
+  # The variants where the gradient is largest first: a run cut short loses ResNet-20's (1 MB).
+  for model in reversed(MODELS):
+    boxes += [(model, variant, "100mbit", n) for variant in ("bf16", "backward") for n in NS[1:]]
   return boxes
 
 
@@ -195,8 +197,20 @@ def predict(compute_ms, allreduce_ms, overlap_ms):
 
 
 def _relative_lstsq(columns, target):
+  """Least squares of sum(coef * column) = target relative to target, every coef >= 0 (a
+  negative latency or fixed cost means nothing): the best of the column subsets whose solution
+  is non-negative; the columns left out get 0."""
+  import itertools  # pylint: disable=g-import-not-at-top
   a = np.stack(columns, axis=1) / target[:, None]
-  return np.linalg.lstsq(a, np.ones(len(target)), rcond=None)[0]
+  best, best_err = np.zeros(len(columns)), np.inf
+  for k in range(1, len(columns) + 1):
+    for subset in itertools.combinations(range(len(columns)), k):
+      coef = np.linalg.lstsq(a[:, subset], np.ones(len(target)), rcond=None)[0]
+      err = float(np.sum((a[:, subset] @ coef - 1) ** 2))
+      if np.all(coef >= 0) and err < best_err:
+        best, best_err = np.zeros(len(columns)), err
+        best[list(subset)] = coef
+  return best
 
 
 def model_table(frame, fits):
@@ -206,6 +220,8 @@ def model_table(frame, fits):
   refit: step - compute = c + 2(N-1)alpha + 2(N-1)/N * S/B per rate, fitted (relative least
          squares) on this script's fp32 and bf16 boxes at N=2,4; c: a step's fixed cost of being
          in a group (its other collectives, the coordination per loop).
+  cores: item4's all-reduce, compute(N) = compute(1) x max(1, N / cores) (a fair share of the
+         cores) instead of the compute boxes.
   overlap: 0 for fp32 and bf16; for backward a fraction f of compute(N), one f for every model
   and rate, chosen on the N=2,4 backward boxes (grid search, least mean relative error)."""
   compute = frame[frame.variant == "compute"].set_index(["model", "n"]).step_ms
@@ -247,7 +263,12 @@ def model_table(frame, fits):
   overlap = ring.overlap_fraction * ring.compute_ms
   ring["pred_item4_ms"] = predict(ring.compute_ms, ring.allreduce_item4_ms, overlap)
   ring["pred_refit_ms"] = predict(ring.compute_ms, ring.allreduce_refit_ms, overlap)
-  for form in ("item4", "refit"):
+  # cores: compute(N) not measured but N processes' fair share of the cores, compute(1) x N/cores
+  ring["compute_cores_ms"] = [compute.get((m, 1), math.nan) * max(1.0, n / CORES)
+                              for m, n in zip(ring.model, ring.n)]
+  ring["pred_cores_ms"] = predict(ring.compute_cores_ms, ring.allreduce_item4_ms,
+                                  ring.overlap_fraction * ring.compute_cores_ms)
+  for form in ("item4", "refit", "cores"):
     ring[f"ape_{form}_pct"] = 100 * (ring[f"pred_{form}_ms"] - ring.step_ms).abs() / ring.step_ms
   single = compute.xs(1, level="n") if (compute.index.get_level_values("n") == 1).any() else {}
   ring["efficiency"] = [single.get(m, math.nan) / s for m, s in zip(ring.model, ring.step_ms)]
@@ -256,7 +277,8 @@ def model_table(frame, fits):
 
 
 def mape_lines(ring) -> list[str]:
-  lines = ["| points | n | MAPE item 4's alpha, B | MAPE refit on N=2,4 |", "|---|---:|---:|---:|"]
+  lines = ["| points | n | MAPE item 4's alpha, B | MAPE refit on N=2,4 | MAPE cores |",
+           "|---|---:|---:|---:|---:|"]
   groups = [("held out (N=3), all", ring.held_out), ("fit N (2, 4), all", ~ring.held_out)]
   groups += [(f"held out, {v}", ring.held_out & (ring.variant == v))
              for v in ("fp32", "bf16", "backward")]
@@ -265,7 +287,7 @@ def mape_lines(ring) -> list[str]:
     g = ring[mask]
     if len(g):
       lines.append(f"| {name} | {len(g)} | {g.ape_item4_pct.mean():.1f}% | "
-                   f"{g.ape_refit_pct.mean():.1f}% |")
+                   f"{g.ape_refit_pct.mean():.1f}% | {g.ape_cores_pct.mean():.1f}% |")
   return lines
 
 
@@ -284,6 +306,25 @@ def step_lines(frame, ring) -> list[str]:
                  f"({r.step_ms_hosts}) | {r.examples_per_sec:.1f} | {eff} | {comp} | {pred} | "
                  + (f"{r.tx_over_ring:.3f}" if r.tx_over_ring == r.tx_over_ring else "—")
                  + f" | {r.load_avg_1m:.1f} |")
+  return lines
+
+
+def pivot_lines(frame, ring) -> list[str]:
+  """Per model and N: compute alone, then each ring variant's step ms (efficiency)."""
+  columns = [("fp32", "1gbit"), ("fp32", "100mbit"), ("bf16", "100mbit"), ("backward", "100mbit")]
+  lines = ["| model | N | compute alone ms | " + " | ".join(f"{v} {r} ms (eff)" for v, r in columns)
+           + " |", "|---|---:|---:|" + "---:|" * len(columns)]
+  for model in dict.fromkeys(frame.model):
+    for n in NS:
+      c = frame[(frame.model == model) & (frame.variant == "compute") & (frame.n == n)]
+      cells = []
+      for variant, rate in columns:
+        g = ring[(ring.model == model) & (ring.variant == variant) & (ring.rate == rate)
+                 & (ring.n == n)]
+        cells.append(f"{g.step_ms.iloc[0]:.0f} ({g.efficiency.iloc[0]:.2f})" if len(g) else "—")
+      held = " (held out)" if n in HELD_OUT_N else ""
+      lines.append(f"| {model} | {n}{held} | " + (f"{c.step_ms.iloc[0]:.0f}" if len(c) else "—")
+                   + " | " + " | ".join(cells) + " |")
   return lines
 
 
@@ -418,7 +459,7 @@ def report(frame, out: str) -> None:
   proj = projection_steps()
   proj.to_csv(os.path.join(out, "scaling_projection.csv"), index=False)
   anchor_rows = anchors()
-  text = ["## steps", *step_lines(frame, ring), "", "## model error", *mape_lines(ring), "",
+  text = ["## steps", *pivot_lines(frame, ring), "", *step_lines(frame, ring), "", "## model error", *mape_lines(ring), "",
           f"backward overlap fraction of compute(N), chosen on N=2,4: "
           f"{ring[ring.variant == 'backward'].overlap_fraction.max() if (ring.variant == 'backward').any() else float('nan'):.2f}",
           "", "refit per rate: " + "; ".join(
