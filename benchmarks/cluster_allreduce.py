@@ -82,13 +82,7 @@ def run_box(n: int, rate: str, sizes: list[int], dtype: str) -> dict:
   start = time.perf_counter()
   result = cluster_box.Box(hosts).run(timeout=300)
   wall = time.perf_counter() - start
-  outs = []
-  for k, host in enumerate(result["hosts"]):
-    lines = [l for l in host["log"].splitlines() if l.startswith(processes.RESULT_PREFIX)]
-    if host["returncode"] != 0 or not lines:
-      raise RuntimeError(f"N={n} rate={rate_name(rate)} sizes={sizes} host {k} failed "
-                         f"(exit {host['returncode']}): {host['log'][-2000:]}")
-    outs.append(json.loads(lines[-1][len(processes.RESULT_PREFIX):]))
+  outs = cluster_box.cell_results(result, f"N={n} rate={rate_name(rate)} sizes={sizes}")
   return {"cells": outs, "tx": [h["tx_bytes"] for h in result["hosts"]],
           "rx": [h["rx_bytes"] for h in result["hosts"]], "wall_s": wall}
 

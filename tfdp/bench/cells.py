@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import statistics
 import time
@@ -60,6 +61,19 @@ def _run_loops(trainer, iterator, num_steps: int) -> None:
     num_steps -= per_call
 
 
+def _wait_for_peers(folder: str, count: int, timeout: float = 600.0) -> None:
+  """A file barrier: this process's file in `folder`, then wait until `count` are there."""
+  import uuid  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(folder, uuid.uuid4().hex), "w"):
+    pass
+  deadline = time.monotonic() + timeout
+  while len(os.listdir(folder)) < count:
+    if time.monotonic() > deadline:
+      raise BenchError(f"{count} processes were to start timing together; "
+                       f"{len(os.listdir(folder))} came in {timeout:.0f}s.")
+    time.sleep(0.02)
+
+
 def _flops(exp) -> dict:
   """The model's training FLOPs per example and the peak of the devices this cell trains on."""
   from tfdp.core import flops  # pylint: disable=g-import-not-at-top
@@ -94,7 +108,11 @@ def train_cell(spec: dict) -> dict:
 
   def time_training(fn) -> list[float]:
     iterator = iter(trainer.strategy.distribute_datasets_from_function(fn))
-    return _time_blocks(lambda n: _run_loops(trainer, iterator, n), warmup, steps, repeats)
+    run = lambda n: _run_loops(trainer, iterator, n)
+    run(warmup)
+    if spec.get("start_together"):  # independent processes time one window (cluster_scaling)
+      _wait_for_peers(**spec["start_together"])
+    return _time_blocks(run, 0, steps, repeats)
 
   out = {"model": config.task.model.name, "data": describe_data(data_cfg),
          "image_size": source.image_shape[0] if source.image_shape else 0,
@@ -125,6 +143,8 @@ def train_cell(spec: dict) -> dict:
     out["cached_step_ms"] = _median_ms(cached, steps)
     out["input_wait_fraction"] = max(0.0, 1.0 - out["cached_step_ms"] / out["step_ms"])
   out["peak_rss_mb"] = _peak_rss_mb()
+  # What a step all-reduces: float32 bytes of every trainable variable (tfdp reduces them all).
+  out["gradient_bytes"] = 4 * sum(v.shape.num_elements() for v in trainer.model.trainable_variables)
   return {**out, **_flops(exp)}
 
 
