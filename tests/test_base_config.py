@@ -53,7 +53,8 @@ def test_keeping_the_model_keeps_its_settings_and_logs_nothing(caplog):
   assert not lines
   config, lines = load([DEFAULT_JOB], ["task.model.name=airbench,trainer.epochs=2"], caplog)
   assert not lines
-  assert config.task.model.kwargs == {"widths": [32, 64, 128]} == alone.task.model.kwargs
+  assert config.task.model.kwargs == alone.task.model.kwargs == {"widths": [32, 64, 128],
+                                                                 "dirac_init": True}
   assert (config.task.label_smoothing, config.task.eval_flip) == (0.2, True)
   assert config.trainer.learning_rate == alone.trainer.learning_rate
   assert config.trainer.learning_rate != config_lib.load_config([BASE]).trainer.learning_rate

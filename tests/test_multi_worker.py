@@ -208,7 +208,7 @@ def test_without_restarts_a_dead_worker_stops_the_group_quickly_and_leaves_no_pr
                  for pid in pids)
 
 
-def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path):
+def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step_and_one_resumes(tmp_path):
   model_dir = tmp_path / "run"
   proc = launch(["--num_workers=2", "--stop_grace_seconds=30"], train_cmd(model_dir))
   assert wait_for(lambda: latest_checkpoint_step(model_dir) >= INTERVAL, 240, proc)
@@ -222,10 +222,12 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path):
   assert sorted(saved) == [0, 1] and saved[0] == saved[1], out[-3000:]
   assert re.search(r"\[w1\].*stop requested \(SIGTERM\)", out), out[-3000:]
   assert latest_checkpoint_step(model_dir) == saved[0] < STEPS
-  rerun = launch(["--num_workers=2"], train_cmd(model_dir))
+  # Resumed on one worker of one replica (the elastic rules: accumulation 2 keeps the batch).
+  rerun = launch(["--num_workers=1"], train_cmd(model_dir, FAULT + ",runtime.cpu_replicas=1"))
   out2, _ = rerun.communicate(timeout=600)
   assert rerun.returncode == 0, out2[-3000:]
-  assert f"at step {saved[0]}" in out2
+  assert (f"resumed at step {saved[0]} on 1 worker (was 2): accumulation 1 → 2, per-replica "
+          "batch 32, global batch 64 kept") in out2, out2[-3000:]
   assert latest_checkpoint_step(model_dir) == STEPS
 
 
