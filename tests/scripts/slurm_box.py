@@ -183,6 +183,13 @@ def requeue_on_fewer_nodes(scenario: dict, events: dict, deadline: float) -> Non
     raise RuntimeError(f"sbatch failed: {submitted.stderr}")
   job_id = events["job"] = submitted.stdout.strip().split(";")[0]
   checkpoints = Path(scenario["model_dir"]) / "checkpoints"
+  # A clean-clone CI run once saw the job stay PENDING for its whole wait on idle nodes: say
+  # why (squeue's reason) if it does, and ask the scheduler again once.
+  try:
+    _wait("the job running", lambda: _job(job_id)[0] != "PENDING", 15, deadline)
+  except TimeoutError:
+    events["pending_reason"] = _run("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()
+    _run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
   _wait("a first checkpoint", lambda: list(checkpoints.glob("ckpt-*.index"))
         or not _job(job_id)[0], math.inf, deadline)
   events["first_run"] = _job(job_id)
