@@ -109,14 +109,14 @@ class Box:
 def cell_results(result: dict, what: str) -> list[dict]:
   """Each host's tfdp-bench cell result (`python -m tfdp.bench CELL_JSON` as a host's command:
   its last result line); RuntimeError naming the first host that failed or printed none."""
-  from tfdp.bench.processes import RESULT_PREFIX  # pylint: disable=g-import-not-at-top
+  from tfdp.bench.processes import last_result  # pylint: disable=g-import-not-at-top
   outs = []
   for k, host in enumerate(result["hosts"]):
-    lines = [l for l in host["log"].splitlines() if l.startswith(RESULT_PREFIX)]
-    if host["returncode"] != 0 or not lines:
+    out = last_result(host["log"])
+    if host["returncode"] != 0 or out is None:
       raise RuntimeError(f"{what}: host {k} failed (exit {host['returncode']}): "
                          f"{host['log'][-2000:]}")
-    outs.append(json.loads(lines[-1][len(RESULT_PREFIX):]))
+    outs.append(out)
   return outs
 
 

@@ -94,13 +94,17 @@ def cell_command(spec: dict) -> list[str]:
   return [sys.executable, "-m", "tfdp.bench", json.dumps(spec)]
 
 
+def last_result(out: str) -> dict | None:
+  """A cell's result: the last RESULT_PREFIX line of its output, or None."""
+  lines = [l for l in out.splitlines() if l.startswith(RESULT_PREFIX)]
+  return json.loads(lines[-1][len(RESULT_PREFIX):]) if lines else None
+
+
 def run_cell(spec: dict, what: str, timeout: float) -> dict:
-  out = run_process(cell_command(spec), what, timeout)
-  results = [json.loads(l[len(RESULT_PREFIX):]) for l in out.splitlines()
-             if l.startswith(RESULT_PREFIX)]
-  if not results:
+  result = last_result(run_process(cell_command(spec), what, timeout))
+  if result is None:
     raise BenchError(f"{what} printed no result line.")
-  return results[-1]
+  return result
 
 
 def run_worker_group(spec: dict, num_workers: int, what: str, timeout: float) -> list[dict]:
