@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,11 +20,29 @@ import slurm_box  # noqa: E402  pylint: disable=wrong-import-position
 from test_slurm import SYNTHETIC, shipped_template  # noqa: E402  pylint: disable=wrong-import-position
 
 UNAVAILABLE = slurm_box.unavailable()
-pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE)),
-              # under `pytest -n 2 --dist loadgroup`: with the other many-process tests
-              pytest.mark.xdist_group("many_processes")]
 
 
+def test_the_box_refuses_a_spool_too_deep_for_slurmstepds_socket(tmp_path):
+  """A pytest-xdist tmp_path as spool made the batch step's socket path 109 bytes: the job's
+  launch failed and Slurm held it ("launch failed requeued held"). The box's own spool fits."""
+  deep = Path("/tmp/pytest-of-root/pytest-12/popen-gw1/test_a_requeued_job_that_comes0/slurm")
+  with pytest.raises(ValueError, match="too deep for slurmstepd's sockets"):
+    slurm_box.write_conf(tmp_path, deep / "spool")
+  spool = slurm_box.short_folder()  # as slurm_box.run's
+  try:
+    conf = slurm_box.write_conf(tmp_path, spool).read_text()
+  finally:
+    shutil.rmtree(spool)
+  assert f"SlurmdSpoolDir={spool}/%n" in conf
+
+
+def _logs(folder: Path) -> str:
+  return "".join(f"\n--- {log.name}\n" + log.read_text()[-1500:]
+                 for log in sorted((folder / "log").glob("slurm*.log")))
+
+
+@pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
+@pytest.mark.xdist_group("many_processes")  # under `pytest -n 2 --dist loadgroup`
 def test_a_requeued_job_that_comes_back_on_fewer_nodes_resumes_with_the_elastic_rules(tmp_path):
   """The shipped template with `--nodes=2-3`, one task per node: 3 workers on node[1-3]. After
   its first checkpoint node3 is drained and the job requeued; it comes back on node[1-2] and its
@@ -47,7 +66,8 @@ def test_a_requeued_job_that_comes_back_on_fewer_nodes_resumes_with_the_elastic_
   result = slurm_box.run(folder, scenario, env)
   events = json.loads((folder / "events.json").read_text())
   text = out.read_text() if out.exists() else ""
-  shown = json.dumps(events) + "\n" + text[-3000:] + "\n" + result["hosts"][0]["log"][-2000:]
+  shown = (json.dumps(events) + "\n" + text[-3000:] + "\n" + result["hosts"][0]["log"][-2000:]
+           + _logs(folder))
   assert [h["returncode"] for h in result["hosts"]] == [0] * 4, shown
   assert events["first_run"] == ["RUNNING", "node[1-3]"], shown
   assert events["second_run"] == ["RUNNING", "node[1-2]"], shown

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -37,6 +38,11 @@ NODES = 3
 # alone keep the box apart from the machine and end with it all the same.
 ROOT_UNSHARE = [a for a in cluster_box.UNSHARE if a not in ("--user", "--map-root-user")]
 MUNGE_SOCKET = "/run/munge/munge.socket.2"
+# slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step>; a Unix socket path holds at most
+# 107 bytes, and a longer one fails the job's launch ("launch failed requeued held"), as a
+# pytest-xdist tmp_path did. The spools live in a short folder of their own.
+SOCKET_PATH_MAX = 107
+LONGEST_STEP_SOCKET = f"node{NODES}_67043328.{2**32 - 5}"  # MaxJobId, the batch step's id
 
 
 def unavailable() -> str | None:
@@ -63,10 +69,22 @@ def node_address(k: int) -> str:
   return cluster_box.address(k)
 
 
-def write_conf(folder: Path) -> Path:
-  """slurm.conf for the box (as tests/scripts/start_slurm.sh's), node names for /etc/hosts."""
-  for sub in ["state", "log"] + [f"spool/node{k}" for k in range(1, NODES + 1)]:
+def short_folder() -> Path:
+  """A new folder short enough for the spools (SOCKET_PATH_MAX), e.g. /tmp/tfdpbox-k2x8a1."""
+  return Path(tempfile.mkdtemp(prefix="tfdpbox-", dir="/tmp" if os.path.isdir("/tmp") else None))
+
+
+def write_conf(folder: Path, spool: Path) -> Path:
+  """slurm.conf for the box (as tests/scripts/start_slurm.sh's), node names for /etc/hosts;
+  slurmd's spool folders under `spool` (see SOCKET_PATH_MAX)."""
+  longest = f"{spool}/node{NODES}/{LONGEST_STEP_SOCKET}"
+  if len(longest) > SOCKET_PATH_MAX:
+    raise ValueError(f"slurm_box: spool folder {spool} is too deep for slurmstepd's sockets "
+                     f"({len(longest)} > {SOCKET_PATH_MAX} bytes); pass a shorter one")
+  for sub in ["state", "log"]:
     (folder / sub).mkdir(parents=True, exist_ok=True)
+  for k in range(1, NODES + 1):
+    (spool / f"node{k}").mkdir(parents=True, exist_ok=True)
   hosts = folder / "hosts"
   hosts.write_text(Path("/etc/hosts").read_text() + f"{cluster_box.address(0)} ctl\n" + "".join(
       f"{node_address(k)} node{k}\n" for k in range(1, NODES + 1)))
@@ -86,7 +104,7 @@ SchedulerType=sched/backfill
 ReturnToService=2
 SlurmdParameters=config_overrides
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/log/slurmctld.log
@@ -117,9 +135,9 @@ def slurmd_host(folder: Path, k: int) -> cluster_box.Host:
                           env={"SLURM_CONF": str(folder / "slurm.conf")})
 
 
-def _box(folder: Path, scenario: dict, env: dict) -> cluster_box.Box:
+def _box(folder: Path, spool: Path, scenario: dict, env: dict) -> cluster_box.Box:
   """Host 0: slurmctld and `scenario` (see controller); hosts 1..NODES: slurmd."""
-  write_conf(folder)
+  write_conf(folder, spool)
   (folder / "scenario.json").write_text(json.dumps(scenario))
   controller = cluster_box.Host(
       host_command(folder, [sys.executable, os.path.abspath(__file__), "--controller",
@@ -134,8 +152,12 @@ def run(folder: Path, scenario: dict, env: dict) -> dict:
   root-owned namespaces (ROOT_UNSHARE) and kills every host (SIGKILL) at its own timeout: a
   minute after the scenario's, for the controller to cancel the job, shut Slurm down and write
   events.json."""
-  with mock.patch.object(cluster_box, "UNSHARE", ROOT_UNSHARE):
-    return _box(folder, scenario, env).run(scenario["timeout"] + 60)
+  spool = short_folder()
+  try:
+    with mock.patch.object(cluster_box, "UNSHARE", ROOT_UNSHARE):
+      return _box(folder, spool, scenario, env).run(scenario["timeout"] + 60)
+  finally:
+    shutil.rmtree(spool, ignore_errors=True)
 
 
 # ---- on box host 0 --------------------------------------------------------------------------
@@ -157,10 +179,6 @@ def _wait(what: str, ready, timeout: float, deadline: float = float("inf")) -> N
 def node_states() -> dict:
   out = _run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
   return dict(zip(out[::2], out[1::2]))
-
-
-def _stop(signum, frame) -> None:
-  raise SystemExit(f"controller: signal {signum}")  # the box stops the hosts: shut Slurm down
 
 
 def _job(job_id: str) -> tuple[str, str]:
