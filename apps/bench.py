@@ -4,6 +4,7 @@ time to accuracy against plain Keras.
   tfdp-bench --mode=throughput --models=resnet20,small_cnn --replicas=1,2 --global_batch_sizes=128
   tfdp-bench --mode=scaling --models=resnet20 --workers=2 --per_replica_batch=64
   tfdp-bench --mode=allreduce --workers=2 --min_bytes=4096 --max_bytes=67108864
+  tfdp-bench --mode=allreduce --workers=3 --hosts=box --link_rate=100mbit   # separate hosts
   tfdp-bench --mode=input --models=resnet20 --data=cifar10
   tfdp-bench --mode=tta --targets=0.6,0.7,0.8   # the default job (configs/cifar10_quick.yaml)
 Each mode writes <output_dir>/<mode>.csv and <mode>.png and prints a table; tta also writes
@@ -58,6 +59,11 @@ flags.DEFINE_integer("pack_tensor_bytes", DEFAULTS.pack_tensor_bytes, "allreduce
 flags.DEFINE_string("bytes_per_pack", _csv(DEFAULTS.bytes_per_pack),
                     "allreduce: bytes_per_pack values to compare (0: one pack).")
 flags.DEFINE_integer("tcp_bytes", DEFAULTS.tcp_bytes, "allreduce: bytes pushed through loopback TCP.")
+flags.DEFINE_enum("hosts", DEFAULTS.hosts, bench.HOSTS_CHOICES, "allreduce: workers on "
+                  "127.0.0.1 (loopback), or each on its own host of a cluster in a box (box: "
+                  "network namespaces on one bridge; needs user namespaces or root).")
+flags.DEFINE_string("link_rate", DEFAULTS.link_rate, "--hosts=box: every host's link shaped to "
+                    "this rate with tc tbf, e.g. 100mbit or 1gbit; empty: unshaped.")
 flags.DEFINE_float("timeout_seconds", DEFAULTS.timeout_seconds, "Limit per run: one process or "
                    "one worker group (tta: per training run).")
 flags.DEFINE_string("targets", _csv(DEFAULTS.targets), "tta: eval accuracies to time, in (0, 1).")
@@ -82,6 +88,7 @@ def main(argv):
         pack_tensors=FLAGS.pack_tensors, pack_tensor_bytes=FLAGS.pack_tensor_bytes,
         bytes_per_pack=bench.parse_int_list(FLAGS.bytes_per_pack, "bytes_per_pack"),
         tcp_bytes=FLAGS.tcp_bytes, timeout_seconds=FLAGS.timeout_seconds,
+        hosts=FLAGS.hosts, link_rate=FLAGS.link_rate,
         targets=bench.parse_float_list(FLAGS.targets, "targets"),
         runs=bench.parse_name_list(FLAGS.runs))
     bench.run_mode(FLAGS.mode, opts)

@@ -1,4 +1,4 @@
-"""All-reduce across N hosts of a cluster in a box (benchmarks/cluster_box.py), per link rate and
+"""All-reduce across N hosts of a cluster in a box (tfdp/bench/box.py), per link rate and
 size: seconds per all-reduce and the bytes each host put on its link, against the ring's
 2(N-1)/N * S; then the alpha-beta fit T(N, S) = 2(N-1)*alpha + 2(N-1)/N * S/B per link rate on
 N in FIT_N, checked on the held-out N.
@@ -21,7 +21,6 @@ Writes allreduce.csv, fit.csv and allreduce.png in --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -34,8 +33,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # this tree's tfdp, before any installed one
-import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 
+from tfdp.bench import box as cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 from tfdp.bench import cells, jobs, processes  # noqa: E402  pylint: disable=wrong-import-position
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -46,7 +45,7 @@ FIT_N, HELD_OUT_N = (2, 4), (3,)
 SIZES = [64 * KIB, 1 * MIB, 8 * MIB, 32 * MIB]
 STEPS, REPEATS = 4, 3  # per size: 1 warm-up + 3 timed blocks of 4 all-reduces
 WARMUP = 1
-PORT = 2222
+PORT = cluster_box.PORT
 
 
 def rate_name(rate: str) -> str:
@@ -72,19 +71,8 @@ def run_box(n: int, rate: str, sizes: list[int], dtype: str) -> dict:
   workers_cfg, _ = jobs.allreduce_jobs(opts)
   spec = {"kind": "allreduce", "sizes": sizes, "warmup": WARMUP, "steps": STEPS,
           "repeats": REPEATS, "pack": False, "overrides": workers_cfg}
-  addresses = [f"{cluster_box.address(k)}:{PORT}" for k in range(n)]
-  env = processes.child_env()
-  env["CUDA_VISIBLE_DEVICES"] = ""
-  hosts = [cluster_box.Host(processes.cell_command(spec), rate=rate, env={
-      **env, "TF_CONFIG": json.dumps({"cluster": {"worker": addresses},
-                                      "task": {"type": "worker", "index": k}})})
-           for k in range(n)]
-  start = time.perf_counter()
-  result = cluster_box.Box(hosts).run(timeout=300)
-  wall = time.perf_counter() - start
-  outs = cluster_box.cell_results(result, f"N={n} rate={rate_name(rate)} sizes={sizes}")
-  return {"cells": outs, "tx": [h["tx_bytes"] for h in result["hosts"]],
-          "rx": [h["rx_bytes"] for h in result["hosts"]], "wall_s": wall}
+  return cluster_box.run_cell_group(spec, n, rate, f"N={n} rate={rate_name(rate)} sizes={sizes}",
+                                    timeout=300, port=PORT)
 
 
 def sweep(quick: bool, log, rows_done: list[dict], save) -> list[dict]:

@@ -1,4 +1,4 @@
-"""End-to-end scaling across N hosts of a cluster in a box (benchmarks/cluster_box.py) on shaped
+"""End-to-end scaling across N hosts of a cluster in a box (tfdp/bench/box.py) on shaped
 links, and the scale model step(N) = compute(N) + max(0, allreduce(N, S) - overlap) checked on
 the held-out N.
 
@@ -40,9 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # this tree's tfdp, before any installed one
 import cluster_allreduce  # noqa: E402  pylint: disable=wrong-import-position
-import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 
 from tfdp import paths  # noqa: E402  pylint: disable=wrong-import-position
+from tfdp.bench import box as cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 from tfdp.bench import jobs, processes  # noqa: E402  pylint: disable=wrong-import-position
 
 NS = [1, 2, 3, 4]

@@ -132,6 +132,9 @@ def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
     (["--replicas=1,x"], ["--replicas"]),
     (["--params_override=trainer.epochz=1"], ["trainer.epochs"]),
     (["--mode=allreduce", "--workers=1"], ["--workers"]),
+    (["--mode=allreduce", "--link_rate=100mbit"], ["--link_rate", "--hosts=box"]),
+    (["--mode=allreduce", "--hosts=box", "--link_rate=fast"], ["--link_rate", "100mbit"]),
+    (["--mode=scaling", "--hosts=box"], ["--hosts=box", "--mode=allreduce only"]),
     (["--mode=speed"], ["--mode"]),
     (["--models=small_cnn", "--replicas=1", "--nobaseline",
       "--params_override=task.model.kwargs={bogus: 1}"], ["small_cnn", "bogus"]),  # in the cell

@@ -1,4 +1,4 @@
-"""tfdp across separate hosts: network namespaces with their own addresses (benchmarks/cluster_box.py),
+"""tfdp across separate hosts: network namespaces with their own addresses (tfdp/bench/box.py),
 TF_CONFIG naming real host addresses, not 127.0.0.1."""
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import helpers
 from tfdp import errors
 from tfdp.distributed import launch
 
-sys.path.insert(0, str(helpers.REPO / "benchmarks"))
-import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
+from tfdp.bench import box as cluster_box
 
 pytestmark = [pytest.mark.skipif(cluster_box.unavailable() is not None,
                                  reason=str(cluster_box.unavailable())),
@@ -141,3 +140,23 @@ def test_a_link_down_mid_training_restarts_the_group_which_resumes_from_the_last
         f"{first['first_failure'] - link['down']:.1f} s, group exited {exited:.1f} s, training "
         f"again {training_again - link['down']:.1f} s ({training_again - link['up']:.1f} s after "
         "the link came back)")
+
+
+def test_tfdp_bench_measures_the_ring_between_box_hosts_on_shaped_links(tmp_path):
+  """`tfdp-bench --mode=allreduce --hosts=box --link_rate=100mbit`: the workers each on a host
+  of their own, their links at 100 Mbit/s. A 1 MiB all-reduce cannot beat the link (busbw at
+  most 12.5 MB/s; unshaped, the same runs several times faster), and the busiest host sent the
+  ring's 2(N-1)/N of every all-reduce plus frame headers."""
+  from test_bench import read_outputs, run_bench  # pylint: disable=g-import-not-at-top
+  proc = run_bench(tmp_path, "--mode=allreduce", "--workers=2", "--hosts=box",
+                   "--link_rate=100mbit", f"--min_bytes={64 << 10}", f"--max_bytes={1 << 20}",
+                   "--steps=2", "--warmup_steps=1", "--repeats=1", f"--tcp_bytes={8 << 20}")
+  frame = read_outputs(tmp_path, proc, "allreduce", [
+      "scope", "bytes", "busbw_gbps", "hosts", "link_rate", "box_tx_bytes_max", "ring_tx_bytes",
+      "tx_over_ring"])
+  workers = frame[frame["scope"] == "workers"]
+  assert workers["bytes"].tolist() == [64 << 10, 256 << 10, 1 << 20]
+  assert (workers["hosts"] == "box").all() and (workers["link_rate"] == "100mbit").all()
+  assert workers["busbw_gbps"].iloc[-1] <= 100e6 / 8 / 1e9, workers
+  assert 1.0 <= workers["tx_over_ring"].iloc[0] <= 1.2, workers
+  assert not frame[frame["scope"] == "in_process"].empty

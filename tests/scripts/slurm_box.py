@@ -1,4 +1,4 @@
-"""A 3-node Slurm in a box (benchmarks/cluster_box.py): slurmctld on box host 0 (10.77.0.1),
+"""A 3-node Slurm in a box (tfdp/bench/box.py): slurmctld on box host 0 (10.77.0.1),
 `slurmd -D -N nodeK` on hosts 1..3 (10.77.0.2-4, names node1..3 in each host's /etc/hosts),
 each with its own spool, pid and log file, all under one SLURM_CONF in a folder of the caller's.
 The machine's munged is shared through its socket (a filesystem socket crosses network
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from tfdp.bench import box as cluster_box
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import cluster_box  # noqa: E402  pylint: disable=wrong-import-position
 
 NODES = 3
 # cluster_box.UNSHARE without its user namespace: there --map-root-user denies setgroups(2),

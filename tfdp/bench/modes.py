@@ -6,7 +6,9 @@ become (report.py turns them into the printed table, `<mode>.csv` and `<mode>.pn
   scaling     the same job on 1..N worker processes (tfdp's launcher, 1 thread each) with a fixed
               per-replica batch; efficiency = thr(N) / (N x thr(1))
   allreduce   all-reduce SUM bandwidth between worker processes (ring over gRPC) and between
-              logical replicas of one process, the effect of bytes_per_pack, and loopback TCP
+              logical replicas of one process, the effect of bytes_per_pack, and loopback TCP;
+              --hosts=box: the workers on a box of hosts with --link_rate links, and the bytes
+              each sent against the ring's
   input       the input pipeline alone vs the rate the training loop consumes it
   tta         time to accuracy: one config (default: tfdp-train's default job) trained by tfdp
               and by two plain-Keras `model.fit` baselines on the same model, data and cores,
@@ -25,13 +27,16 @@ import math
 import os
 import socket
 import statistics
+import subprocess
 import threading
 import time
 from typing import Callable
 
 from tfdp.bench import jobs as jobs_lib
+from tfdp.bench.cells import ops_per_block
 from tfdp.bench.options import BenchError, BenchOptions
 from tfdp.bench.processes import load_average, progress, run_cell, run_worker_group
+from tfdp.errors import ConfigError
 
 TCP_CHUNK = 4 << 20
 
@@ -174,6 +179,11 @@ def _bandwidth_row(scope: str, test: str, n: int, nbytes: int, seconds: float, *
 
 def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   del model_dir
+  if opts.hosts == "box":
+    from tfdp.bench import box  # pylint: disable=g-import-not-at-top
+    if box.unavailable():
+      raise ConfigError(f"--hosts=box cannot build its hosts here: {box.unavailable()}; use "
+                        "--hosts=loopback.")
   n, sizes = opts.workers, jobs_lib.allreduce_sizes(opts)
   workers_cfg, local_cfg = jobs_lib.allreduce_jobs(opts)
   spec = {"kind": "allreduce", "sizes": sizes, "warmup": opts.warmup_steps, "steps": opts.steps,
@@ -186,8 +196,12 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                            num_tensors=1, bytes_per_pack=math.nan)
   tcp_gbps = tcp_row["algbw_gbps"]
   progress(f"loopback TCP: {tcp_gbps:.2f} GB/s")
-  per_worker = run_worker_group({**spec, "overrides": workers_cfg, "pack": True}, n,
-                                f"all-reduce between {n} workers", opts.timeout_seconds)
+  if opts.hosts == "box":
+    per_worker, traffic = _box_group({**spec, "overrides": workers_cfg, "pack": False}, opts)
+  else:
+    per_worker = run_worker_group({**spec, "overrides": workers_cfg, "pack": True}, n,
+                                  f"all-reduce between {n} workers", opts.timeout_seconds)
+    traffic = {"hosts": "loopback"}
   local = run_cell({**spec, "overrides": local_cfg, "pack": False},
                    f"all-reduce between {n} in-process replicas", opts.timeout_seconds)
   rows = [tcp_row]
@@ -201,13 +215,35 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                                  implementation=results[0]["implementation"],
                                  num_tensors=entry.get("num_tensors", 1),
                                  bytes_per_pack=entry.get("bytes_per_pack", math.nan),
-                                 dtype=entry.get("dtype", "float32")))
+                                 dtype=entry.get("dtype", "float32"),
+                                 **(traffic if scope == "workers" else {})))
   for row in rows:
     row.update(tcp_gbps=tcp_gbps, busbw_over_tcp=row["busbw_gbps"] / tcp_gbps, load_avg_1m=load,
                **info)
   best = max((r for r in rows if r["scope"] == "workers"), key=lambda r: r["busbw_gbps"])
   progress(f"best all-reduce between workers: busbw {best['busbw_gbps']:.3f} GB/s")
   return rows
+
+
+def _box_group(spec: dict, opts: BenchOptions) -> tuple[list[dict], dict]:
+  """The workers' cell on a box of --workers hosts (--hosts=box), each link at --link_rate: one
+  result per host, and the bytes the busiest host sent against the ring's 2(N-1)/N of every
+  all-reduce the cell ran (tc counts frames: headers make it ~1.08)."""
+  from tfdp.bench import box  # pylint: disable=g-import-not-at-top
+  n, rate = opts.workers, opts.link_rate
+  what = f"all-reduce between {n} box hosts ({rate or 'unshaped'} links)"
+  try:
+    group = box.run_cell_group(spec, n, rate, what, opts.timeout_seconds)
+  except (RuntimeError, subprocess.TimeoutExpired) as error:
+    raise BenchError(str(error).splitlines()[0][:300]) from None
+  ring = sum((ops_per_block(e["bytes"], spec["warmup"]) +
+              spec["repeats"] * ops_per_block(e["bytes"], spec["steps"])) * 2 * (n - 1) / n
+             * e["bytes"] for e in group["cells"][0]["sizes"])
+  sent = max(group["tx"])
+  progress(f"{what}: the busiest host sent {sent / ring:.3f}x the ring's bytes")
+  return group["cells"], {"hosts": "box", "link_rate": rate or "unshaped",
+                          "box_tx_bytes_max": sent, "ring_tx_bytes": ring,
+                          "tx_over_ring": sent / ring}
 
 
 # ---- input -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ any TensorFlow process starts."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from tfdp import config as config_lib
 from tfdp import paths
@@ -12,6 +13,9 @@ from tfdp.errors import ConfigError, TfdpError
 PROG = "tfdp-bench"
 MODES = ("throughput", "scaling", "allreduce", "input", "tta")
 DATA_CHOICES = ("synthetic", "cifar10")
+HOSTS_CHOICES = ("loopback", "box")  # allreduce's workers: processes on 127.0.0.1, or a box
+# of hosts (tfdp/bench/box.py: network namespaces, one address and one shaped link each)
+LINK_RATE = re.compile(r"^[1-9][0-9]*(kbit|mbit|gbit)$")  # tc's units
 
 
 class BenchError(TfdpError):
@@ -42,6 +46,8 @@ class BenchOptions:
   bytes_per_pack: list[int] = dataclasses.field(default_factory=lambda: [0, 4 << 20])
   tcp_bytes: int = 256 << 20
   timeout_seconds: float = 1800.0  # per measurement: one process, or one worker group
+  hosts: str = "loopback"  # allreduce: where the workers run (HOSTS_CHOICES)
+  link_rate: str = ""  # hosts=box: every host's link shaped to this rate ("" unshaped)
   targets: list[float] = dataclasses.field(default_factory=lambda: [0.6, 0.7, 0.8])  # tta
   runs: list[str] = dataclasses.field(default_factory=lambda: list(tta.RUNS))  # tta
 
@@ -105,6 +111,22 @@ def check_options(mode: str, opts: BenchOptions) -> None:
       raise ConfigError("allreduce sizes need --size_factor >= 2 and --min_bytes <= --max_bytes.")
     if any(v % 4 for v in (opts.min_bytes, opts.pack_tensor_bytes)):
       raise ConfigError("--min_bytes and --pack_tensor_bytes must be multiples of 4 (float32).")
+  check_box_flags(mode, opts)
+
+
+def check_box_flags(mode: str, opts: BenchOptions) -> None:
+  if opts.hosts not in HOSTS_CHOICES:
+    raise ConfigError(f"--hosts '{opts.hosts}' is unknown; use one of {', '.join(HOSTS_CHOICES)}.")
+  if opts.link_rate and not LINK_RATE.match(opts.link_rate):
+    raise ConfigError(f"--link_rate '{opts.link_rate}' is not a rate; write e.g. 100mbit or 1gbit "
+                      "(empty: unshaped).")
+  if opts.hosts == "loopback":
+    if opts.link_rate:
+      raise ConfigError("--link_rate shapes the links of a box of hosts; add --hosts=box.")
+    return
+  if mode != "allreduce":
+    raise ConfigError(f"--hosts=box measures --mode=allreduce only, not --mode={mode}; "
+                      "benchmarks/cluster_scaling.py trains across a box.")
 
 
 def check_tta_flags(opts: BenchOptions) -> None:

@@ -1,7 +1,7 @@
 """Cluster in a box: N hosts on this machine, each a network namespace with its own address on
 one bridge, its link optionally rate-shaped, one command per host.
 
-  box = cluster_box.Box([cluster_box.Host(cmd0), cluster_box.Host(cmd1, rate="100mbit")])
+  box = tfdp.bench.box.Box([box.Host(cmd0), box.Host(cmd1, rate="100mbit")])
   result = box.run(timeout=300)      # exit codes, logs, bytes each host sent and received
 
 Faults: `LinkDown`s take a host's link down and up again mid-run; with `restarts` the box
@@ -14,8 +14,9 @@ user namespaces are allowed, nothing to clean up (the namespaces and every proce
 with the box, also when the caller is killed). Hosts get 10.77.0.<k+1>, addresses that exist only
 inside the box. Rate shaping is tc's `tbf` on both ends of each host's link; this kernel has no
 `netem`, so there is no delay or loss emulation.
-Used by tests/test_cluster_box.py; `python benchmarks/cluster_box.py --inside SPEC RESULT` is the
-part that runs inside the namespaces.
+Used by tfdp-bench --mode=allreduce --hosts=box, tests/test_cluster_box.py,
+tests/scripts/slurm_box.py and benchmarks/cluster_*.py; `python -m tfdp.bench.box --inside SPEC
+RESULT` is the part that runs inside the namespaces.
 """
 from __future__ import annotations
 
@@ -28,12 +29,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's tfdp
-# pylint: disable-next=wrong-import-position
-from tfdp.distributed.launch import PEER_FAILURE_GRACE_SECONDS  # noqa: E402
-from tfdp.errors import EXIT_PERMANENT  # noqa: E402  pylint: disable=wrong-import-position
+from tfdp.distributed.launch import PEER_FAILURE_GRACE_SECONDS
+from tfdp.errors import EXIT_PERMANENT
 
 SUBNET = "10.77.0"
+PORT = 2222  # every host's own address: one port serves them all
 BRIDGE = "box0"
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
            "--kill-child", "--mount-proc"]
@@ -96,14 +96,33 @@ class Box:
                    "link_downs": [dataclasses.asdict(d) for d in self.link_downs],
                    "timeout": timeout, "folder": folder, "restarts": self.restarts,
                    "marks": self.marks}, f)
-      proc = subprocess.run(UNSHARE + [sys.executable, os.path.abspath(__file__), "--inside",
-                                       spec, result],
+      proc = subprocess.run(UNSHARE + [sys.executable, "-m", "tfdp.bench.box", "--inside", spec,
+                                       result],
                             capture_output=True, text=True, timeout=timeout + 60)
       if not os.path.exists(result):
         raise RuntimeError(f"the box did not run (exit {proc.returncode}): "
                            f"{proc.stderr[-2000:]}")
       with open(result) as f:
         return json.load(f)
+
+
+def run_cell_group(spec: dict, num_hosts: int, rate: str, what: str, timeout: float,
+                   port: int = PORT) -> dict:
+  """tfdp-bench's cell `spec` on `num_hosts` box hosts as one worker group (TF_CONFIG naming the
+  hosts' addresses), each link shaped to `rate` ("" unshaped): {"cells": each host's result,
+  "tx", "rx": bytes each host sent and received, "wall_s"}."""
+  from tfdp.bench import processes  # pylint: disable=g-import-not-at-top
+  env = {**processes.child_env(), "CUDA_VISIBLE_DEVICES": ""}
+  addresses = [f"{address(k)}:{port}" for k in range(num_hosts)]
+  hosts = [Host(processes.cell_command(spec), rate=rate, env={
+      **env, "TF_CONFIG": json.dumps({"cluster": {"worker": addresses},
+                                      "task": {"type": "worker", "index": k}})})
+           for k in range(num_hosts)]
+  start = time.perf_counter()
+  result = Box(hosts).run(timeout=timeout)
+  wall = time.perf_counter() - start
+  return {"cells": cell_results(result, what), "tx": [h["tx_bytes"] for h in result["hosts"]],
+          "rx": [h["rx_bytes"] for h in result["hosts"]], "wall_s": wall}
 
 
 def cell_results(result: dict, what: str) -> list[dict]:
@@ -285,4 +304,4 @@ if __name__ == "__main__":
   if len(sys.argv) == 4 and sys.argv[1] == "--inside":
     inside(sys.argv[2], sys.argv[3])
   else:
-    sys.exit("usage: python benchmarks/cluster_box.py --inside SPEC RESULT (Box.run runs this)")
+    sys.exit("usage: python -m tfdp.bench.box --inside SPEC RESULT (Box.run runs this)")
