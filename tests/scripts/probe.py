@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+from tfdp import cli  # pylint: disable=g-import-not-at-top
 from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
 from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
 
@@ -70,3 +71,6 @@ def main():
 
 if __name__ == "__main__":
   main()
+  # Every file is written: leave without Python's teardown, whose tf.data iterator shutdown
+  # stalled each probe 2.6 s on 1 replica, ~10 s on 4 (tfdp-train leaves the same way).
+  cli.exit_now(0)
