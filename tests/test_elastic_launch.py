@@ -188,13 +188,12 @@ def test_bad_elastic_flags_are_one_line_exit_2(tmp_path, args, words):
 
 # ---- real training: 3 workers, slot 2 crashes after the first checkpoint, then at every start;
 # the job finishes on 2 from that checkpoint (a global batch of 12 splits over 3 and over 2).
-JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
-       "task.train_data.source=synthetic,task.train_data.num_examples=480,"
-       "task.train_data.image_size=16,task.train_data.num_classes=4,"
-       "task.eval_data.source=synthetic,task.eval_data.num_examples=48,"
-       "task.eval_data.image_size=16,task.eval_data.num_classes=4,"
+# --mode=train and no export: nothing here reads an evaluation or an exported model.
+JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=4,"
+       "task.train_data.source=synthetic,task.train_data.num_examples=240,"
+       "task.train_data.image_size=8,task.train_data.num_classes=4,"
        "trainer.global_batch_size=12,trainer.epochs=2,trainer.steps_per_loop=4,"
-       "trainer.checkpoint_every_steps=8,runtime.intra_op_threads=1,"
+       "trainer.checkpoint_every_steps=8,trainer.export_model=false,runtime.intra_op_threads=1,"
        "runtime.inter_op_threads=1")
 # Slot 2, first attempt: trains until the chief saved a checkpoint, then dies (exit 1); later
 # attempts: dies at start. Other slots exec tfdp-train.
@@ -219,7 +218,8 @@ def test_training_shrinks_from_three_workers_to_two_and_finishes_exactly(tmp_pat
   model_dir = tmp_path / "run"
   proc = _launch("--num_workers=3", "--min_workers=2", "--max_restarts=3", "--",
                  sys.executable, "-c", textwrap.dedent(CRASHING_SLOT), str(model_dir),
-                 helpers.TRAIN_APP, f"--model_dir={model_dir}", f"--params_override={JOB}",
+                 helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
+                 f"--params_override={JOB}",
                  timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   restarts = [line for line in proc.stderr.splitlines() if " restart " in line]
@@ -233,7 +233,7 @@ def test_training_shrinks_from_three_workers_to_two_and_finishes_exactly(tmp_pat
   assert re.search(r"\[w0\] .*resumed from .*ckpt-\d+ at step [1-9]", proc.stdout)
   metrics = pd.read_csv(model_dir / "metrics.csv")
   assert metrics["epoch"].tolist() == [1, 2], metrics
-  assert int(metrics["step"].iloc[-1]) == 2 * 480 // 12
+  assert int(metrics["step"].iloc[-1]) == 2 * 240 // 12
   leftover = [p.pid for p in psutil.process_iter(["cmdline"])
               if str(model_dir) in " ".join(p.info["cmdline"] or []) and _alive(p.pid)]
   assert not leftover

@@ -29,11 +29,12 @@ EQUIVALENCE = ",".join([
     "trainer.learning_rate.base_batch_size=32", "runtime.cpu_replicas=2",
 ])
 
-# 3 epochs x 100 steps, a checkpoint every 20 steps: long enough to kill a worker mid-epoch.
-STEPS, INTERVAL = 300, 20
+# 3 epochs x 50 steps, a checkpoint every 20 steps: long enough to kill a worker mid-epoch
+# (the tests act within 0.1 s of a checkpoint; 100 steps took 1.3-2.6 s here, loaded).
+STEPS, INTERVAL = 150, 20
 FAULT = ",".join([
     "task.model.name=small_cnn", "task.model.kwargs={filters: 16}",
-    "task.train_data.source=synthetic", "task.train_data.num_examples=6400",
+    "task.train_data.source=synthetic", "task.train_data.num_examples=3200",
     "task.train_data.image_size=16", "task.train_data.num_classes=10",
     "task.eval_data.source=synthetic", "task.eval_data.num_examples=500",
     "task.eval_data.image_size=16", "task.eval_data.num_classes=10",
@@ -86,10 +87,16 @@ def probe_in_one_process(tmp_path, overrides):
   return helpers.load_probe(tmp_path / "one")
 
 
+# With Keras's weight average (trainer.ema_decay), which only reads the weights: the same
+# trajectory as EQUIVALENCE, so one reference run and one 2-worker run serve the equivalence and
+# the weight-average tests (one launch and one process fewer).
+WITH_EMA = f"{EQUIVALENCE},trainer.ema_decay=0.8"
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-  """EQUIVALENCE in one process: the uninterrupted run three tests compare against (run once)."""
-  return probe_in_one_process(tmp_path_factory.mktemp("one_process"), EQUIVALENCE)
+  """WITH_EMA in one process: the uninterrupted run four tests compare against (run once)."""
+  return probe_in_one_process(tmp_path_factory.mktemp("one_process"), WITH_EMA)
 
 
 def probe_two_workers(tmp_path, worker_overrides):
@@ -105,8 +112,15 @@ def probe_two_workers(tmp_path, worker_overrides):
   return helpers.load_probe(tmp_path / "mw", 0), helpers.load_probe(tmp_path / "mw", 1), out
 
 
-def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(tmp_path, one_process):
-  w0, w1, out = probe_two_workers(tmp_path, EQUIVALENCE)
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+  """WITH_EMA on 2 worker processes: (tmp_path, worker 0, worker 1, the launcher's output)."""
+  tmp_path = tmp_path_factory.mktemp("two_workers")
+  return (tmp_path, *probe_two_workers(tmp_path, WITH_EMA))
+
+
+def test_two_workers_agree_bitwise_and_match_one_host_with_two_replicas(two_workers, one_process):
+  tmp_path, w0, w1, out = two_workers
   one = one_process
   assert helpers.max_relative_difference(one["final"], one["initial"]) > 0.1  # they trained
   assert all(np.array_equal(w0["final"][k], w1["final"][k]) for k in w0["final"])
@@ -138,13 +152,13 @@ def test_gradients_packed_in_backward_order_give_the_same_training(tmp_path, one
   assert helpers.max_relative_difference(w0["final"], one["final"]) <= 1e-5
 
 
-def test_the_weight_average_is_the_same_on_every_worker_and_in_one_process(tmp_path):
+def test_the_weight_average_is_the_same_on_every_worker_and_in_one_process(two_workers,
+                                                                         one_process):
   """trainer.ema_decay (Keras's optimizer EMA, updated in replica context) under
   MultiWorkerMirroredStrategy: both workers keep the same average, equal to the one a single
   process with 2 replicas keeps, and it is not the weights themselves."""
-  with_ema = f"{EQUIVALENCE},trainer.ema_decay=0.8"
-  w0, w1, _ = probe_two_workers(tmp_path, with_ema)
-  one = probe_in_one_process(tmp_path, with_ema)
+  _, w0, w1, _ = two_workers
+  one = one_process
   assert w0["ema"] is not None and sorted(w0["ema"]) == sorted(one["ema"])
   assert all(np.array_equal(w0["ema"][k], w1["ema"][k]) for k in w0["ema"])
   assert helpers.max_relative_difference(w0["ema"], one["ema"]) <= 1e-5
@@ -188,7 +202,7 @@ def test_sigkill_mid_epoch_restarts_and_finishes_the_planned_steps(tmp_path):
   # The chief's directory is consistent: it loads and evaluates at the final step.
   check = helpers.run_train(f"--model_dir={model_dir}", "--mode=eval", f"--params_override={FAULT}")
   assert check.returncode == 0, check.stderr[-3000:]
-  assert '"step": 300' in (model_dir / "eval.json").read_text()
+  assert f'"step": {STEPS}' in (model_dir / "eval.json").read_text()
 
 
 def test_without_restarts_a_dead_worker_stops_the_group_quickly_and_leaves_no_process(tmp_path):
