@@ -109,13 +109,21 @@ def load_probe(out_dir: Path, rank: int = 0) -> dict:
           "info": json.loads((out_dir / f"info-{rank}.json").read_text())}
 
 
-def run_probe(tmp_path: Path, name: str, overrides: str, mode: str = "train") -> dict:
+# For a test that trains in mixed_bfloat16: its processes without an ONEDNN_MAX_CPU_ISA cap that
+# imitates an AVX2-only CPU on an AVX-512 one, where tfdp refuses bfloat16 (strategy.py,
+# check_bfloat16_under_isa_cap); a real AVX2-only CPU runs it, on Eigen's kernels.
+UNCAPPED = {"ONEDNN_MAX_CPU_ISA": "ALL"}
+
+
+def run_probe(tmp_path: Path, name: str, overrides: str, mode: str = "train",
+              **extra_env) -> dict:
   """Builds and runs one experiment in a fresh process (logical CPU devices are fixed when
   TensorFlow starts) and returns what tests/scripts/probe.py dumped."""
   out_dir = tmp_path / f"{name}-out"
   out_dir.mkdir(parents=True)
   proc = subprocess.run([sys.executable, PROBE, str(tmp_path / name), overrides, str(out_dir), mode],
-                        capture_output=True, text=True, timeout=600, env=env(), cwd=str(REPO))
+                        capture_output=True, text=True, timeout=600, env=env(**extra_env),
+                        cwd=str(REPO))
   assert proc.returncode == 0, proc.stderr[-3000:]
   return load_probe(out_dir)
 

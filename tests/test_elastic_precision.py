@@ -27,7 +27,7 @@ def side_by_side(*legs) -> list[dict]:
     out_dir.mkdir(parents=True)
     procs.append(subprocess.Popen(
         [sys.executable, helpers.PROBE, str(model_dir), overrides, str(out_dir), "train"],
-        env=helpers.env(), cwd=str(helpers.REPO), stdout=subprocess.PIPE,
+        env=helpers.env(**helpers.UNCAPPED), cwd=str(helpers.REPO), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True))
   for proc in procs:
     output = proc.communicate(timeout=600)[0]

@@ -147,6 +147,22 @@ def test_onednn_isa_cap_imitates_a_cpu_without_its_hidden_instructions(tmp_path,
   assert "amx_bf16" not in flags or not cap
 
 
+def test_explicit_bfloat16_under_a_cap_hiding_avx512_is_one_line_not_an_abort(tmp_path):
+  """Under ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU, mixed_bfloat16 aborted the process in its
+  first matmul (oneDNN: "could not create a primitive descriptor"; seen in an AVX2-imitated CI
+  run). On a GPU, without the cap, or with float32 it runs."""
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("flags\t\t: fpu avx2 fma avx512f avx512_bf16\n")
+  check = lambda requested, gpu, cap: strategy_lib.check_bfloat16_under_isa_cap(
+      requested, gpu, {"ONEDNN_MAX_CPU_ISA": cap} if cap else {}, str(cpuinfo))
+  with pytest.raises(ConfigError, match="ONEDNN_MAX_CPU_ISA=AVX2.*unset the cap"):
+    check("mixed_bfloat16", False, "AVX2")
+  for allowed in [("mixed_bfloat16", True, "AVX2"), ("mixed_bfloat16", False, ""),
+                  ("mixed_bfloat16", False, "AVX512_CORE_BF16"), ("float32", False, "AVX2"),
+                  ("auto", False, "AVX2")]:
+    check(*allowed)
+
+
 def test_workers_must_agree_on_the_decided_precision():
   plans = [strategy_lib.worker_plan(strategy_lib.StrategyPlan("multi_worker_mirrored",
                                                               precision=p), 1, "x")

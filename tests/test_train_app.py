@@ -103,7 +103,8 @@ def tf_latest_step(model_dir):
                                      "runtime.jit_compile=true"])
 def test_performance_options_train(tmp_path, options):
   tiny = SYNTHETIC.replace("num_examples=1025", "num_examples=256").replace("resnet8", "small_cnn")
-  proc = helpers.run_train(f"--model_dir={tmp_path}", f"--params_override={tiny},{options}")
+  proc = helpers.run_train(f"--model_dir={tmp_path}", f"--params_override={tiny},{options}",
+                           **helpers.UNCAPPED)
   assert proc.returncode == 0, proc.stderr[-3000:]
   metrics = pd.read_csv(tmp_path / "metrics.csv")
   assert metrics["eval_examples"].tolist() == [256]

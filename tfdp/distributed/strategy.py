@@ -125,13 +125,32 @@ def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo", environ=None) -> list[str]:
   return []
 
 
+def check_bfloat16_under_isa_cap(requested: str, has_gpu: bool, environ=None,
+                                 cpuinfo_path: str = "/proc/cpuinfo") -> None:
+  """TF sends bfloat16 matmuls to oneDNN where the CPU has AVX-512; under an ONEDNN_MAX_CPU_ISA
+  cap that hides it, oneDNN has no kernel and the process aborts in the first step ("could not
+  create a primitive descriptor for the matmul primitive"). Refuse that in one line instead."""
+  if requested != "mixed_bfloat16" or has_gpu:
+    return
+  environ = os.environ if environ is None else environ
+  had = cpu_flags(cpuinfo_path, environ={})
+  if "avx512f" in had and "avx512f" not in cpu_flags(cpuinfo_path, environ):
+    cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
+    raise ConfigError(f"runtime.mixed_precision=mixed_bfloat16 cannot run under "
+                      f"ONEDNN_MAX_CPU_ISA={cap}: TF sends bfloat16 matmuls to oneDNN on this "
+                      "AVX-512 CPU, and the cap leaves oneDNN none (it aborts); unset the cap, or "
+                      "use runtime.mixed_precision=float32 (or auto) to imitate an AVX2-only CPU.")
+
+
 def resolve_precision(requested: str) -> tuple[str, str]:
   """choose_precision for this machine's GPUs and CPU."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus_here = tf.config.list_physical_devices("GPU")
+  check_bfloat16_under_isa_cap(requested, bool(gpus_here))
   if requested != "auto":
     return requested, ""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   capabilities = []
-  for gpu in tf.config.list_physical_devices("GPU"):
+  for gpu in gpus_here:
     details = tf.config.experimental.get_device_details(gpu)
     capabilities.append(tuple(details.get("compute_capability", (0, 0))))
   return choose_precision(requested, capabilities, cpu_flags())
