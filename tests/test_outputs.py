@@ -4,6 +4,7 @@ import os
 import pandas as pd
 import pytest
 
+from tfdp import plots
 from tfdp.core import outputs
 from tfdp.errors import OutputError
 
@@ -100,3 +101,21 @@ def test_a_model_dir_owned_by_another_user_is_refused(tmp_path):
   with pytest.raises(OutputError) as error:
     outputs.prepare_model_dir(str(model_dir))
   assert str(model_dir) in str(error.value) and "your own" in str(error.value)
+
+
+def test_metrics_png_is_redrawn_after_the_last_epoch_and_otherwise_every_half_minute(tmp_path):
+  """A draw costs ~0.5 s of the training thread; 1-second epochs redrew it every epoch."""
+  short, long = tmp_path / "short", tmp_path / "long"
+  short.mkdir()
+  long.mkdir()
+  plan = outputs.write_plan(str(short), is_chief=True, rank=0)
+  for epoch in (1, 2):
+    outputs.append_metrics(plan, {"epoch": epoch, "step": epoch, "loss": 1.0,
+                                  "epoch_seconds": 1.0}, last=False)
+  assert (short / "metrics.csv").exists() and not (short / "metrics.png").exists()
+  outputs.append_metrics(plan, {"epoch": 3, "step": 3, "loss": 0.5, "epoch_seconds": 1.0})
+  assert (short / "metrics.png").exists()  # the last epoch's, always
+  plan = outputs.write_plan(str(long), is_chief=True, rank=0)
+  outputs.append_metrics(plan, {"epoch": 1, "step": 1, "loss": 1.0,
+                                "epoch_seconds": plots.PNG_MIN_SECONDS}, last=False)
+  assert (long / "metrics.png").exists()  # an epoch that took half a minute is drawn at once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import time
 
 from tfdp.errors import OutputError
 
@@ -105,3 +106,19 @@ def write_metrics_png(model_dir: str) -> str:
   # ~4.5 MB per epoch until then (BENCHMARKS.md, "The creep after epoch 2, explained").
   gc.collect()
   return path
+
+
+PNG_MIN_SECONDS = 30.0
+_drawn_at: dict[str, float] = {}
+
+
+def redraw_metrics_png(model_dir: str, last: bool = True, epoch_seconds: float = 0.0) -> bool:
+  """write_metrics_png after a run's last epoch, otherwise at most every PNG_MIN_SECONDS (a draw
+  costs ~0.5 s of the training thread: 1-second epochs redrew more than they trained); a
+  process's first draw counts from its first epoch's start. Returns whether it drew."""
+  now = time.time()
+  if not last and now - _drawn_at.get(model_dir, now - epoch_seconds) < PNG_MIN_SECONDS:
+    return False
+  write_metrics_png(model_dir)
+  _drawn_at[model_dir] = now
+  return True

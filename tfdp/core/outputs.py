@@ -305,7 +305,7 @@ def write_config(plan: WritePlan, text: str) -> None:
   atomic_write_text(path, text)
 
 
-def append_metrics(plan: WritePlan, row: dict) -> None:
+def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:
   """One row per epoch; a re-run of an epoch (after a restart) replaces that epoch's row."""
   if not plan.is_chief:
     return
@@ -317,7 +317,7 @@ def append_metrics(plan: WritePlan, row: dict) -> None:
     old = old[old["epoch"] != row["epoch"]]
     frame = pd.concat([old, frame], ignore_index=True)
   atomic_write_text(path, frame.to_csv(index=False))
-  write_metrics_png(plan)
+  write_metrics_png(plan, last, row.get("epoch_seconds", 0.0))
 
 
 def read_metrics(path: str):
@@ -339,12 +339,12 @@ def read_metrics(path: str):
     return None
 
 
-def write_metrics_png(plan: WritePlan) -> None:
-  """metrics.png beside metrics.csv, redrawn after each epoch. A picture that fails to draw is a
-  warning: training and its checkpoints matter more."""
+def write_metrics_png(plan: WritePlan, last: bool = True, epoch_seconds: float = 0.0) -> None:
+  """metrics.png beside metrics.csv (plots.redraw_metrics_png says when). A picture that fails to
+  draw is a warning: training and its checkpoints matter more."""
   from tfdp import plots  # pylint: disable=g-import-not-at-top
   try:
-    plots.write_metrics_png(plan.model_dir)
+    plots.redraw_metrics_png(plan.model_dir, last, epoch_seconds)
   except Exception as error:  # pylint: disable=broad-except
     logging.warning("could not draw %s: %s", plots.METRICS_PNG, error)
 
