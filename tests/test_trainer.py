@@ -89,9 +89,9 @@ def test_an_evaluation_leaves_its_iterator_to_be_destroyed_off_the_training_thre
     tmp_path, monkeypatch):
   """Destroying a tf.data iterator can wait for tf.data's autotune thread: one evaluation of
   airbench took 12.6 s longer in the destructor, and its evaluations 20-61 s (BENCHMARKS.md)."""
-  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   handed = []
-  monkeypatch.setattr(trainer_lib, "drop_in_background",
+  monkeypatch.setattr(controller, "drop_in_background",
                       lambda holder, name: handed.append((list(holder), name)))
   config = config_lib.load_config([], [
       "task.name=toy_regression,task.train_data.num_examples=32,task.eval_data.num_examples=37,"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 
 from absl import logging
 import numpy as np
@@ -29,15 +28,6 @@ def _add_gradients(a, b):
     return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
                             tf.concat([a.indices, b.indices], 0), a.dense_shape)
   return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
-
-
-def drop_in_background(holder: list, name: str) -> None:
-  """Drops what `holder` holds on a thread of its own: destroying a tf.data iterator can block
-  for up to a minute in TF 2.21 (tf.data's autotune thread, whose wait between optimizations
-  grows to 60 s: kOptimizationPeriodMaxMs in tensorflow/core/framework/model.h); an evaluation
-  took 12.6 s longer for it, and airbench's evaluations 20-61 s. Not a daemon thread: one killed
-  at exit inside TensorFlow's C++ code aborted the process ("FATAL: exception not rethrown")."""
-  threading.Thread(target=holder.clear, name=name).start()
 
 
 def describe_restore_error(error: Exception) -> str:
@@ -462,5 +452,6 @@ class Trainer:
   def evaluate(self, dist_dataset, steps: int) -> MetricSums:
     holder = [iter(dist_dataset)]
     sums = self._eval_loop(holder[0], tf.constant(steps)).numpy()
-    drop_in_background(holder, "tfdp-release-eval-iterator")
+    from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (it drives this)
+    controller.drop_in_background(holder, "tfdp-release-eval-iterator")
     return self.metric_sums(sums)
