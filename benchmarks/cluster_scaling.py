@@ -26,7 +26,6 @@ Writes scaling.csv, scaling_model.csv, scaling.png, scaling_projection.csv|md in
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -100,7 +99,6 @@ def box_overrides(model: str, variant: str, n: int) -> tuple[list[str], list[str
 def run_box(model: str, variant: str, rate: str, n: int, workdir: str) -> dict:
   files, overrides = box_overrides(model, variant, n)
   env = {**processes.child_env(), "CUDA_VISIBLE_DEVICES": ""}
-  addresses = [f"{cluster_box.address(k)}:{PORT}" for k in range(n)]
   barrier = tempfile.mkdtemp(prefix="barrier-", dir=workdir)
   hosts = []
   for k in range(n):
@@ -113,8 +111,7 @@ def run_box(model: str, variant: str, rate: str, n: int, workdir: str) -> dict:
     if variant == "compute":
       spec["start_together"] = {"folder": barrier, "count": n}
     else:
-      host_env["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
-                                          "task": {"type": "worker", "index": k}})
+      host_env["TF_CONFIG"] = cluster_box.tf_config(k, n, PORT)
     hosts.append(cluster_box.Host(processes.cell_command(spec), rate=rate, env=host_env))
   start = time.perf_counter()
   result = cluster_box.Box(hosts).run(timeout=420, workdir=workdir)

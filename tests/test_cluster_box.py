@@ -35,11 +35,8 @@ EQUIVALENCE = ",".join([
 
 
 def worker_hosts(count: int, command, port: int = 2222, rate: str = "") -> list:
-  workers = [f"{cluster_box.address(k)}:{port}" for k in range(count)]
   return [cluster_box.Host(command(k), rate=rate, env={
-      **helpers.env(), "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                                "task": {"type": "worker", "index": k}})})
-          for k in range(count)]
+      **helpers.env(), "TF_CONFIG": cluster_box.tf_config(k, count, port)}) for k in range(count)]
 
 
 def test_three_workers_on_three_hosts_train_as_one_process_with_three_replicas(tmp_path):

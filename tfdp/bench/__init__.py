@@ -14,6 +14,6 @@ from tfdp.bench.report import VIEWS, figure, targets_table, time_to_target
 from tfdp.bench.run import run_mode
 
 __all__ = ["DATA_CHOICES", "HOSTS_CHOICES", "MAX_BLOCK_BYTES", "MODES", "PROG", "VIEWS",
-           "BenchError", "BenchOptions", "allreduce_sizes", "figure", "loopback_tcp_seconds", "ops_per_block",
-           "parse_float_list", "parse_int_list", "parse_name_list", "run_mode", "targets_table",
-           "time_to_target"]
+           "BenchError", "BenchOptions", "allreduce_sizes", "figure", "loopback_tcp_seconds",
+           "ops_per_block", "parse_float_list", "parse_int_list", "parse_name_list", "run_mode",
+           "targets_table", "time_to_target"]

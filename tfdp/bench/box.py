@@ -60,6 +60,12 @@ def address(index: int) -> str:
   return f"{SUBNET}.{index + 1}"
 
 
+def tf_config(index: int, count: int, port: int = PORT) -> str:
+  """TF_CONFIG for worker `index` of `count`, one per box host at its own address."""
+  return json.dumps({"cluster": {"worker": [f"{address(k)}:{port}" for k in range(count)]},
+                     "task": {"type": "worker", "index": index}})
+
+
 def unavailable() -> str | None:
   """Why a box cannot be built here, or None."""
   for tool in ("unshare", "ip", "tc"):
@@ -113,10 +119,8 @@ def run_cell_group(spec: dict, num_hosts: int, rate: str, what: str, timeout: fl
   "tx", "rx": bytes each host sent and received, "wall_s"}."""
   from tfdp.bench import processes  # pylint: disable=g-import-not-at-top
   env = {**processes.child_env(), "CUDA_VISIBLE_DEVICES": ""}
-  addresses = [f"{address(k)}:{port}" for k in range(num_hosts)]
-  hosts = [Host(processes.cell_command(spec), rate=rate, env={
-      **env, "TF_CONFIG": json.dumps({"cluster": {"worker": addresses},
-                                      "task": {"type": "worker", "index": k}})})
+  hosts = [Host(processes.cell_command(spec), rate=rate,
+                env={**env, "TF_CONFIG": tf_config(k, num_hosts, port)})
            for k in range(num_hosts)]
   start = time.perf_counter()
   result = Box(hosts).run(timeout=timeout)

@@ -181,9 +181,9 @@ def allreduce(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   del model_dir
   if opts.hosts == "box":
     from tfdp.bench import box  # pylint: disable=g-import-not-at-top
-    if box.unavailable():
-      raise ConfigError(f"--hosts=box cannot build its hosts here: {box.unavailable()}; use "
-                        "--hosts=loopback.")
+    why = box.unavailable()  # a probe namespace: once
+    if why:
+      raise ConfigError(f"--hosts=box cannot build its hosts here: {why}; use --hosts=loopback.")
   n, sizes = opts.workers, jobs_lib.allreduce_sizes(opts)
   workers_cfg, local_cfg = jobs_lib.allreduce_jobs(opts)
   spec = {"kind": "allreduce", "sizes": sizes, "warmup": opts.warmup_steps, "steps": opts.steps,

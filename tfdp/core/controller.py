@@ -415,8 +415,8 @@ class Controller:
 def drop_in_background(holder: list, name: str) -> None:
   """Drops what `holder` holds on a thread of its own: destroying a tf.data iterator can block
   for up to a minute in TF 2.21 (tf.data's autotune thread, whose wait between optimizations
-  grows to 60 s: kOptimizationPeriodMaxMs in tensorflow/core/framework/model.h); an evaluation
-  took 12.6 s longer for it, and airbench's evaluations 20-61 s. Not a daemon thread: one killed
+  grows to 60 s: kOptimizationPeriodMaxMs in tensorflow/core/framework/model.h); one airbench
+  evaluation spent 12.6 s in it (BENCHMARKS.md, "The evaluation stall"). Not a daemon thread: one killed
   at exit inside TensorFlow's C++ code aborted the process ("FATAL: exception not rethrown")."""
   threading.Thread(target=holder.clear, name=name).start()
 
