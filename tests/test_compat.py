@@ -204,3 +204,60 @@ def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
   assert [(path, weight) for path, _, weight in found["losses"]] == [(["a"], 1.0), (["b"], 0.5)]
   assert found["metrics"] == [True, False] and found["weighted"] == [False, True]
   assert found["skipped"] and found["restored"]
+
+
+# TensorFlow's default: oneDNN on only where the CPU has one of these (TF 2.9 release notes).
+TF_ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
+ONEDNN_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    if sys.argv[1] == "fixed":
+      import tfdp
+    import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
+    print(json.dumps([os.environ.get("TF_ENABLE_ONEDNN_OPTS"), _pywrap_util_port.IsMklEnabled()]))
+""")
+
+
+def onednn_in_a_new_process(mode, **extra_env):
+  environ = helpers.env(**extra_env)
+  if "TF_ENABLE_ONEDNN_OPTS" not in extra_env:
+    environ.pop("TF_ENABLE_ONEDNN_OPTS", None)  # this pytest process imported tfdp: it set it
+  proc = subprocess.run([sys.executable, "-c", ONEDNN_SCRIPT, mode], capture_output=True,
+                        text=True, env=environ, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_onednn_is_turned_on_where_tensorflow_would_leave_it_off():
+  from tfdp.distributed import compat, strategy  # pylint: disable=g-import-not-at-top
+  assert compat.onednn_setting(["fma", "avx2"], {}) == "1"
+  assert compat.onednn_setting(["fma", "avx2"], {"TF_ENABLE_ONEDNN_OPTS": "0"}) is None
+  assert compat.onednn_setting(["asimd", "sve"], {}) is None  # ARM: TF's own choice
+  flags = strategy.cpu_flags(environ={})
+  # Upstream: TF's Linux x86 wheel turns oneDNN on only on CPUs with VNNI/BF16/AMX. On the
+  # AVX2-only EPYC (family 25 model 1) this prints [null, false] and the job runs Eigen's kernels.
+  assert onednn_in_a_new_process("upstream") == [None, any(f in flags for f in TF_ONEDNN_DEFAULT_FLAGS)]
+  if "avx2" in flags:
+    assert onednn_in_a_new_process("fixed") == ["1", True]
+    # The user's own choice stands.
+    assert onednn_in_a_new_process("fixed", TF_ENABLE_ONEDNN_OPTS="0") == ["0", False]
+
+
+def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  line = compat.onednn_off_warning(False, ["avx2"], {})
+  assert "TF_ENABLE_ONEDNN_OPTS=1 before importing TensorFlow" in line and "\\n" not in line
+  assert compat.onednn_off_warning(True, ["avx2"], {}) == ""
+  assert compat.onednn_off_warning(False, ["avx2"], {"TF_ENABLE_ONEDNN_OPTS": "0"}) == ""
+  assert compat.onednn_off_warning(False, ["asimd"], {}) == ""
+  script = ("import tensorflow, tfdp; from tfdp.distributed import compat; "
+            "tfdp.make_strategy(cpu_replicas=1); print(compat.onednn_enabled())")
+  environ = helpers.env()
+  environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        env=environ, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  enabled = proc.stdout.strip().splitlines()[-1] == "True"
+  warned = [l for l in proc.stderr.splitlines() if "oneDNN kernels are off" in l]
+  from tfdp.distributed import strategy  # pylint: disable=g-import-not-at-top
+  assert len(warned) == (0 if enabled or "avx2" not in strategy.cpu_flags(environ={}) else 1), proc.stderr[-2000:]

@@ -289,6 +289,11 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   local = [f"/cpu:{i}" for i in range(num_cpus)]
   local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
   precision, precision_reason = resolve_precision(runtime.mixed_precision)
+  if not tf.config.list_physical_devices("GPU"):
+    from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+    warning = compat.onednn_off_warning(compat.onednn_enabled(), cpu_flags(environ={}), os.environ)
+    if warning:
+      logging.warning(warning)
   plan = dataclasses.replace(plan_strategy(runtime, cluster, local), precision=precision,
                              precision_reason=precision_reason)
   if plan.kind == "multi_worker_mirrored":
