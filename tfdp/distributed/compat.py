@@ -196,9 +196,12 @@ def enable_onednn(environ=None, cpu_flags=None) -> None:
   environ = os.environ if environ is None else environ
   if "tensorflow" in sys.modules and environ is os.environ:
     return
-  if cpu_flags is None:
-    from tfdp.distributed import strategy  # pylint: disable=g-import-not-at-top
-    cpu_flags = strategy.cpu_flags(environ={})
+  if cpu_flags is None:  # read here: strategy.py imports this module
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        cpu_flags = next((l.partition(":")[2].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+      cpu_flags = []
   value = onednn_setting(cpu_flags, environ)
   if value is not None:
     environ[ONEDNN_ENV] = value
