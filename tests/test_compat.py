@@ -246,7 +246,7 @@ def test_onednn_is_turned_on_where_tensorflow_would_leave_it_off():
 def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   line = compat.onednn_off_warning(False, ["avx2"], {})
-  assert "TF_ENABLE_ONEDNN_OPTS=1 before importing TensorFlow" in line and "\\n" not in line
+  assert "TF_ENABLE_ONEDNN_OPTS=1 before importing TensorFlow" in line and "\n" not in line
   assert compat.onednn_off_warning(True, ["avx2"], {}) == ""
   assert compat.onednn_off_warning(False, ["avx2"], {"TF_ENABLE_ONEDNN_OPTS": "0"}) == ""
   assert compat.onednn_off_warning(False, ["asimd"], {}) == ""

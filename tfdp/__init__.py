@@ -1,10 +1,10 @@
 """tfdp: data-parallel training of Keras 3 models with tf.distribute.
 
 Importing tfdp does not start TensorFlow (configs and clusters are checked first); it turns
-TensorFlow's oneDNN kernels on where TF would leave them off on an AVX2 CPU (compat.enable_onednn).
+TensorFlow's oneDNN kernels on where TF would leave them off on an AVX2 CPU (strategy.enable_onednn).
 """
-from tfdp.distributed import compat as _compat
-_compat.enable_onednn()
+from tfdp.distributed import strategy as _strategy
+_strategy.enable_onednn()
 from tfdp.core.data import Source
 from tfdp.core.task import Task, register_task
 from tfdp.errors import TfdpError

@@ -188,25 +188,6 @@ def onednn_setting(cpu_flags, environ) -> str | None:
   return "1"
 
 
-def enable_onednn(environ=None, cpu_flags=None) -> None:
-  """Sets TF_ENABLE_ONEDNN_OPTS (see onednn_setting) where TensorFlow has not been imported yet;
-  TF reads it once, while it loads. `import tfdp` calls this."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  environ = os.environ if environ is None else environ
-  if "tensorflow" in sys.modules and environ is os.environ:
-    return
-  if cpu_flags is None:  # read here: strategy.py imports this module
-    try:
-      with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-        cpu_flags = next((l.partition(":")[2].split() for l in f if l.startswith("flags")), [])
-    except OSError:
-      cpu_flags = []
-  value = onednn_setting(cpu_flags, environ)
-  if value is not None:
-    environ[ONEDNN_ENV] = value
-
-
 def onednn_enabled() -> bool:
   """Whether this process's TensorFlow runs its oneDNN kernels (a private query)."""
   from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top

@@ -125,6 +125,19 @@ def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo", environ=None) -> list[str]:
   return []
 
 
+def enable_onednn(environ=None) -> None:
+  """Sets TF_ENABLE_ONEDNN_OPTS as compat.onednn_setting says, where TensorFlow has not been
+  imported yet (TF reads it once, while it loads). `import tfdp` calls this."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  environ = os.environ if environ is None else environ
+  if "tensorflow" in sys.modules and environ is os.environ:
+    return
+  value = compat.onednn_setting(cpu_flags(environ={}), environ)
+  if value is not None:
+    environ[compat.ONEDNN_ENV] = value
+
+
 def check_bfloat16_under_isa_cap(requested: str, has_gpu: bool, environ=None,
                                  cpuinfo_path: str = "/proc/cpuinfo") -> None:
   """TF sends bfloat16 matmuls to oneDNN where the CPU has AVX-512; under an ONEDNN_MAX_CPU_ISA
@@ -287,9 +300,10 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   # Physical devices only: listing logical ones would start the runtime, after which
   # MultiWorkerMirroredStrategy can no longer configure its collectives.
   local = [f"/cpu:{i}" for i in range(num_cpus)]
-  local += [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
+  gpus_here = tf.config.list_physical_devices("GPU")
+  local += [f"/gpu:{i}" for i in range(len(gpus_here))]
   precision, precision_reason = resolve_precision(runtime.mixed_precision)
-  if not tf.config.list_physical_devices("GPU"):
+  if not gpus_here:
     from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
     warning = compat.onednn_off_warning(compat.onednn_enabled(), cpu_flags(environ={}), os.environ)
     if warning:
