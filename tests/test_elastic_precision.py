@@ -13,10 +13,12 @@ from test_elastic import job, probe, record
 BF16 = ",runtime.mixed_precision=mixed_bfloat16,runtime.all_reduce_dtype=bfloat16"
 # bfloat16 keeps 8 significant bits (unit round-off 2**-8 = 0.0039). 4 replicas and 2 replicas x
 # 2 accumulation steps round the gradients at other points (each replica's gradient is cast
-# before the sum; two micro-steps are summed in float32 first), so the two runs part by about
-# one bfloat16 round-off of the largest weight, not by float32's: measured 0.0025 here. Either
-# setting dropped moves the run further: 0.017 (float32 all-reduce), 0.035 (all float32).
-BF16_TOLERANCE = 5e-3
+# before the sum; two micro-steps are summed in float32 first), so the two runs part by one or two
+# bfloat16 round-offs of the largest weight, not by float32's (with a float32 all-reduce they are
+# bit-equal). Measured: 0.0025 on the AVX512-BF16 EPYC, 0.0062 on the AVX2-only one (bfloat16
+# emulated). Either setting dropped moves the run further: 0.017 / 0.035 there (float32 all-reduce
+# / all float32), 0.037 / 0.054 here. 0.01 sits between the two groups on both CPUs.
+BF16_TOLERANCE = 1e-2
 
 
 def side_by_side(*legs) -> list[dict]:
