@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Sequence
 
 from absl import logging
 
 from tfdp.distributed.cluster import Cluster
 from tfdp.config.schema import RuntimeConfig
+from tfdp.distributed import compat
 from tfdp.distributed import gpus
 from tfdp.errors import ConfigError
 
@@ -128,8 +130,6 @@ def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo", environ=None) -> list[str]:
 def enable_onednn(environ=None) -> None:
   """Sets TF_ENABLE_ONEDNN_OPTS as compat.onednn_setting says, where TensorFlow has not been
   imported yet (TF reads it once, while it loads). `import tfdp` calls this."""
-  import sys  # pylint: disable=g-import-not-at-top
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   environ = os.environ if environ is None else environ
   if "tensorflow" in sys.modules and environ is os.environ:
     return
@@ -304,7 +304,6 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   local += [f"/gpu:{i}" for i in range(len(gpus_here))]
   precision, precision_reason = resolve_precision(runtime.mixed_precision)
   if not gpus_here:
-    from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
     warning = compat.onednn_off_warning(compat.onednn_enabled(), cpu_flags(environ={}), os.environ)
     if warning:
       logging.warning(warning)
@@ -314,8 +313,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
     if cluster.is_multi_worker:
-      from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-      compat.configure_coordination_service(cluster.cluster, cluster.task_type,
+        compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
     with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds):
       strategy = tf.distribute.MultiWorkerMirroredStrategy(
