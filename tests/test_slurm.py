@@ -184,6 +184,10 @@ def requeue_mid_run_and_wait(script, run, out, *changes: str, args=()) -> None:
     assert requeued.returncode == 0, requeued.stderr
     while squeue_state(job_id) not in ("PENDING", ""):  # the steps are being stopped
       time.sleep(0.2)
+    # slurmd revoked the job's credential when it stopped the steps and refuses a credential made
+    # in the same second ("Killing non-startable batch JobId=19: Job credential revoked", seen
+    # once in CI): start it again a second later, not at once.
+    time.sleep(1.1)
     updated = subprocess.run(["scontrol", "update", f"JobId={job_id}", *changes, "StartTime=now"],
                              capture_output=True, text=True, timeout=30)
     assert updated.returncode == 0, updated.stderr

@@ -221,6 +221,9 @@ def requeue_on_fewer_nodes(scenario: dict, events: dict, deadline: float) -> Non
       raise RuntimeError(f"scontrol {name} failed: {done.stderr}")
   _wait("the requeued job pending", lambda: _job(job_id)[0] in ("PENDING", ""), 120, deadline)
   # Slurm holds a requeued job back for 2 minutes; a real preemption waits for nodes anyway.
+  # Not in the same second as the requeue: slurmd refuses a credential made in the second it
+  # revoked the job's last one ("Job credential revoked", seen once in test_slurm's CI run).
+  time.sleep(1.1)
   done = _run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
   if done.returncode:
     raise RuntimeError(f"scontrol update StartTime failed: {done.stderr}")
