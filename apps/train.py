@@ -53,8 +53,10 @@ def main(argv):
     if FLAGS.print_config:
       print(config_lib.dump_yaml(config))
       return 0
-    logs.start_tensorflow(FLAGS.tf_log_level)
-    from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
+    # The level is set now; TensorFlow starts in experiment.build once the checks that need no
+    # TensorFlow (config, cluster, model_dir, data paths) have passed.
+    logs.quiet_tensorflow(logs.tf_log_level(FLAGS.tf_log_level))
+    from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
     logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
                  "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)
     try:

@@ -346,6 +346,30 @@ def test_there_are_at_least_sixty_cases():
 def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path, request):
   if case.id in NEEDS_CIFAR and not helpers.HAVE_CIFAR:
     pytest.skip(helpers.NO_CIFAR_REASON)
+  check_refused(case, tmp_path, request)
+
+
+# Inputs that are wrong whatever TensorFlow would say: refused before it is imported (a second,
+# not the four `import tensorflow` takes here), so a cluster job with a typo fails at once.
+BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "model_dir_in_use",
+                     "model_dir_world_writable", "batch_does_not_split", "tfds_not_prepared",
+                     "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage")
+
+
+@pytest.mark.parametrize("case_id", BEFORE_TENSORFLOW)
+def test_checks_that_need_no_tensorflow_refuse_before_it_is_imported(case_id, tmp_path, request):
+  no_tensorflow = tmp_path / "no_tensorflow"
+  (no_tensorflow / "tensorflow").mkdir(parents=True)
+  (no_tensorflow / "tensorflow" / "__init__.py").write_text(
+      "raise ImportError('tensorflow imported before the checks that need none')\n")
+  (case,) = [c for c in CASES if c.id == case_id]
+  env = {**case.env, "PYTHONPATH": os.pathsep.join(
+      x for x in (str(no_tensorflow), case.env.get("PYTHONPATH")) if x)}
+  check_refused(dataclasses.replace(case, env=env), tmp_path, request)
+
+
+def check_refused(case: Case, tmp_path: Path, request) -> None:
+  """Runs `case`: one `error:` line naming its words, no traceback, model_dir untouched."""
   fill = lambda text: text.replace(FOLDER, str(tmp_path))  # noqa: E731
   model_dir = tmp_path / "run"
   if case.trained:

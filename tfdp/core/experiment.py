@@ -12,6 +12,7 @@ from absl import logging
 
 from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
+from tfdp import logs
 from tfdp.core import data as data_lib
 from tfdp.core import local_shards
 from tfdp.core import outputs
@@ -185,7 +186,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None,
                         start_over=start_over)
-
+  logs.start_tensorflow()  # only now: a bad input above was answered in a second, not in four
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
