@@ -229,11 +229,11 @@ def onednn_in_a_new_process(mode, **extra_env):
 
 
 def test_onednn_is_turned_on_where_tensorflow_would_leave_it_off():
-  from tfdp.distributed import compat, strategy  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat, cpus  # pylint: disable=g-import-not-at-top
   assert compat.onednn_setting(["fma", "avx2"], {}) == "1"
   assert compat.onednn_setting(["fma", "avx2"], {"TF_ENABLE_ONEDNN_OPTS": "0"}) is None
   assert compat.onednn_setting(["asimd", "sve"], {}) is None  # ARM: TF's own choice
-  flags = strategy.cpu_flags(environ={})
+  flags = cpus.cpu_flags(environ={})
   # Upstream: TF's Linux x86 wheel turns oneDNN on only on CPUs with VNNI/BF16/AMX. On the
   # AVX2-only EPYC (family 25 model 1) this prints [null, false] and the job runs Eigen's kernels.
   assert onednn_in_a_new_process("upstream") == [None, any(f in flags for f in TF_ONEDNN_DEFAULT_FLAGS)]
@@ -259,5 +259,5 @@ def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
   assert proc.returncode == 0, proc.stderr[-2000:]
   enabled = proc.stdout.strip().splitlines()[-1] == "True"
   warned = [l for l in proc.stderr.splitlines() if "oneDNN kernels are off" in l]
-  from tfdp.distributed import strategy  # pylint: disable=g-import-not-at-top
-  assert len(warned) == (0 if enabled or "avx2" not in strategy.cpu_flags(environ={}) else 1), proc.stderr[-2000:]
+  from tfdp.distributed import cpus  # pylint: disable=g-import-not-at-top
+  assert len(warned) == (0 if enabled or "avx2" not in cpus.cpu_flags(environ={}) else 1), proc.stderr[-2000:]

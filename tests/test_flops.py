@@ -9,6 +9,7 @@ import pytest
 from tfdp import logs
 from tfdp.bench import modes, report
 from tfdp.core import flops
+from tfdp.distributed import cpus
 
 
 def tiny_cnn():
@@ -105,7 +106,7 @@ def no_onednn_isa_cap(monkeypatch):
 def test_zen4_peak_uses_256_bit_pipes_and_doubles_for_bfloat16(tmp_path):
   info = write_cpuinfo(tmp_path, "AuthenticAMD", 25, "fpu sse avx avx2 fma avx512f avx512_bf16",
                        2, 2, "2600.000")
-  facts = flops.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
+  facts = cpus.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
   assert (facts.cores, facts.mhz, flops.vector_bits(facts)) == (2, 2600.0, 256)
   fp32, how = flops.cpu_peak_flops(facts, "float32")
   assert fp32 == pytest.approx(2 * 2 * 8 * 2 * 2.6e9)
@@ -117,7 +118,7 @@ def test_intel_avx512_peak_counts_physical_cores_at_the_rated_clock(tmp_path):
   info = write_cpuinfo(tmp_path, "GenuineIntel", 6, "fpu avx avx2 fma avx512f", 16, 8, "1200.0")
   max_freq = tmp_path / "cpuinfo_max_freq"
   max_freq.write_text("3000000\n")  # kHz: the rated 3.0 GHz, not the idle 1.2
-  facts = flops.cpu_facts(info, str(max_freq), usable_cpus=4)  # 4 hyperthreads = 2 cores
+  facts = cpus.cpu_facts(info, str(max_freq), usable_cpus=4)  # 4 hyperthreads = 2 cores
   assert facts.cores == 2
   assert flops.cpu_peak_flops(facts)[0] == pytest.approx(2 * 2 * 16 * 2 * 3.0e9)
   # No native bfloat16: converted and computed in float32, at the float32 peak.
@@ -126,7 +127,7 @@ def test_intel_avx512_peak_counts_physical_cores_at_the_rated_clock(tmp_path):
 
 def test_without_fma_a_lane_does_one_flop_per_pipe(tmp_path):
   info = write_cpuinfo(tmp_path, "GenuineIntel", 6, "fpu sse avx", 1, 1, "2000.0")
-  facts = flops.cpu_facts(info, str(tmp_path / "none"), usable_cpus=1)
+  facts = cpus.cpu_facts(info, str(tmp_path / "none"), usable_cpus=1)
   assert flops.cpu_peak_flops(facts)[0] == pytest.approx(1 * 2 * 8 * 1 * 2.0e9)
 
 
@@ -197,5 +198,5 @@ def test_an_avx2_isa_cap_drops_the_bfloat16_doubling(tmp_path, monkeypatch):
   info = write_cpuinfo(tmp_path, "AuthenticAMD", 25, "fpu sse avx avx2 fma avx512f avx512_bf16",
                        2, 2, "2600.000")
   monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-  facts = flops.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
+  facts = cpus.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
   assert flops.cpu_peak_flops(facts, "mixed_bfloat16")[0] == flops.cpu_peak_flops(facts)[0]

@@ -2,6 +2,7 @@
 import pytest
 
 from tfdp import config as config_lib
+from tfdp.distributed import cpus
 from tfdp.distributed import strategy as strategy_lib
 from tfdp.distributed.cluster import Cluster
 from tfdp.errors import ConfigError
@@ -128,8 +129,8 @@ def test_auto_precision_by_gpu_tensor_cores_and_cpu_bfloat16(requested, gpus, fl
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\nprocessor\t: 1\n")
-  assert strategy_lib.cpu_flags(str(cpuinfo), environ={}) == ["fpu", "avx512f", "avx512_bf16"]
-  assert strategy_lib.cpu_flags(str(tmp_path / "absent")) == []
+  assert cpus.cpu_flags(str(cpuinfo), environ={}) == ["fpu", "avx512f", "avx512_bf16"]
+  assert cpus.cpu_flags(str(tmp_path / "absent")) == []
 
 
 @pytest.mark.parametrize("cap, expected_policy", [
@@ -141,10 +142,13 @@ def test_onednn_isa_cap_imitates_a_cpu_without_its_hidden_instructions(tmp_path,
   as on an AVX2-only CPU, and the MFU peak must not count AVX-512 lanes."""
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("flags\t\t: fpu avx2 fma avx512f avx512_bf16 amx_bf16\n")
-  flags = strategy_lib.cpu_flags(str(cpuinfo), environ={"ONEDNN_MAX_CPU_ISA": cap})
+  flags = cpus.cpu_flags(str(cpuinfo), environ={"ONEDNN_MAX_CPU_ISA": cap})
   assert strategy_lib.choose_precision("auto", [], flags)[0] == expected_policy
   assert ("avx512f" in flags) == (cap.upper() != "AVX2")
   assert "amx_bf16" not in flags or not cap
+  facts = cpus.cpu_facts(str(cpuinfo), str(tmp_path / "no_cpufreq"), usable_cpus=1,
+                         environ={"ONEDNN_MAX_CPU_ISA": cap})
+  assert facts.flags == frozenset(flags)  # the peak counts what the precision was chosen by
 
 
 def test_explicit_bfloat16_under_a_cap_hiding_avx512_is_one_line_not_an_abort(tmp_path):

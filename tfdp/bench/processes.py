@@ -16,6 +16,7 @@ import sys
 import threading
 
 from tfdp import paths
+from tfdp.distributed import cpus
 from tfdp.bench.options import PROG, BenchError
 
 RESULT_PREFIX = "tfdp-bench-result: "
@@ -23,12 +24,7 @@ RESULT_PREFIX = "tfdp-bench-result: "
 
 def machine_info() -> dict:
   """Carried by every row: results mean little without the machine and load they came from."""
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
+  cpu = cpus.first_processor().get("model name") or platform.processor()
 
   def version(package: str) -> str:
     try:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 
-from tfdp.distributed import strategy
+from tfdp.distributed.cpus import CpuFacts, cpu_facts
 
 TRAINING_OVER_FORWARD = 3
 # Layers whose FLOPs are left out on purpose (see above); any other layer that holds weights
@@ -126,40 +125,6 @@ def count_flops(model) -> FlopCount:
 # Two FMA pipes per core on every x86 core since Haswell / Zen 2 (Intel Xeon Bronze and some
 # Silver have one 512-bit FMA unit: their peak is half this).
 FMA_UNITS_PER_CORE = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuFacts:
-  vendor: str  # GenuineIntel, AuthenticAMD
-  family: int
-  model_name: str
-  flags: frozenset
-  cores: int  # physical cores this process may run on
-  mhz: float  # the rated maximum where the kernel says it, else what /proc/cpuinfo reports
-
-
-def cpu_facts(cpuinfo_path: str = "/proc/cpuinfo",
-              max_freq_path: str = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",
-              usable_cpus: int | None = None) -> CpuFacts:
-  """Read from the machine: the first processor's entry, the process's CPU affinity (logical
-  CPUs, halved on an SMT machine: siblings share one core's FMA pipes)."""
-  fields = {}
-  with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      if not line.strip():
-        break
-      key, _, value = line.partition(":")
-      fields[key.strip()] = value.strip()
-  logical = usable_cpus or len(os.sched_getaffinity(0))
-  siblings, per_package = int(fields.get("siblings", 1)), int(fields.get("cpu cores", 1))
-  mhz = float(fields.get("cpu MHz", 0.0))
-  if os.path.exists(max_freq_path):
-    with open(max_freq_path, encoding="utf-8") as f:
-      mhz = int(f.read().strip()) / 1000.0  # kHz
-  return CpuFacts(fields.get("vendor_id", ""), int(fields.get("cpu family", 0)),
-                  fields.get("model name", ""),
-                  frozenset(strategy.onednn_capped(fields.get("flags", "").split())),
-                  max(1, logical * per_package // max(siblings, 1)), mhz)
 
 
 def vector_bits(facts: CpuFacts) -> int:

@@ -15,6 +15,7 @@ from absl import logging
 from tfdp.distributed.cluster import Cluster
 from tfdp.config.schema import RuntimeConfig
 from tfdp.distributed import compat
+from tfdp.distributed import cpus
 from tfdp.distributed import gpus
 from tfdp.errors import ConfigError
 
@@ -96,58 +97,27 @@ def choose_precision(requested: str, gpu_compute_capabilities: Sequence[tuple[in
   return "float32", "auto: no tensor-core GPU and no native bfloat16 on the CPU"
 
 
-# oneDNN's dispatch cap (ONEDNN_MAX_CPU_ISA, e.g. AVX2 to imitate an AVX2-only CPU) hides
-# instructions from every kernel TF runs; the flags it hides, by the cap's name.
-_AVX512_AND_AMX = ("avx512", "amx")
-ONEDNN_ISA_CAP_HIDES = {
-    **{isa: _AVX512_AND_AMX for isa in ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")},
-    "AVX512_CORE": ("avx512_bf16", "avx512_fp16", "amx"),
-    "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
-    "AVX512_CORE_BF16": ("avx512_fp16", "amx"), "AVX512_CORE_FP16": ("amx",),
-    "AVX10_1_512": ("amx",)}
-
-
-def onednn_capped(flags: Sequence[str], environ=None) -> list[str]:
-  """The flags oneDNN may use under ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA)."""
-  environ = os.environ if environ is None else environ
-  cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").upper()
-  hidden = ONEDNN_ISA_CAP_HIDES.get(cap, ())
-  return [flag for flag in flags if not flag.startswith(hidden)] if hidden else list(flags)
-
-
-def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo", environ=None) -> list[str]:
-  """The CPU's feature flags (Linux) that oneDNN may use; [] where /proc/cpuinfo is absent."""
-  try:
-    with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-      for line in f:
-        if line.startswith("flags"):
-          return onednn_capped(line.partition(":")[2].split(), environ)
-  except OSError:
-    pass
-  return []
-
-
 def enable_onednn(environ=None) -> None:
   """Sets TF_ENABLE_ONEDNN_OPTS as compat.onednn_setting says, where TensorFlow has not been
   imported yet (TF reads it once, while it loads). `import tfdp` calls this."""
   environ = os.environ if environ is None else environ
   if "tensorflow" in sys.modules and environ is os.environ:
     return
-  value = compat.onednn_setting(cpu_flags(environ={}), environ)
+  value = compat.onednn_setting(cpus.cpu_flags(environ={}), environ)
   if value is not None:
     environ[compat.ONEDNN_ENV] = value
 
 
 def check_bfloat16_under_isa_cap(requested: str, has_gpu: bool, environ=None,
-                                 cpuinfo_path: str = "/proc/cpuinfo") -> None:
+                                 cpuinfo_path: str = cpus.CPUINFO) -> None:
   """TF sends bfloat16 matmuls to oneDNN where the CPU has AVX-512; under an ONEDNN_MAX_CPU_ISA
   cap that hides it, oneDNN has no kernel and the process aborts in the first step ("could not
   create a primitive descriptor for the matmul primitive"). Refuse that in one line instead."""
   if requested != "mixed_bfloat16" or has_gpu:
     return
   environ = os.environ if environ is None else environ
-  had = cpu_flags(cpuinfo_path, environ={})
-  if "avx512f" in had and "avx512f" not in cpu_flags(cpuinfo_path, environ):
+  had = cpus.cpu_flags(cpuinfo_path, environ={})
+  if "avx512f" in had and "avx512f" not in cpus.cpu_flags(cpuinfo_path, environ):
     cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
     raise ConfigError(f"runtime.mixed_precision=mixed_bfloat16 cannot run under "
                       f"ONEDNN_MAX_CPU_ISA={cap}: TF sends bfloat16 matmuls to oneDNN on this "
@@ -166,7 +136,7 @@ def resolve_precision(requested: str) -> tuple[str, str]:
   for gpu in gpus_here:
     details = tf.config.experimental.get_device_details(gpu)
     capabilities.append(tuple(details.get("compute_capability", (0, 0))))
-  return choose_precision(requested, capabilities, cpu_flags())
+  return choose_precision(requested, capabilities, cpus.cpu_flags())
 
 
 def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str]) -> StrategyPlan:
@@ -304,7 +274,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   local += [f"/gpu:{i}" for i in range(len(gpus_here))]
   precision, precision_reason = resolve_precision(runtime.mixed_precision)
   if not gpus_here:
-    warning = compat.onednn_off_warning(compat.onednn_enabled(), cpu_flags(environ={}), os.environ)
+    warning = compat.onednn_off_warning(compat.onednn_enabled(), cpus.cpu_flags(environ={}), os.environ)
     if warning:
       logging.warning(warning)
   plan = dataclasses.replace(plan_strategy(runtime, cluster, local), precision=precision,
