@@ -32,6 +32,7 @@ from tfdp.bench import box as cluster_box
 REPO = Path(__file__).resolve().parents[2]
 
 NODES = 3
+SETTINGS = Path(__file__).with_name("slurm_settings.conf")  # shared with start_slurm.sh
 # cluster_box.UNSHARE without its user namespace: there --map-root-user denies setgroups(2),
 # and slurmctld exits at start ("fatal: Failed to drop supplementary groups, setgroups:
 # Operation not permitted"), slurmstepd too. As root, the network, mount and pid namespaces
@@ -75,7 +76,7 @@ def short_folder() -> Path:
 
 
 def write_conf(folder: Path, spool: Path) -> Path:
-  """slurm.conf for the box (as tests/scripts/start_slurm.sh's), node names for /etc/hosts;
+  """slurm.conf for the box (SETTINGS, as tests/scripts/start_slurm.sh's), node names for /etc/hosts;
   slurmd's spool folders under `spool` (see SOCKET_PATH_MAX)."""
   longest = f"{spool}/node{NODES}/{LONGEST_STEP_SOCKET}"
   if len(longest) > SOCKET_PATH_MAX:
@@ -92,26 +93,13 @@ def write_conf(folder: Path, spool: Path) -> Path:
   # slurmctld only runs where SlurmctldHost names this machine; the address says where it is.
   conf.write_text(f"""ClusterName=tfdpbox
 SlurmctldHost={socket.gethostname().split('.')[0]}({cluster_box.address(0)})
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-ReturnToService=2
-SlurmdParameters=config_overrides
+{SETTINGS.read_text().strip()}
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/log/slurmctld.log
 SlurmdLogFile={folder}/log/slurmd-%n.log
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-KillWait=10
 NodeName=node[1-{NODES}] NodeAddr={cluster_box.SUBNET}.[2-{NODES + 1}] CPUs=2 State=UNKNOWN
 PartitionName=box Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)

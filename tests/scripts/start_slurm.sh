@@ -16,32 +16,22 @@ fi
 chown -R munge:munge /etc/munge /var/log/munge /run/munge /var/lib/munge 2>/dev/null || true
 chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
-cat > /etc/slurm/slurm.conf <<CONF
-ClusterName=tfdp
-SlurmctldHost=${host}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-ReturnToService=2
-SlurmdParameters=config_overrides
+# The settings tests/scripts/slurm_box.py's 3-node box shares, then this machine's paths and node.
+{
+  echo "ClusterName=tfdp"
+  echo "SlurmctldHost=${host}"
+  cat "$(dirname "$0")/slurm_settings.conf"
+  cat <<CONF
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-KillWait=10
 NodeName=${host} CPUs=${cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+} > /etc/slurm/slurm.conf
 pgrep -x slurmctld >/dev/null || /usr/sbin/slurmctld
 pgrep -x slurmd >/dev/null || /usr/sbin/slurmd
 for _ in $(seq 60); do
