@@ -98,26 +98,20 @@ def box_overrides(model: str, variant: str, n: int) -> tuple[list[str], list[str
 
 def run_box(model: str, variant: str, rate: str, n: int, workdir: str) -> dict:
   files, overrides = box_overrides(model, variant, n)
-  env = {**processes.child_env(), "CUDA_VISIBLE_DEVICES": ""}
   barrier = tempfile.mkdtemp(prefix="barrier-", dir=workdir)
-  hosts = []
+  specs = []
   for k in range(n):
     spec = {"kind": "train", "config_files": files, "overrides": overrides, "measure": ["train"],
             # one group shares a model_dir (workers check they agree); lone cells each their own
             "model_dir": os.path.join(workdir, f"{model}-{variant}-{rate or 'none'}-n{n}"
                                       + (f"-h{k}" if variant == "compute" else "")),
             "warmup": WARMUP, "steps": STEPS, "repeats": REPEATS}
-    host_env = dict(env)
     if variant == "compute":
       spec["start_together"] = {"folder": barrier, "count": n}
-    else:
-      host_env["TF_CONFIG"] = cluster_box.tf_config(k, n, PORT)
-    hosts.append(cluster_box.Host(processes.cell_command(spec), rate=rate, env=host_env))
-  start = time.perf_counter()
-  result = cluster_box.Box(hosts).run(timeout=420, workdir=workdir)
-  wall = time.perf_counter() - start
-  outs = cluster_box.cell_results(result, f"{model} {variant} {rate or 'unshaped'} N={n}")
-  return {"cells": outs, "tx": [h["tx_bytes"] for h in result["hosts"]], "wall_s": wall}
+    specs.append(spec)
+  return cluster_box.run_cells(specs, rate, f"{model} {variant} {rate or 'unshaped'} N={n}",
+                               timeout=420, group=variant != "compute", port=PORT,
+                               workdir=workdir)
 
 
 def box_row(model: str, variant: str, rate: str, n: int, box: dict, load: float,

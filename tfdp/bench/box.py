@@ -115,15 +115,23 @@ class Box:
 def run_cell_group(spec: dict, num_hosts: int, rate: str, what: str, timeout: float,
                    port: int = PORT) -> dict:
   """tfdp-bench's cell `spec` on `num_hosts` box hosts as one worker group (TF_CONFIG naming the
-  hosts' addresses), each link shaped to `rate` ("" unshaped): {"cells": each host's result,
-  "tx", "rx": bytes each host sent and received, "wall_s"}."""
+  hosts' addresses), each link shaped to `rate` ("" unshaped): see run_cells."""
+  return run_cells([spec] * num_hosts, rate, what, timeout, port=port)
+
+
+def run_cells(specs: list[dict], rate: str, what: str, timeout: float, *, group: bool = True,
+              port: int = PORT, workdir: str | None = None) -> dict:
+  """The tfdp-bench cell specs[k] on box host k, each link shaped to `rate` ("" unshaped); as one
+  worker group (TF_CONFIG naming the hosts' addresses), or with `group` off each cell alone (to
+  measure compute without communication): {"cells": each host's result, "tx", "rx": bytes each
+  host sent and received, "wall_s"}."""
   from tfdp.bench import processes  # pylint: disable=g-import-not-at-top
   env = {**processes.child_env(), "CUDA_VISIBLE_DEVICES": ""}
   hosts = [Host(processes.cell_command(spec), rate=rate,
-                env={**env, "TF_CONFIG": tf_config(k, num_hosts, port)})
-           for k in range(num_hosts)]
+                env={**env, **({"TF_CONFIG": tf_config(k, len(specs), port)} if group else {})})
+           for k, spec in enumerate(specs)]
   start = time.perf_counter()
-  result = Box(hosts).run(timeout=timeout)
+  result = Box(hosts).run(timeout=timeout, workdir=workdir)
   wall = time.perf_counter() - start
   return {"cells": cell_results(result, what), "tx": [h["tx_bytes"] for h in result["hosts"]],
           "rx": [h["rx_bytes"] for h in result["hosts"]], "wall_s": wall}
