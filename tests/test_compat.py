@@ -261,3 +261,40 @@ def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
   warned = [l for l in proc.stderr.splitlines() if "oneDNN kernels are off" in l]
   from tfdp.distributed import cpus  # pylint: disable=g-import-not-at-top
   assert len(warned) == (0 if enabled or "avx2" not in cpus.cpu_flags(environ={}) else 1), proc.stderr[-2000:]
+
+
+LEAVE_SCRIPT = """
+import json, sys, time
+import tfdp
+import tensorflow as tf
+from tfdp import config as config_lib
+from tfdp.distributed import cluster as cluster_lib, strategy as strategy_lib
+cluster = cluster_lib.resolve_cluster()
+strategy, plan = strategy_lib.make_strategy(config_lib.load_config([], []).runtime, cluster)
+total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+if cluster.rank == 1:
+  time.sleep(3)  # worker 1 finishes 3 s after worker 0
+arrived = time.time()
+cluster_lib.leave_together(cluster)
+print(json.dumps({"rank": cluster.rank, "kind": plan.kind, "sum": float(total),
+                  "arrived": arrived, "left": time.time()}))
+"""
+
+
+def test_a_worker_that_is_done_waits_for_its_peers_before_it_leaves():
+  """tensorflow/tensorflow#58434: a worker that exits once its own result is complete closes its
+  sockets under a peer still fetching the collective's last buffers (RecvBuf), which then fails
+  with 'Socket closed' though all the work is done. Two real workers on loopback: worker 0 must
+  not leave before worker 1, 3 s later, has arrived."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import launch as launcher  # pylint: disable=g-import-not-at-top
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", launcher.pick_free_ports(2))
+  procs = [subprocess.Popen([sys.executable, "-c", LEAVE_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=helpers.env(TF_CONFIG=config),
+                            cwd=str(helpers.REPO)) for config in configs]
+  outs = [proc.communicate(timeout=180) for proc in procs]
+  for proc, (out, err) in zip(procs, outs):
+    assert proc.returncode == 0, err[-3000:]
+  first, second = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+  assert (first["kind"], first["sum"], second["sum"]) == ("multi_worker_mirrored", 2.0, 2.0)
+  assert first["left"] >= second["arrived"], (first, second)  # it waited for worker 1

@@ -272,4 +272,6 @@ def cell_main(argv: list[str]) -> None:
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   print(RESULT_PREFIX + json.dumps(result), flush=True)
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  cluster_lib.leave_together(cluster_lib.resolve_cluster())  # a group's cells: none leaves early
   cli.exit_now(0)  # no iterator teardown: a trained Controller keeps its iterator (see there)

@@ -161,6 +161,7 @@ class Experiment:
                       "replace or remove it, then re-run to resume from the last checkpoint.") from None
     finally:
       self.write_plan.cleanup()
+    cluster_lib.leave_together(cluster, self.config.runtime.heartbeat_timeout_seconds)
     result["trainer"] = trainer
     return result
 

@@ -347,6 +347,23 @@ def make_cluster_resolver(cluster: Cluster):
       rpc_layer=cluster.rpc_layer)
 
 
+_LEFT = [0]  # leave_together calls so far: each is its own barrier, in the same order everywhere
+
+
+def leave_together(cluster: Cluster, heartbeat_timeout_seconds: float = 30.0) -> None:
+  """A worker whose work is done waits for the others before it leaves (compat.leave_together:
+  a peer may still be fetching the last collective's buffers from it). Bounded like the start-up
+  exchange; a peer that died, or the timeout, is only logged: nothing is left to do."""
+  if not cluster.is_multi_worker:
+    return
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  _LEFT[0] += 1
+  why = compat.leave_together(max(60.0, 2 * heartbeat_timeout_seconds), _LEFT[0])
+  if why:  # worker 0, which holds the barrier, may have left first: nothing is lost either way
+    logging.info("left without hearing from every worker (%s); this worker's work is done", why)
+
+
 def summary_line(cluster: Cluster, replicas_in_sync: int,
                  all_reduce: str) -> str:
   """One log line: who this task is and how gradients are reduced."""

@@ -142,6 +142,23 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
   return values
 
 
+def leave_together(timeout_seconds: float, call: int = 1) -> str:
+  """Waits, through the coordination service, until every worker has finished its work, so that
+  none leaves while a peer may still pull from it: the last buffers of a collective are fetched
+  by the receiving worker (RecvBuf), and a worker that exits as soon as its own result is
+  complete closes its sockets under a peer still fetching, which then fails with
+  "UnavailableError: Collective ops is aborted by: Socket closed" though the work is done
+  (tensorflow/tensorflow#58434; 7 of 12 three-host all-reduce boxes here). Returns "" once all
+  are here, else why not (a peer that died, or the timeout): the caller leaves all the same."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  try:
+    context.context().wait_at_barrier(f"tfdp/leave/{call}", int(timeout_seconds * 1000))
+  except tf.errors.OpError as e:
+    return f"{type(e).__name__}: {e.message.splitlines()[0][:200]}"
+  return ""
+
+
 def restore_optimizer_all_reduce(optimizer) -> None:
   """Undoes skip_optimizer_all_reduce, so a user's optimizer works in Keras's own fit again
   after tfdp.fit trained with it."""
