@@ -303,3 +303,19 @@ def test_a_restored_run_reads_no_images_for_the_whitened_stem(tmp_path, monkeypa
   evaluated = experiment.build(config, str(tmp_path), "eval", verbose=False)
   assert calls == [40]  # nothing read again
   np.testing.assert_array_equal(np.asarray(evaluated.trainer.model.layers[1].kernel), stem)
+
+
+def test_a_run_leaves_with_the_other_workers_only_after_all_its_work(tmp_path, monkeypatch):
+  """Experiment.run ends in cluster.leave_together (tensorflow/tensorflow#58434: a worker that
+  leaves early breaks a peer still pulling the last all-reduce), after its last checkpoint and
+  export, in train and in eval mode; test_compat checks the wait itself with two workers."""
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  model_dir, left = tmp_path / "run", []
+  def record(cluster, heartbeat_timeout_seconds=30.0):
+    left.append(sorted(p.name for p in (model_dir / "checkpoints").glob("*.index"))
+                + sorted(p.name for p in model_dir.glob("model.keras")))
+  monkeypatch.setattr(cluster_lib, "leave_together", record)
+  config = config_lib.load_config([], [TOY_EMA + ",trainer.epochs=1"])
+  experiment.run(config, str(model_dir), "train_and_eval", verbose=False)
+  experiment.run(config, str(model_dir), "eval", verbose=False)
+  assert left == [[f"ckpt-{64 // 16}.index", "model.keras"]] * 2, left  # 64 examples, batch 16
