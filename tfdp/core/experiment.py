@@ -415,7 +415,7 @@ def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config:
   if source.kind != "local" or not cluster.is_multi_worker:
     return None
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
   counts = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps([list(source.shards), source.file_counts]),
       timeout, topic=topic)]
@@ -430,7 +430,7 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   digest = hashlib.sha256(f"{config_lib.config_to_json(config)}|{model_dir}".encode()).hexdigest()[:16]
   mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), digest)
-  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
   plans = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
   strategy_lib.check_workers_agree(plans)
@@ -470,7 +470,7 @@ def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
   if plans.get("train") is not None and plans["train"].policy != "local":
     state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
                                                             config.task.train_data)
-  timeout = max(60.0, 2 * config.runtime.heartbeat_timeout_seconds)
+  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
   states = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
       topic="restored")]

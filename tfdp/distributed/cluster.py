@@ -11,6 +11,7 @@ here (pin_slurm_task_gpus), before TensorFlow first touches a GPU.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import socket
@@ -347,19 +348,25 @@ def make_cluster_resolver(cluster: Cluster):
       rpc_layer=cluster.rpc_layer)
 
 
-_LEFT = [0]  # leave_together calls so far: each is its own barrier, in the same order everywhere
+def peer_wait_seconds(heartbeat_timeout_seconds: float = 30.0) -> float:
+  """How long a worker waits for its peers at an exchange or a barrier: long enough for the
+  heartbeat to have declared a dead peer, and never under a minute."""
+  return max(60.0, 2 * heartbeat_timeout_seconds)
+
+
+# Each leave_together call is a barrier of its own, numbered alike on every worker.
+_LEAVE_CALLS = itertools.count(1)
 
 
 def leave_together(cluster: Cluster, heartbeat_timeout_seconds: float = 30.0) -> None:
   """A worker whose work is done waits for the others before it leaves (compat.leave_together:
-  a peer may still be fetching the last collective's buffers from it). Bounded like the start-up
-  exchange; a peer that died, or the timeout, is only logged: nothing is left to do."""
+  a peer may still be fetching the last collective's buffers from it), for peer_wait_seconds at
+  most; a peer that died, or the timeout, is only logged: nothing is left to do."""
   if not cluster.is_multi_worker:
     return
   from absl import logging  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  _LEFT[0] += 1
-  why = compat.leave_together(max(60.0, 2 * heartbeat_timeout_seconds), _LEFT[0])
+  why = compat.leave_together(peer_wait_seconds(heartbeat_timeout_seconds), next(_LEAVE_CALLS))
   if why:  # worker 0, which holds the barrier, may have left first: nothing is lost either way
     logging.info("left without hearing from every worker (%s); this worker's work is done", why)
 

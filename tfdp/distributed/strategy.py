@@ -117,7 +117,7 @@ def check_bfloat16_under_isa_cap(requested: str, has_gpu: bool, environ=None,
     return
   environ = os.environ if environ is None else environ
   had = cpus.cpu_flags(cpuinfo_path, environ={})
-  if "avx512f" in had and "avx512f" not in cpus.cpu_flags(cpuinfo_path, environ):
+  if "avx512f" in had and "avx512f" not in cpus.onednn_capped(had, environ):
     cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
     raise ConfigError(f"runtime.mixed_precision=mixed_bfloat16 cannot run under "
                       f"ONEDNN_MAX_CPU_ISA={cap}: TF sends bfloat16 matmuls to oneDNN on this "
