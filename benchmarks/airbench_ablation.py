@@ -5,6 +5,8 @@ baseline's and on all's final checkpoints (--mode=eval), no training of its own.
 
   nice -n 10 python benchmarks/airbench_ablation.py --out=/tmp/ablation [--epochs=3]
       [--widths=32,64,128] [--seed=42] [--only=baseline,lookahead]
+  python benchmarks/airbench_ablation.py --out=/tmp/quick --config=configs/cifar10_quick.yaml \
+      --epochs=0 --widths= --only=baseline,fixed_scale    # the default job as it is
 
 Prints and appends to OUT/results.jsonl one JSON line per run: name, eval accuracy, seconds.
 """
@@ -24,12 +26,18 @@ PIECES = {
     "dirac": "task.model.kwargs.dirac_init=true",
 }
 PIECES["all"] = ",".join(v for v in PIECES.values() if v)
+# airbench's BatchNorm: scale fixed at 1, alone and with the pieces that may need it
+PIECES["fixed_scale"] = "task.model.kwargs.batchnorm_scale=false"
+PIECES["fixed_scale_bias64"] = f"{PIECES['fixed_scale']},{PIECES['bias64']}"
+PIECES["fixed_scale_lookahead"] = f"{PIECES['fixed_scale']},{PIECES['lookahead']}"
+PIECES["torch_init"] = "task.model.kwargs.torch_default_init=true"  # PyTorch's initialization
+PIECES["torch_init_fixed_scale"] = f"{PIECES['torch_init']},{PIECES['fixed_scale']}"
 
 
-def train(out, name, common, extra, mode="train_and_eval"):
+def train(out, name, config, common, extra, mode="train_and_eval"):
   overrides = ",".join(x for x in (common, extra) if x)
   cmd = [sys.executable, os.path.join(REPO, "apps", "train.py"),
-         f"--config_file={os.path.join(REPO, 'configs', 'cifar10_airbench.yaml')}",
+         f"--config_file={os.path.join(REPO, config)}",
          f"--model_dir={os.path.join(out, name.split('+')[0])}", f"--mode={mode}",
          f"--params_override={overrides}"]
   start = time.time()
@@ -48,22 +56,25 @@ def train(out, name, common, extra, mode="train_and_eval"):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
-  parser.add_argument("--epochs", type=int, default=3)
-  parser.add_argument("--widths", default="32,64,128")
+  parser.add_argument("--config", default="configs/cifar10_airbench.yaml")
+  parser.add_argument("--epochs", type=int, default=3, help="0: the config's (and its warmup)")
+  parser.add_argument("--widths", default="32,64,128", help="empty: the config's")
   parser.add_argument("--seed", type=int, default=42)
   parser.add_argument("--only", default=",".join(PIECES))
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  # airbench.yaml's 2.5 warmup epochs of 11, kept as a fraction of the run.
-  common = ",".join([f"task.model.kwargs.widths=[{args.widths}]", f"trainer.epochs={args.epochs}",
-                     f"trainer.eval_every_epochs={args.epochs}", f"trainer.seed={args.seed}",
-                     f"trainer.learning_rate.warmup_epochs={2.5 * args.epochs / 11:.3f}",
-                     "trainer.export_model=false", "runtime.watchdog_seconds=0"])
+  common = [f"trainer.seed={args.seed}", "trainer.export_model=false", "runtime.watchdog_seconds=0"]
+  if args.widths:
+    common.append(f"task.model.kwargs.widths=[{args.widths}]")
+  if args.epochs:  # airbench.yaml's 2.5 warmup epochs of 11, kept as a fraction of the run.
+    common += [f"trainer.epochs={args.epochs}", f"trainer.eval_every_epochs={args.epochs}",
+               f"trainer.learning_rate.warmup_epochs={2.5 * args.epochs / 11:.3f}"]
+  common = ",".join(common)
   for name in args.only.split(","):
-    train(args.out, name, common, PIECES[name])
+    train(args.out, name, args.config, common, PIECES[name])
     if name in ("baseline", "all"):  # the same checkpoint, evaluated with translate TTA too
-      train(args.out, name + "+translate", common, f"{PIECES[name]},task.eval_translate=1".strip(","),
-            mode="eval")
+      train(args.out, name + "+translate", args.config, common,
+            f"{PIECES[name]},task.eval_translate=1".strip(","), mode="eval")
 
 
 if __name__ == "__main__":

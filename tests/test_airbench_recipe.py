@@ -203,3 +203,41 @@ def test_translate_tta_weights_airbench_views_and_bad_values_are_one_line_errors
       config_lib.load_config([], [override])
     message = str(error.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_batchnorm_scale_false_fixes_every_scale_at_one_as_airbench_does():
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  x = tf.random.stateless_normal((8, 16, 16, 3), seed=(5, 6)) * 3.0 + 1.0
+  for learned in (True, False):
+    model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 16),
+                               batchnorm_scale=learned)
+    norms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    assert len(norms) == 6 and all(l.epsilon == 1e-12 for l in norms)
+    scales = [v for v in model.trainable_variables if "gamma" in v.path]
+    betas = [v for v in model.trainable_variables if "beta" in v.path]
+    assert (len(scales), len(betas)) == ((6, 6) if learned else (0, 6))
+    for layer in norms:  # a scale of 2 would double each channel's spread; fixed: always unit
+      if learned:
+        layer.gamma.assign(tf.fill(layer.gamma.shape, 2.0))
+      probe = keras.Model(model.input, layer.output)
+      spread = np.std(np.asarray(probe(x, training=True)), axis=(0, 1, 2))
+      np.testing.assert_allclose(spread, 2.0 if learned else 1.0, rtol=1e-3)
+
+
+def test_torch_default_init_draws_each_kernel_within_one_over_root_fan_in():
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(7)
+  model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 16),
+                             torch_default_init=True)
+  kernels = [l.kernel for l in model.layers if isinstance(l, (keras.layers.Conv2D,
+                                                              keras.layers.Dense))][1:]  # not the stem
+  assert len(kernels) == 7
+  for kernel in kernels:
+    values = np.asarray(kernel)
+    bound = 1.0 / np.sqrt(np.prod(values.shape[:-1]))  # PyTorch: uniform(+-1/sqrt(fan_in))
+    assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound
+    assert abs(np.var(values) - bound ** 2 / 3) < 0.2 * bound ** 2 / 3
+  same_shape = [np.asarray(k) for k in kernels if tuple(k.shape) == (3, 3, 16, 16)]
+  assert len(same_shape) == 3 and not np.allclose(same_shape[0], same_shape[1])  # not one draw

@@ -151,24 +151,35 @@ def dirac_kernel(kernel):
 
 @register_model("airbench")
 def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum=0.4,
-             logit_scale=1 / 9, whiten=True, dirac_init=False, sample_images=None):
+             logit_scale=1 / 9, whiten=True, dirac_init=False, batchnorm_scale=True,
+             torch_default_init=False, sample_images=None):
   """The fast CIFAR-10 net of airbench (Keller Jordan 2024): a 2x2 stem, three groups of
   conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. The stem is fixed to
   whiten 2x2 patches of `sample_images` (patch_whitening_kernel; its bias still learns) when
   `whiten` and images are given, else learned. `dirac_init`: each 3x3 conv's first filters (one
-  per input channel) start as the identity, as airbench's do. Differences from airbench:
-  BatchNorm keeps a learned scale; lookahead and the BatchNorm-bias learning-rate multiplier are
-  the trainer's (trainer.lookahead_every_steps, trainer.optimizer.norm_bias_lr_multiplier)."""
+  per input channel) start as the identity, as airbench's do. `batchnorm_scale`: BatchNorm learns
+  a scale (False: fixed at 1, as airbench's). `torch_default_init`: the convs and the head start
+  as PyTorch's default, uniform within +-1/sqrt(fan_in), as airbench's do (else Keras's
+  Glorot-uniform, up to 1.7x wider here: under BatchNorm a larger weight learns more slowly
+  until weight decay shrinks it). Lookahead and the BatchNorm-bias learning-rate
+  multiplier are the trainer's (trainer.lookahead_every_steps,
+  trainer.optimizer.norm_bias_lr_multiplier)."""
   import keras  # pylint: disable=g-import-not-at-top
   from keras import layers  # pylint: disable=g-import-not-at-top
   if len(widths) != 3:
     raise TypeError(f"widths must be 3 numbers (one per group), got {widths}")
 
   def bn(x):  # Keras momentum keeps that much of the old value (PyTorch's 0.6 is Keras's 0.4)
-    return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12)(x)
+    return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12,
+                                     scale=batchnorm_scale)(x)
+
+  def init():  # a new one per layer: one unseeded initializer reused draws the same values
+    # PyTorch's kaiming_uniform_(a=sqrt(5)) for Conv2d and Linear: variance 1 / (3 fan_in)
+    return (keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform")
+            if torch_default_init else "glorot_uniform")
 
   def conv(x, filters):
-    layer = layers.Conv2D(filters, 3, padding="same", use_bias=False)
+    layer = layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=init())
     y = layer(x)
     if dirac_init:
       layer.kernel.assign(dirac_kernel(layer.kernel))
@@ -186,7 +197,7 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
     x = layers.Activation("gelu")(bn(layers.MaxPooling2D()(conv(x, width))))
     x = layers.Activation("gelu")(bn(conv(x, width)))
   x = layers.Flatten()(layers.GlobalMaxPooling2D(keepdims=True)(x))
-  logits = layers.Dense(num_classes, use_bias=False)(x)
+  logits = layers.Dense(num_classes, use_bias=False, kernel_initializer=init())(x)
   return keras.Model(inputs, layers.Rescaling(logit_scale)(logits), name="airbench")
 
 
