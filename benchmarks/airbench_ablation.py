@@ -32,6 +32,7 @@ PIECES["fixed_scale_bias64"] = f"{PIECES['fixed_scale']},{PIECES['bias64']}"
 PIECES["fixed_scale_lookahead"] = f"{PIECES['fixed_scale']},{PIECES['lookahead']}"
 PIECES["torch_init"] = "task.model.kwargs.torch_default_init=true"  # PyTorch's initialization
 PIECES["torch_init_fixed_scale"] = f"{PIECES['torch_init']},{PIECES['fixed_scale']}"
+PIECES["alternating_flip"] = "task.train_data.flip=alternating"
 
 
 def train(out, name, config, common, extra, mode="train_and_eval"):

@@ -21,7 +21,7 @@ for n in 1 2; do
   run tfdp-bench --mode=tta --runs=tfdp,keras_recipe --targets=0.7,0.75,0.8 --output_dir="$out/tta/run$n"
 done
 # Item 4: the 30-minute config as shipped, then the candidate with one evaluation at the end,
-# translate TTA and a twelfth epoch (BENCHMARKS.md: "The rest of airbench's net").
+# translate TTA and a twelfth epoch (BENCHMARKS.md: "The rest of airbench").
 run /usr/bin/time -v tfdp-train --config_file=configs/cifar10_airbench.yaml --model_dir="$out/airbench"
 run /usr/bin/time -v tfdp-train --config_file=configs/cifar10_airbench.yaml --model_dir="$out/airbench_12ep" \
   --params_override=trainer.epochs=12,trainer.eval_every_epochs=12,task.eval_translate=1

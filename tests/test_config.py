@@ -60,6 +60,7 @@ def test_dump_round_trips():
     ("trainer.ema_decay=-0.5", ["trainer.ema_decay", "[0, 1)"]),
     ("task.name=masked_lm,task.eval_flip=true", ["task.eval_flip", "masked_lm", "eval_flip=false"]),
     ("task.train_data.crop_padding=-2", ["task.train_data.crop_padding", ">= 0"]),
+    ("task.train_data.flip=mirror", ["task.train_data.flip", "alternating"]),
     ("runtime.mixed_precision=bf16", ["runtime.mixed_precision", "auto"]),
     ("runtime.nope=1", ["runtime.nope"]),
     ("trainer.epochs=three", ["trainer.epochs", "whole number"]),

@@ -230,6 +230,32 @@ def test_crop_padding_bounds_the_random_shift_of_augmentation():
   assert not all(unshifted(augmented(4)))
 
 
+def test_alternating_flip_shows_each_image_both_ways_in_two_epochs_wherever_it_is_read():
+  images = tf.random.stateless_uniform((40, 6, 6, 3), seed=(8, 9), maxval=256, dtype=tf.int32)
+  images = tf.cast(images, tf.uint8)
+
+  def sides(flip, epoch_seed, first_position):
+    task, config = image_task(**{"train_data.augment": "true", "train_data.crop_padding": 0,
+                                 "train_data.flip": flip})
+    data = dataclasses.replace(config.train_data, mean=[0.0] * 3, std=[1 / 255] * 3)
+    flipped = []
+    for position, image in enumerate(images, first_position):
+      out = task.preprocess({"image": image, "label": tf.constant(1, tf.int64)}, data, True,
+                            tf.constant([epoch_seed, position], tf.int64))["image"]
+      mirrored = np.allclose(np.asarray(out), np.asarray(image, np.float32)[:, ::-1], atol=1e-3)
+      assert mirrored or np.allclose(np.asarray(out), np.asarray(image, np.float32), atol=1e-3)
+      flipped.append(mirrored)
+    return np.array(flipped)
+  epoch = sides("alternating", 42 * 1000003 + 4, 0)
+  assert 10 <= epoch.sum() <= 30  # a random half
+  for first in (1, 17):  # another replica or worker, another place in the order: the same side
+    np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 4, first), epoch)
+  np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 5, 3), ~epoch)  # next epoch
+  np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 6, 9), epoch)
+  randomly = [sides("random", 42 * 1000003 + e, 0) for e in (4, 5)]
+  assert not np.array_equal(randomly[1], ~randomly[0])  # random flips do not alternate
+
+
 def test_airbench_gives_logits_for_32_pixel_images_and_rejects_a_wrong_width_list():
   import keras  # pylint: disable=g-import-not-at-top
   from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top

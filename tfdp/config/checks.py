@@ -11,7 +11,7 @@ from typing import Sequence
 
 from tfdp.config.loader import short_repr
 from tfdp.config.schema import (ALL_REDUCE, CROSS_DEVICE_OPS, DATA_SOURCES, LR_SCHEDULES,
-                                OPTIMIZERS, PRECISIONS, SHARD_POLICIES, STRATEGIES, DataConfig,
+                                FLIPS, OPTIMIZERS, PRECISIONS, SHARD_POLICIES, STRATEGIES, DataConfig,
                                 ExperimentConfig)
 from tfdp.core import task as tasks
 from tfdp.errors import ConfigError
@@ -34,6 +34,7 @@ def _validate_data(prefix: str, data: DataConfig) -> None:
   check_choice(prefix + "source", data.source, DATA_SOURCES)
   check_choice(prefix + "shard_policy", data.shard_policy, SHARD_POLICIES)
   check_choice(prefix + "text_unit", data.text_unit, ("document", "speech", "passage"))
+  check_choice(prefix + "flip", data.flip, FLIPS)
   if not 0.0 <= data.holdout_fraction < 1.0:
     raise ConfigError(f"config key '{prefix}holdout_fraction' must be in [0, 1), e.g. 0.1.")
   if data.source == "tfds" and not data.name:

@@ -16,6 +16,7 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lamb")
 LR_SCHEDULES = ("constant", "cosine", "step", "linear", "polynomial")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 MODES = ("train", "eval", "train_and_eval")
+FLIPS = ("random", "alternating")
 
 
 @dataclasses.dataclass
@@ -43,6 +44,8 @@ class DataConfig:
   num_examples: int = 0  # synthetic only
   augment: bool = False  # random crop (crop_padding-pixel pad) + horizontal flip
   crop_padding: int = 4  # augment: the crop's reflect padding, i.e. the largest shift in pixels
+  flip: str = "random"  # augment: random (each example, each epoch) or alternating (airbench: a
+  # fixed random half of the images flipped in even epochs, the other half in odd ones)
   shuffle: bool = True  # training: a new order each epoch (seeded); false keeps the source order
   cache: bool = True  # keep decoded images in memory after the first epoch, if they fit
   shuffle_buffer: int = 0  # 0: the whole dataset (exact shuffle) when cached, else 10000

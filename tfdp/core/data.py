@@ -367,7 +367,9 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   Training streams epochs [start_step // steps, epochs) in one dataset and skips the steps of the
   first epoch already done, so a resumed run sees exactly the batches it would have seen.
   `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
-  the example's position in the epoch's order): the same on every worker and replica.
+  the example's position in the epoch's order): the same on every worker and replica. Its
+  seed[0] is seed * 1000003 + epoch, so its parity alternates with the epoch's (an alternating
+  flip reads it).
 
   Padding is real data at weight 0, so BatchNorm's batch statistics see no zeros: the epoch's
   last (short) step of a pipeline repeats its own real rows, and whole steps of padding after it

@@ -21,14 +21,21 @@ def _normalize(image, mean, std):
   return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
-def _augment(image, seed, padding: int = 4):
+def _augment(image, seed, padding: int = 4, flip: str = "random"):
   """Random crop of the reflect-padded image and horizontal flip, stateless: the same example,
-  epoch and seed give the same pixels whichever replica or worker reads it."""
+  epoch and seed give the same pixels whichever replica or worker reads it. flip "alternating"
+  (airbench): each image has a fixed random side, from a hash of its pixels, and the side swaps
+  every epoch, so every image is seen both ways in any two epochs in a row. The epoch's parity
+  is seed[0]'s (data.make_dataset_fn: seed[0] = seed * 1000003 + epoch, an odd multiplier)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shape = tf.shape(image)
   padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
-  image = tf.image.stateless_random_crop(padded, shape, seed=seed)
-  return tf.image.stateless_random_flip_left_right(image, seed=seed + 1)
+  cropped = tf.image.stateless_random_crop(padded, shape, seed=seed)
+  if flip == "random":
+    return tf.image.stateless_random_flip_left_right(cropped, seed=seed + 1)
+  side = tf.strings.to_hash_bucket_fast(tf.io.serialize_tensor(image), 2)
+  flipped = tf.not_equal(side, tf.cast(seed[0], tf.int64) % 2)
+  return tf.cond(flipped, lambda: tf.reverse(cropped, axis=[1]), lambda: cropped)
 
 
 @tasks.register_task("image_classification")
@@ -74,7 +81,7 @@ class ImageClassificationTask(tasks.Task):
   def preprocess(self, example, data, training, seed):
     image = example["image"]
     if training and data.augment:
-      image = _augment(image, seed, data.crop_padding)
+      image = _augment(image, seed, data.crop_padding, data.flip)
     return {"image": _normalize(image, data.mean, data.std), "label": example["label"]}
 
   SAMPLE_IMAGES = 5000  # for a builder that initializes from data (airbench: 5000 images)
