@@ -246,13 +246,13 @@ def test_alternating_flip_shows_each_image_both_ways_in_two_epochs_wherever_it_i
       assert mirrored or np.allclose(np.asarray(out), np.asarray(image, np.float32), atol=1e-3)
       flipped.append(mirrored)
     return np.array(flipped)
-  epoch = sides("alternating", 42 * 1000003 + 4, 0)
+  epoch = sides("alternating", data_lib.epoch_seed(42, 4), 0)
   assert 10 <= epoch.sum() <= 30  # a random half
   for first in (1, 17):  # another replica or worker, another place in the order: the same side
-    np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 4, first), epoch)
-  np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 5, 3), ~epoch)  # next epoch
-  np.testing.assert_array_equal(sides("alternating", 42 * 1000003 + 6, 9), epoch)
-  randomly = [sides("random", 42 * 1000003 + e, 0) for e in (4, 5)]
+    np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 4), first), epoch)
+  np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 5), 3), ~epoch)  # next epoch
+  np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 6), 9), epoch)
+  randomly = [sides("random", data_lib.epoch_seed(42, e), 0) for e in (4, 5)]
   assert not np.array_equal(randomly[1], ~randomly[0])  # random flips do not alternate
 
 

@@ -360,6 +360,21 @@ def _then_copies_of_last(batches, copies: int, zeros: dict):
   return flagged.scan(zeros, step)
 
 
+_EPOCH_STRIDE = 1000003  # one seed's epochs never reach the next seed's
+
+
+def epoch_seed(seed, epoch):
+  """One epoch's seed (its shuffles, and the first half of each example's stateless seed)."""
+  return seed * _EPOCH_STRIDE + epoch
+
+
+def epoch_parity(stateless_seed):
+  """0 or 1 from a preprocess stateless seed, alternating from one epoch to the next (its seed[0]
+  is epoch_seed(seed, epoch): one more each epoch)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.cast(stateless_seed[0], tf.int64) % 2
+
+
 def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, seed: int,
                     epochs: int = 1, start_step: int = 0):
   """Returns dataset_fn(input_context) for `strategy.distribute_datasets_from_function`.
@@ -368,8 +383,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   first epoch already done, so a resumed run sees exactly the batches it would have seen.
   `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
   the example's position in the epoch's order): the same on every worker and replica. Its
-  seed[0] is seed * 1000003 + epoch, so its parity alternates with the epoch's (an alternating
-  flip reads it).
+  seed[0] is epoch_seed(seed, epoch), whose parity alternates with the epoch (epoch_parity).
 
   Padding is real data at weight 0, so BatchNorm's batch statistics see no zeros: the epoch's
   last (short) step of a pipeline repeats its own real rows, and whole steps of padding after it
@@ -387,7 +401,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   buffer = shuffle_buffer(source, data)
 
   def prepare(example, epoch):
-    stateless_seed = tf.stack([seed * 1000003 + epoch, example["index"]])
+    stateless_seed = tf.stack([epoch_seed(seed, epoch), example["index"]])
     features = task.preprocess(example, data, training, stateless_seed)
     weight = tf.cast(example.get("weight", 1.0), tf.float32)  # a source may weigh its examples
     return {**features, "weight": weight}
@@ -437,7 +451,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
       first = min(skip // size, real_steps - 1)  # past the real steps: read the last one back
       ds = base
       if training and data.shuffle:
-        ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
+        ds = ds.shuffle(buffer, seed=epoch_seed(seed, epoch), reshuffle_each_iteration=False)
       ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
       ds = ds.filter(lambda ex: (ex["index"] >= first * global_batch) & (
           ex["index"] % global_batch >= first_position) & (
@@ -458,7 +472,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
         return one_uneven_epoch(epoch, skip)
       ds = base
       if training and data.shuffle:
-        ds = ds.shuffle(buffer, seed=seed * 1000003 + epoch, reshuffle_each_iteration=False)
+        ds = ds.shuffle(buffer, seed=epoch_seed(seed, epoch), reshuffle_each_iteration=False)
       # Position in the (same on every worker) shuffled order: a stable per-example seed.
       ds = ds.enumerate().map(lambda i, ex: {**ex, "index": i})
       if policy == "data":
@@ -502,7 +516,7 @@ def _local_steps(plan: InputPlan, pipeline: int, step_rows: int, prepare, data: 
     ds = source.read([file])
     if training and data.shuffle:
       ds = ds.shuffle(data.shuffle_buffer or max(count, 1), reshuffle_each_iteration=False,
-                      seed=(seed * 1000003 + epoch) * 1009 + shard)
+                      seed=epoch_seed(seed, epoch) * 1009 + shard)
     ds = ds.enumerate().map(lambda i, ex: prepare({**ex, "index": i * len(plan.shard_counts)
                                                    + shard}, epoch),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=data.deterministic)

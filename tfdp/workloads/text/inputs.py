@@ -376,8 +376,9 @@ def example_seed(seed, epoch, index):
   """Stateless seed of one example: the same (seed, epoch, index) gives the same draws wherever
   the example lands (worker, replica, batch)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   seed, epoch, index = (tf.cast(x, tf.int64) for x in (seed, epoch, index))
-  return tf.stack([seed * 1000003 + epoch, index])
+  return tf.stack([data_lib.epoch_seed(seed, epoch), index])
 
 
 def mask_tokens(token_ids, stateless_seed, vocab_size: int, special_ids: dict[str, int],

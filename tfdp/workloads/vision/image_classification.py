@@ -25,8 +25,8 @@ def _augment(image, seed, padding: int = 4, flip: str = "random"):
   """Random crop of the reflect-padded image and horizontal flip, stateless: the same example,
   epoch and seed give the same pixels whichever replica or worker reads it. flip "alternating"
   (airbench): each image has a fixed random side, from a hash of its pixels, and the side swaps
-  every epoch, so every image is seen both ways in any two epochs in a row. The epoch's parity
-  is seed[0]'s (data.make_dataset_fn: seed[0] = seed * 1000003 + epoch, an odd multiplier)."""
+  every epoch, so every image is seen both ways in any two epochs in a row (the epoch from the
+  stateless seed: data_lib.epoch_parity)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shape = tf.shape(image)
   padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
@@ -34,7 +34,7 @@ def _augment(image, seed, padding: int = 4, flip: str = "random"):
   if flip == "random":
     return tf.image.stateless_random_flip_left_right(cropped, seed=seed + 1)
   side = tf.strings.to_hash_bucket_fast(tf.io.serialize_tensor(image), 2)
-  flipped = tf.not_equal(side, tf.cast(seed[0], tf.int64) % 2)
+  flipped = tf.not_equal(side, data_lib.epoch_parity(seed))
   return tf.cond(flipped, lambda: tf.reverse(cropped, axis=[1]), lambda: cropped)
 
 
