@@ -18,6 +18,10 @@ import helpers
 from tfdp.core import outputs
 from tfdp.errors import OutputError
 
+# Every test of this module on one xdist worker: a module-scoped fixture here trains in real
+# processes, and would train again on each worker that ran one of the tests using it.
+pytestmark = pytest.mark.xdist_group("test_elastic")
+
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 
 # 120 examples, global batch 16: 8 steps an epoch (the last with 8 real examples and 8 padding

@@ -9,6 +9,10 @@ import pytest
 
 import helpers
 
+# Every test of this module on one xdist worker: a module-scoped fixture here trains in real
+# processes, and would train again on each worker that ran one of the tests using it.
+pytestmark = pytest.mark.xdist_group("test_equivalence")
+
 COMMON = ",".join([
     "task.model.name=small_cnn", "task.model.kwargs={batch_norm: false, filters: 8}",
     "task.train_data.source=synthetic", "task.train_data.num_examples=650",  # last batch: 10 of 32

@@ -19,6 +19,10 @@ import pytest
 
 import helpers
 
+# Every test of this module on one xdist worker: a module-scoped fixture here trains in real
+# processes, and would train again on each worker that ran one of the tests using it.
+pytestmark = pytest.mark.xdist_group("test_hardening")
+
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
         "task.train_data.image_size=8,task.train_data.num_classes=2,"

@@ -14,6 +14,10 @@ import pytest
 
 import helpers
 
+# Every test of this module on one xdist worker: a module-scoped fixture here trains in real
+# processes, and would train again on each worker that ran one of the tests using it.
+pytestmark = pytest.mark.xdist_group("test_multi_worker")
+
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 
 
