@@ -1,0 +1,39 @@
+"""Loaded by every Python process whose PYTHONPATH starts with this folder
+(benchmarks/suite_processes.py puts it there): with TFDP_PROCLOG set, each process appends one
+JSON line when it leaves — its argv, the test that started it, wall and CPU seconds, whether it
+imported TensorFlow. tfdp's apps leave with os._exit, which skips atexit, so that is wrapped too.
+A process killed by a signal writes nothing."""
+import os
+
+if os.environ.get("TFDP_PROCLOG"):
+  import atexit
+  import json
+  import sys
+  import time
+
+  _STARTED = time.time()
+  _WRITTEN = []
+
+  def _write_line():
+    if _WRITTEN:
+      return
+    _WRITTEN.append(True)
+    try:
+      times = os.times()
+      line = {"pid": os.getpid(), "argv": sys.argv[:3],
+              "test": os.environ.get("PYTEST_CURRENT_TEST"), "start": _STARTED,
+              "wall": time.time() - _STARTED, "cpu": times.user + times.system,
+              "tensorflow": "tensorflow" in sys.modules}
+      with open(os.environ["TFDP_PROCLOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps(line) + "\n")
+    except Exception:  # pylint: disable=broad-except  (never change how a process ends)
+      pass
+
+  atexit.register(_write_line)
+  _os_exit = os._exit
+
+  def _exit_after_writing(code):
+    _write_line()
+    _os_exit(code)
+
+  os._exit = _exit_after_writing

@@ -1,0 +1,40 @@
+"""benchmarks/suite_processes.py, which measured where the suite's CPU goes: its hook logs a
+process that leaves with os._exit (as tfdp's apps do), and its summary finds a module fixture
+built on two xdist workers."""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import helpers
+
+SCRIPT = helpers.REPO / "benchmarks" / "suite_processes.py"
+
+
+def load_script():
+  spec = importlib.util.spec_from_file_location("suite_processes", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_hook_logs_a_process_that_leaves_with_os_exit_and_one_that_returns(tmp_path):
+  script = load_script()
+  log = tmp_path / "log.jsonl"
+  env = helpers.env(TFDP_PROCLOG=str(log), PYTHONPATH=str(script.HOOK))
+  for code in ("import os; os._exit(3)", "x = sum(range(10))"):
+    subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=60)
+  lines = [json.loads(text) for text in log.read_text().splitlines()]
+  assert len(lines) == 2 and all(line["argv"] == ["-c"] for line in lines), lines
+  assert not any(line["tensorflow"] for line in lines) and all(line["cpu"] >= 0 for line in lines)
+
+
+def test_the_summary_names_a_fixture_built_on_two_workers():
+  script = load_script()
+  def line(worker, folder, test, tf=True):
+    return {"argv": ["probe.py", f"/tmp/pytest-of-x/pytest-1/popen-{worker}/{folder}/run"],
+            "test": f"tests/test_m.py::{test} (call)", "cpu": 5.0, "tensorflow": tf}
+  text = script.summary([line("gw0", "common0", "test_a"), line("gw1", "common0", "test_b"),
+                         line("gw0", "once0", "test_a"), line("gw1", "test_c0", "test_c", False)])
+  assert "4 Python processes, 20 CPU s; 3 imported TensorFlow, 15 CPU s" in text, text
+  assert "{'common0': ['popen-gw0', 'popen-gw1']}" in text, text  # not once0, not a test's own tmp_path
