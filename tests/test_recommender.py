@@ -150,10 +150,12 @@ def test_an_empty_shard_takes_part_and_a_missing_shard_is_one_line(planted, tmp_
   assert missing.returncode != 0
   lines = [l for l in (missing.stdout + missing.stderr).splitlines()
            if "tfdp-train: error:" in l and l.startswith("[w")]
-  # The worker that reads its missing file first names it; a peer that was already waiting
-  # for it in an exchange may instead say that a peer stopped early (both are one line).
+  # The worker that reads its missing file first names it. A peer already waiting for it in an
+  # exchange may say that a peer stopped early; one still starting is stopped by the launcher
+  # and says so (seen on a slow machine). Each is one line.
   assert any("gone-" in l and "worker" in l for l in lines), lines
-  assert all(("gone-" in l and "worker" in l) or "a peer stopped early" in l for l in lines), lines
+  assert all(("gone-" in l and "worker" in l) or "a peer stopped early" in l
+             or "SIGTERM (not training)" in l for l in lines), lines
   assert "Traceback" not in missing.stdout + missing.stderr
 
 
