@@ -59,7 +59,10 @@ def main(argv: list[str]) -> int:
   log = None
   if argv[:1] and argv[0].startswith("--log="):
     log, argv = argv[0].split("=", 1)[1], argv[1:]
-  log = Path(log or tempfile.mkstemp(prefix="tfdp-proclog-", suffix=".jsonl")[1])
+  if not log:
+    descriptor, log = tempfile.mkstemp(prefix="tfdp-proclog-", suffix=".jsonl")
+    os.close(descriptor)
+  log = Path(log)
   log.write_text("")
   env = dict(os.environ, TFDP_PROCLOG=str(log),
              PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])))
