@@ -21,6 +21,7 @@ from tfdp import config as config_lib
 from tfdp.bench import tta
 from tfdp.bench.options import PROG, BenchError
 from tfdp.bench.processes import RESULT_PREFIX
+from tfdp.distributed.cluster import Cluster
 from tfdp.errors import TfdpError
 
 MAX_BLOCK_BYTES = 256 << 20  # caps all-reduce ops per timed block, so 64 MiB sizes take seconds
@@ -83,17 +84,15 @@ def _flops(exp) -> dict:
           "precision": exp.trainer.precision}
 
 
-def _build(spec: dict, cluster=None):
+def _build(spec: dict, cluster: Cluster):
   """tfdp's whole flow, built once: strategy, data plan, task, model, trainer."""
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
   config = config_lib.load_config(spec.get("config_files", []), spec["overrides"])
   return experiment.build(config, spec["model_dir"], "train", cluster=cluster, verbose=False)
 
 
-def train_cell(spec: dict) -> dict:
+def train_cell(spec: dict, cluster: Cluster) -> dict:
   """Times Trainer.run_steps on the real pipeline, on one cached batch, and the pipeline alone."""
-  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  cluster = cluster_lib.resolve_cluster()
   # The cell times the trainer's own compiled loop on the experiment's own input pipeline.
   exp = _build(spec, cluster)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -148,12 +147,12 @@ def train_cell(spec: dict) -> dict:
   return {**out, **_flops(exp)}
 
 
-def keras_fit_cell(spec: dict) -> dict:
+def keras_fit_cell(spec: dict, cluster: Cluster) -> dict:
   """Plain single-device Keras `model.fit`, the yardstick tfdp's loop is held against: the same
   experiment (model builder, batches, global batch, precision, threads, seed; one device), SGD
   with the config's settings, Keras' defaults otherwise (one step per call). One warm-up epoch
   (tracing) is not timed, then spec["repeats"] epochs of spec["steps"] steps are."""
-  exp = _build(spec)
+  exp = _build(spec, cluster)
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   config, plan, model = exp.config, exp.train_plan, exp.trainer.model
@@ -199,13 +198,12 @@ def keras_fit_cell(spec: dict) -> dict:
           "peak_rss_mb": _peak_rss_mb(), **_flops(exp)}
 
 
-def allreduce_cell(spec: dict) -> dict:
+def allreduce_cell(spec: dict, cluster: Cluster) -> dict:
   """All-reduce SUM of float32 (and runtime.all_reduce_dtype) tensors via strategy.run + the
   replica context, timed per size."""
-  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config([], spec["overrides"])
-  strategy, plan = strategy_lib.make_strategy(config.runtime, cluster_lib.resolve_cluster())
+  strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   n = strategy.num_replicas_in_sync
   warmup, steps, repeats = spec["warmup"], spec["steps"], spec["repeats"]
@@ -256,7 +254,8 @@ def allreduce_cell(spec: dict) -> dict:
           "sizes": sizes, "packs": packs, "peak_rss_mb": _peak_rss_mb()}
 
 
-CELLS: dict[str, Callable[[dict], dict]] = {
+# Each cell gets the cluster cell_main resolved once (the cell builds on it, then leaves with it).
+CELLS: dict[str, Callable[[dict, Cluster], dict]] = {
     "train": train_cell, "keras_fit": keras_fit_cell, "allreduce": allreduce_cell,
     "tta": tta.run_cell}
 
@@ -266,12 +265,13 @@ def cell_main(argv: list[str]) -> None:
   if len(argv) != 2:
     cli.exit_with_error(PROG, "usage: python -m tfdp.bench CELL_JSON (tfdp-bench runs this itself).")
   cli.quiet_tensorflow()
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   try:
     spec = json.loads(argv[1])
-    result = CELLS[spec["kind"]](spec)
+    cluster = cluster_lib.resolve_cluster()
+    result = CELLS[spec["kind"]](spec, cluster)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   print(RESULT_PREFIX + json.dumps(result), flush=True)
-  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  cluster_lib.leave_together(cluster_lib.resolve_cluster())  # a group's cells: none leaves early
+  cluster_lib.leave_together(cluster)  # a group's cells: none leaves early
   cli.exit_now(0)  # no iterator teardown: a trained Controller keeps its iterator (see there)

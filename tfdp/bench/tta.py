@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 
 from tfdp import config as config_lib
+from tfdp.distributed.cluster import Cluster
 from tfdp.errors import ConfigError
 
 RUNS = ("tfdp", "keras_recipe", "keras_tutorial")
@@ -63,11 +64,13 @@ def keras_batches(dataset, task):
   return dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
 
 
-def run_cell(spec: dict) -> dict:
-  """Trains one run of the spec ({"run", "config_files", "overrides", "model_dir"})."""
+def run_cell(spec: dict, cluster: Cluster) -> dict:
+  """Trains one run of the spec ({"run", "config_files", "overrides", "model_dir"}) on the
+  resolved cluster."""
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top  (starts TensorFlow)
   config = config_lib.load_config(spec["config_files"], spec["overrides"])
-  exp = experiment.build(config, spec["model_dir"], "train_and_eval", verbose=False)
+  exp = experiment.build(config, spec["model_dir"], "train_and_eval", cluster=cluster,
+                         verbose=False)
   if "accuracy" not in exp.task.metric_names:
     raise ConfigError(f"task '{config.task.name}' reports no accuracy "
                       f"({', '.join(exp.task.metric_names)}), and --mode=tta times accuracy "
