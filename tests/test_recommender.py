@@ -311,8 +311,11 @@ def test_a_changed_id_vocabulary_is_refused_on_resume_eval_and_warm_start(tmp_pa
     for word in ("user id mapping", "row 0 was id", "id_mapping.json", "user_vocab_path", *words):
       assert word in errors[0], errors[0]
     assert "Traceback" not in proc.stderr and snapshot(tmp_path) == before  # nothing written
+    # Refused before TensorFlow started: the line a built strategy prints never came.
+    assert "cluster: " not in proc.stdout, proc.stdout[-2000:]
   same = train(tmp_path / "run", "moved-users.txt", "--mode=eval")  # only the file's path moved
   assert same.returncode == 0, same.stderr[-3000:]
+  assert "cluster: single process" in same.stdout  # what the refusals above did not reach
 
 
 def snapshot(folder):

@@ -20,6 +20,7 @@ from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
+from tfdp.config.schema import TaskConfig
 from tfdp.errors import ClusterError, ConfigError, DataError, GroupMustRestart, OutputError
 
 
@@ -46,8 +47,9 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     task_class.check_source(config.task.train_data, "task.train_data")
   if check_data and mode != "train":
     task_class.check_source(config.task.eval_data, "task.eval_data")
-  if config.task.init_checkpoint:
-    warm_start.find_init_checkpoint(config.task.init_checkpoint)
+  init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
+          if config.task.init_checkpoint else None)
+  _check_saved_artifacts(task_class, config.task, model_dir, mode, resume_from, init)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
     split = (None if mode == "eval" or resume_from is None
@@ -240,7 +242,6 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     eval_dataset = strategy.distribute_datasets_from_function(data_lib.make_dataset_fn(
         eval_plan, data_cfg.eval_data, task, training=False, seed=trainer_cfg.seed))
 
-  _check_saved_artifacts(task, (train_plan or eval_plan).source, config, model_dir, mode, start_over)
   run_record = (_run_record(config, train_plan, cluster, replicas, plan.precision)
                 if train_plan else None)
   if run_record and resume_from:
@@ -390,22 +391,23 @@ def _with_accumulation(config: ExperimentConfig,
       config.trainer, gradient_accumulation_steps=split.accumulation))
 
 
-def _check_saved_artifacts(task, source, config: ExperimentConfig, model_dir: str, mode: str,
-                           start_over: bool) -> None:
+def _check_saved_artifacts(task_class, task_config: TaskConfig, model_dir: str, mode: str,
+                           resume_from: str | None, init: str | None) -> None:
   """A resume, an evaluation or a warm start must read its data as the run it continues did (a
-  recommender's id mapping): the task compares, before anything is written."""
+  recommender's id mapping): the task compares, before TensorFlow starts and anything is
+  written."""
   import os  # pylint: disable=g-import-not-at-top
-  if not start_over and outputs.latest_checkpoint(model_dir):
+  if resume_from:
     context = (("--mode=eval", "evaluate with the mapping it was trained with") if mode == "eval"
                else ("resume", "pass --start_over or a new --model_dir to train from scratch"))
-    task.check_saved_artifacts(source, model_dir, context)
-  elif config.task.init_checkpoint:  # a fresh run: warm start from another run's weights
-    init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
+    task_class.check_saved_artifacts(task_config, model_dir, context)
+  elif init:  # a fresh run: warm start from another run's weights (found by preflight)
     folder = os.path.dirname(init)
     if os.path.basename(folder) == outputs.CHECKPOINT_DIR:  # the run's folder holds its files
       folder = os.path.dirname(folder)
-    task.check_saved_artifacts(source, folder, (f"warm start from task.init_checkpoint '{init}'",
-                                                "drop task.init_checkpoint to train from scratch"))
+    task_class.check_saved_artifacts(
+        task_config, folder, (f"warm start from task.init_checkpoint '{init}'",
+                              "drop task.init_checkpoint to train from scratch"))
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,

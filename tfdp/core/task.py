@@ -159,11 +159,13 @@ class Task:
     del source
     return {}
 
-  def check_saved_artifacts(self, source, folder: str, context: tuple[str, str]) -> None:
-    """Before anything is written: refuse (one line) when `folder` (the run resumed or evaluated,
-    or the warm start's run) saved artifacts that `source` would contradict. `context`: (the
-    action, its fix) for the message."""
-    del source, folder, context
+  @classmethod
+  def check_saved_artifacts(cls, config: TaskConfig, folder: str,
+                            context: tuple[str, str]) -> None:
+    """Before TensorFlow starts and anything is written: refuse (one line) when `folder` (the run
+    resumed or evaluated, or the warm start's run) saved artifacts that this task config would
+    contradict. `context`: (the action, its fix) for the message."""
+    del config, folder, context
 
   def finalize_metric(self, name: str, value: float) -> float:
     """The reported value from numerator / denominator (e.g. a square root for an RMSE)."""

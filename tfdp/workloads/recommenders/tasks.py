@@ -170,9 +170,11 @@ class MatrixFactorizationTask(tasks.Task):
     import json  # pylint: disable=g-import-not-at-top
     return {ID_MAPPING_FILE: json.dumps(source.info["mappings"], indent=1)}
 
-  def check_saved_artifacts(self, source, folder, context):
+  @classmethod
+  def check_saved_artifacts(cls, config, folder, context):
     """A changed vocabulary (or bucket count) would give every id another embedding row without
-    a word: compare with the id mapping the run saved when it first started."""
+    a word: compare with the id mapping the run saved when it first started (the mappings come
+    from the config alone: no data is read, TensorFlow is not started)."""
     import json  # pylint: disable=g-import-not-at-top
     import os  # pylint: disable=g-import-not-at-top
     path = os.path.join(folder, ID_MAPPING_FILE)
@@ -186,8 +188,9 @@ class MatrixFactorizationTask(tasks.Task):
     except (OSError, ValueError) as e:
       raise DataError(f"{context[0]}: the saved id mapping '{path}' cannot be read ({e}); "
                       f"restore it, or {context[1]}.") from None
+    now = dict(zip(("user", "item"), (m.to_dict() for m in id_mappings(config))))
     for name in ("user", "item"):
-      change = _mapping_change(saved.get(name), source.info["mappings"][name])
+      change = _mapping_change(saved.get(name), now[name])
       if change:
         action, fix = context
         raise ConfigError(
