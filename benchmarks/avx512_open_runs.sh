@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The runs issue 22 still needs on the AVX512-BF16 CPU (BENCHMARKS.md: "The default job on each
-# CPU", "Time to accuracy", "CIFAR-10 in 30 minutes"), one after another on a quiet machine:
-#   bash benchmarks/avx512_open_runs.sh [OUT_DIR]      (~80 minutes)
+# Issue 22's runs on an AVX512-BF16 CPU (BENCHMARKS.md: "The AVX512-BF16 CPU, Zen 5"), one after
+# another on a quiet machine; run on Zen 5 (family 26) on 2026-12-04, not yet on Zen 4 (family 25):
+#   bash benchmarks/avx512_open_runs.sh [OUT_DIR]      (~40 minutes on Zen 5)
 # Needs the venv active and TFDS_DATA_DIR holding cifar10/3.0.2. Refuses on another CPU: on the
 # AVX2-only one these numbers exist already.
 set -euo pipefail
@@ -20,10 +20,15 @@ run /usr/bin/time -v tfdp-train --model_dir="$out/default_job"
 for n in 1 2; do
   run tfdp-bench --mode=tta --runs=tfdp,keras_recipe --targets=0.7,0.75,0.8 --output_dir="$out/tta/run$n"
 done
-# Item 4: the 30-minute config as shipped, then the candidate with one evaluation at the end,
-# translate TTA and a twelfth epoch (BENCHMARKS.md: "The rest of airbench").
+# Items 0, 3, 6: one device and 1/2/4 replicas against model.fit, and the default job's model.
+for n in 1 2; do
+  run tfdp-bench --mode=throughput --models=resnet20 --replicas=1,2,4 --global_batch_sizes=128 \
+    --steps=10 --warmup_steps=3 --repeats=3 --output_dir="$out/throughput/run$n"
+  run tfdp-bench --mode=throughput --config_file=configs/cifar10_quick.yaml --replicas=1,2,4 \
+    --nobaseline --global_batch_sizes=1000 --steps=5 --warmup_steps=2 --repeats=2 \
+    --output_dir="$out/throughput-quick/run$n"
+done
+# Item 4: the 30-minute config as shipped (16 epochs).
 run /usr/bin/time -v tfdp-train --config_file=configs/cifar10_airbench.yaml --model_dir="$out/airbench"
-run /usr/bin/time -v tfdp-train --config_file=configs/cifar10_airbench.yaml --model_dir="$out/airbench_12ep" \
-  --params_override=trainer.epochs=12,trainer.eval_every_epochs=12,task.eval_translate=1
 uptime >> "$out/machine.txt"
 echo "results in $out"
