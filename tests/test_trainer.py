@@ -345,3 +345,71 @@ def test_a_run_leaves_with_the_other_workers_only_after_all_its_work(tmp_path, m
   experiment.run(config, str(model_dir), "train_and_eval", verbose=False)
   experiment.run(config, str(model_dir), "eval", verbose=False)
   assert left == [[f"ckpt-{64 // 16}.index", "model.keras"]] * 2, left  # 64 examples, batch 16
+
+
+TOY_ONE_STEP_EPOCHS = ("task.name=toy_regression,task.train_data.num_examples=16,"
+                       "task.eval_data.num_examples=37,task.eval_data.split=eval,"
+                       "trainer.global_batch_size=16,trainer.epochs=3,trainer.export_model=false,"
+                       "trainer.learning_rate.base_lr=0.05,runtime.strategy=default")
+
+
+class StopAtEpoch:
+  """Controller hooks that ask the trainer to stop before epoch `epoch` begins: with one step an
+  epoch, the agreed stop then comes with that epoch's last step."""
+
+  def __init__(self, trainer, epoch):
+    self.trainer, self.epoch = trainer, epoch
+
+  def epoch_begin(self, epoch):
+    if epoch == self.epoch:
+      self.trainer.request_stop()
+
+  def epoch_end(self, epoch, row):
+    return False
+
+  def train_end(self, row):
+    pass
+
+
+def test_a_stop_agreed_with_an_epochs_last_step_still_ends_that_epoch(tmp_path):
+  """A SIGTERM that lands in an epoch's last loop (a Slurm requeue met it): that epoch's
+  checkpoint, evaluation and metrics.csv row are written before the stop, since the resumed run
+  starts with the next epoch; it had saved and stopped, and the epoch's row and evaluation were
+  never written. The stop in the run's last step leaves every row too; the stopped and resumed
+  run ends with the weights of one never stopped."""
+  from tfdp.errors import Preempted  # pylint: disable=g-import-not-at-top
+  config, run = config_lib.load_config([], [TOY_ONE_STEP_EPOCHS]), tmp_path / "run"
+  for stop_before in (1, 2):  # the middle epoch, then (resumed) the last one
+    exp = experiment.build(config, str(run), "train_and_eval", verbose=False)
+    exp.hooks = StopAtEpoch(exp.trainer, stop_before)
+    with pytest.raises(Preempted):
+      exp.run()
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert metrics["epoch"].tolist() == list(range(1, stop_before + 2)), metrics
+    assert metrics["step"].tolist() == list(range(1, stop_before + 2))
+    assert metrics["eval_examples"].tolist() == [37] * (stop_before + 1)
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.index"))[-1] == (
+        f"ckpt-{stop_before + 1}.index")
+  resumed = experiment.run(config, str(run), "train_and_eval", verbose=False)["trainer"]  # already done
+  assert resumed.global_step == 3
+  never_stopped = experiment.run(config, str(tmp_path / "whole"), "train_and_eval", verbose=False)
+  clocks = ["examples_per_sec", "epoch_seconds", "wall_time", "evaluation_seconds", "rss_mb",
+            "peak_rss_mb", "mfu"]
+  rows = lambda folder: pd.read_csv(folder / "metrics.csv").drop(columns=clocks)
+  assert rows(run).equals(rows(tmp_path / "whole")), (rows(run), rows(tmp_path / "whole"))
+  for a, b in zip(resumed.model.get_weights(), never_stopped["trainer"].model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_an_epochs_checkpoint_is_saved_before_its_evaluation(tmp_path, monkeypatch):
+  """An evaluation that fails (or a stop's grace period that runs out during it) does not cost
+  the epoch: its checkpoint is already written."""
+  config = config_lib.load_config([], [TOY_ONE_STEP_EPOCHS])
+  exp = experiment.build(config, str(tmp_path / "run"), "train_and_eval", verbose=False)
+
+  def broken(*args):
+    raise RuntimeError("the evaluation broke")
+  monkeypatch.setattr(exp.trainer, "evaluate", broken)
+  with pytest.raises(RuntimeError, match="the evaluation broke"):
+    exp.run()
+  assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.index")] == ["ckpt-1.index"]

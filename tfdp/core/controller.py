@@ -291,20 +291,29 @@ class Controller:
                                               or is_last)
 
   def _precise_batchnorm_if_due(self, epoch: int, step: int) -> None:
-    """Before an evaluation, and at the end (the checkpoint and export carry them)."""
+    """Before an evaluation, and at the end (the checkpoint and export carry them), with the
+    weights' moving average if one is kept."""
     is_last = step >= self.trainer.total_steps
     if self.cfg.precise_bn_batches and (self._eval_due(epoch, step) or is_last):
       # Never the epoch's last batch: it may be padded with weight-0 examples.
       batches = min(self.cfg.precise_bn_batches, max(1, self.trainer.steps_per_epoch - 1))
-      used = self.trainer.precise_batchnorm(self.train_dataset_fn(0), batches)
+      with self.trainer.evaluation_weights():
+        used = self.trainer.precise_batchnorm(self.train_dataset_fn(0), batches)
       if used:
         logging.info("precise BatchNorm: statistics of %d training batches", used)
+
+  @staticmethod
+  def _preempted(stop: StopRequest, step: int) -> Preempted:
+    name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
+    logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
+    return Preempted(step, stop.signum or signal.SIGTERM)
 
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     if not self._eval_due(epoch, step):
       return
     started = time.time()
-    result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
+    with self.trainer.evaluation_weights():  # the weights' moving average, if kept
+      result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
     row.update({f"eval_{name}": value for name, value in result.values().items()},
                eval_examples=int(result.examples), evaluation_seconds=time.time() - started)
     self._summarize(self.eval_writer, step, result, {})
@@ -345,7 +354,7 @@ class Controller:
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
-        epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
+        epoch_sums, epoch_start_time, epoch_examples, stopping = None, time.time(), 0, False
         progress.start_epoch(epoch)
         if self.hooks is not None:
           self.hooks.epoch_begin(epoch)
@@ -372,11 +381,12 @@ class Controller:
           progress.loop_done(step, n, seconds, loop.values(), examples_per_sec, lr)
           self._summarize(self.writer, step, loop,
                           {"learning_rate": lr, "examples_per_sec": examples_per_sec})
-          if stop_agreed:  # some worker was asked to stop: all save at this same step
+          if stop_agreed and step < epoch_end:  # a worker was asked to stop: all save here
             trainer.save()
-            name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
-            logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
-            raise Preempted(step, stop.signum or signal.SIGTERM)
+            raise self._preempted(stop, step)
+          # Stopped with the epoch's last step: the epoch ends as any other (its checkpoint,
+          # evaluation and row), since the resumed run starts with the next one.
+          stopping = stop_agreed
           if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             trainer.save()
         epoch_seconds = time.time() - epoch_start_time
@@ -386,16 +396,19 @@ class Controller:
                "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
         row["mfu"] = flops.mfu(flops_per_example, row["examples_per_sec"], peak_flops)
-        with trainer.evaluation_weights():  # the weights' moving average, if kept
-          self._precise_batchnorm_if_due(epoch, step)
-          self._evaluate_if_due(epoch, step, row)
-        # The checkpoint first: a metrics.csv that fails to write must not cost the epoch.
+        self._precise_batchnorm_if_due(epoch, step)
+        # The checkpoint before the evaluation and metrics.csv: neither a failing evaluation nor
+        # a disk too full for the row, nor a stop's grace period running out, costs the epoch.
         if not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps:
           trainer.save()
+        self._evaluate_if_due(epoch, step, row)
         row["wall_time"] = time.time()
         outputs.append_metrics(trainer.write_plan, row, last=step >= total)
         last_row = row
-        if self.hooks is not None and self.hooks.epoch_end(epoch, row) and step < total:
+        stopped_by_hook = self.hooks is not None and self.hooks.epoch_end(epoch, row)
+        if stopping:
+          raise self._preempted(stop, step)
+        if stopped_by_hook and step < total:
           logging.info("training stopped by a callback after epoch %d (step %d)", epoch + 1, step)
           if trainer.write_plan.is_chief:
             outputs.write_metrics_png(trainer.write_plan)
