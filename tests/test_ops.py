@@ -339,15 +339,18 @@ def test_a_non_chief_worker_keeps_at_most_one_checkpoint_in_its_temp_dir(tmp_pat
        f"--model_dir={model_dir}", "--mode=train", f"--params_override={SAVES}"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       env=helpers.env(TMPDIR=tmp), cwd=str(helpers.REPO))
-  most = 0
+  most, saved_there = 0, False
   while proc.poll() is None:
+    saved_there = saved_there or bool(list(tmp.glob("tfdp-worker*/checkpoints")))
     most = max(most, len(list(tmp.glob("tfdp-worker*/checkpoints/ckpt-*.index"))))
     time.sleep(0.01)
   out = proc.stdout.read()
   assert proc.returncode == 0, out[-3000:]
   assert len(list((model_dir / "checkpoints").glob("ckpt-*.index"))) == 3  # the chief keeps 3
   assert re.search(r"\[w1\].*worker 1 of 2", out), out[-3000:]
-  assert 1 <= most <= 1, most
+  # Each copy lives only until its save returns, so a poll may see none (on the Zen 5 it saw
+  # none once); the folder they are written in stays from the first save to the exit.
+  assert saved_there and most <= 1, (saved_there, most)
   assert not list(tmp.glob("tfdp-worker*")) and not list(tmp.glob(".making-*"))
 
 
