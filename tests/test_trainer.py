@@ -390,7 +390,7 @@ def test_a_stop_agreed_with_an_epochs_last_step_still_ends_that_epoch(tmp_path):
     assert metrics["eval_examples"].tolist() == [37] * (stop_before + 1)
     assert sorted(p.name for p in (run / "checkpoints").glob("*.index"))[-1] == (
         f"ckpt-{stop_before + 1}.index")
-  resumed = experiment.run(config, str(run), "train_and_eval", verbose=False)["trainer"]  # already done
+  resumed = experiment.run(config, str(run), "train_and_eval", verbose=False)["trainer"]  # done
   assert resumed.global_step == 3
   never_stopped = experiment.run(config, str(tmp_path / "whole"), "train_and_eval", verbose=False)
   clocks = ["examples_per_sec", "epoch_seconds", "wall_time", "evaluation_seconds", "rss_mb",

@@ -354,7 +354,7 @@ class Controller:
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
-        epoch_sums, epoch_start_time, epoch_examples, stopping = None, time.time(), 0, False
+        epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
         progress.start_epoch(epoch)
         if self.hooks is not None:
           self.hooks.epoch_begin(epoch)
@@ -384,9 +384,6 @@ class Controller:
           if stop_agreed and step < epoch_end:  # a worker was asked to stop: all save here
             trainer.save()
             raise self._preempted(stop, step)
-          # Stopped with the epoch's last step: the epoch ends as any other (its checkpoint,
-          # evaluation and row), since the resumed run starts with the next one.
-          stopping = stop_agreed
           if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             trainer.save()
         epoch_seconds = time.time() - epoch_start_time
@@ -406,7 +403,8 @@ class Controller:
         outputs.append_metrics(trainer.write_plan, row, last=step >= total)
         last_row = row
         stopped_by_hook = self.hooks is not None and self.hooks.epoch_end(epoch, row)
-        if stopping:
+        if stop_agreed:  # with the epoch's last step (the last loop's flag): ended as any other
+          # epoch (its checkpoint, evaluation and row) since the resumed run starts with the next
           raise self._preempted(stop, step)
         if stopped_by_hook and step < total:
           logging.info("training stopped by a callback after epoch %d (step %d)", epoch + 1, step)
