@@ -390,9 +390,12 @@ def test_a_stop_agreed_with_an_epochs_last_step_still_ends_that_epoch(tmp_path):
     assert metrics["eval_examples"].tolist() == [37] * (stop_before + 1)
     assert sorted(p.name for p in (run / "checkpoints").glob("*.index"))[-1] == (
         f"ckpt-{stop_before + 1}.index")
-  resumed = experiment.run(config, str(run), "train_and_eval", verbose=False)["trainer"]  # done
+  resumed_result = experiment.run(config, str(run), "train_and_eval", verbose=False)  # trained
+  resumed = resumed_result["trainer"]
   assert resumed.global_step == 3
   never_stopped = experiment.run(config, str(tmp_path / "whole"), "train_and_eval", verbose=False)
+  for key in ("epoch", "step", "eval_loss", "eval_abs_error", "eval_examples"):  # the result again
+    assert resumed_result[key] == never_stopped[key], (key, resumed_result, never_stopped)
   clocks = ["examples_per_sec", "epoch_seconds", "wall_time", "evaluation_seconds", "rss_mb",
             "peak_rss_mb", "mfu"]
   rows = lambda folder: pd.read_csv(folder / "metrics.csv").drop(columns=clocks)

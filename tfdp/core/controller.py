@@ -326,9 +326,10 @@ class Controller:
     trainer, cfg = self.trainer, self.cfg
     steps_per_epoch, total = trainer.steps_per_epoch, trainer.total_steps
     start = trainer.global_step
-    if start >= total:
-      logging.info("already trained: step %d of %d", start, total)
-      return {}
+    if start >= total:  # re-run of a finished (or at its last step stopped) run: its result again
+      logging.info("already trained: step %d of %d; the result is metrics.csv's last row", start,
+                   total)
+      return outputs.last_metrics_row(trainer.write_plan)
     iterator = iter(self.train_dataset_fn(start))
     # Kept alive on purpose: destroying it after a long run stalled TF 2.21 here for about a
     # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),

@@ -339,6 +339,21 @@ def read_metrics(path: str):
     return None
 
 
+def last_metrics_row(plan: WritePlan) -> dict:
+  """The last epoch's row of the chief's metrics.csv without its empty cells (an epoch not
+  evaluated), or {} when there is none: what a run that is already trained reports again."""
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+  path = plan.path(METRICS_FILE)
+  try:
+    frame = pd.read_csv(path)
+  except (OSError, ValueError):  # none yet, or unreadable: the next append sets it aside
+    return {}
+  if frame.empty or "epoch" not in frame.columns:
+    return {}
+  row = frame.iloc[-1].dropna().to_dict()
+  return {k: int(v) if k in ("epoch", "step", "eval_examples") else v for k, v in row.items()}
+
+
 def write_metrics_png(plan: WritePlan, last: bool = True, epoch_seconds: float = 0.0) -> None:
   """metrics.png beside metrics.csv (plots.redraw_metrics_png says when). A picture that fails to
   draw is a warning: training and its checkpoints matter more."""
