@@ -16,6 +16,7 @@ import pytest
 
 import helpers
 from tfdp.core import outputs
+from tfdp.core import resume
 from tfdp.errors import OutputError
 
 # Every test of this module on one xdist worker: a module-scoped fixture here trains in real
@@ -144,11 +145,11 @@ def test_every_example_counts_once_in_an_epoch_that_changes_from_four_workers_to
   source = data_lib.make_source(data)
   four = data_lib.plan_input(source, data, 16, 4, 4)
   # The run record four workers leave at step 6, and the split it decides for two.
-  kept = outputs.updated_run_record(None, {
+  kept = resume.updated_run_record(None, {
       "global_batch_size": 16, "steps_per_epoch": four.steps_per_epoch, "sharding": "data",
       "per_replica_batch": four.per_replica_batch, "gradient_accumulation_steps": 1,
       "workers": 4, "replicas": 4}, 0)
-  split = outputs.resume_batch_split(kept, "run", 16, 2, 2, "data", 6)
+  split = resume.resume_batch_split(kept, "run", 16, 2, 2, "data", 6)
   assert (split.accumulation, split.per_replica_batch) == (2, 4)
   two = data_lib.plan_input(source, data, 16, 2, 2, accumulation_steps=split.accumulation)
   assert four.steps_per_epoch == two.steps_per_epoch == 8
@@ -190,22 +191,22 @@ def test_four_replicas_resume_on_three_workers_with_an_uneven_split(uninterrupte
 
 
 def test_the_smallest_accumulation_keeps_the_per_replica_batch_or_lowers_it_to_fit():
-  assert outputs.smallest_accumulation(256, 2, 64) == 2  # 4 workers acc 1 -> 2 workers
-  assert outputs.smallest_accumulation(256, 1, 64) == 4
-  assert outputs.smallest_accumulation(256, 8, 64) == 1  # more replicas: 32 each
-  assert outputs.smallest_accumulation(96, 16, 8) == 1  # 6 each fits under 8
-  assert outputs.smallest_accumulation(48, 2, 20) == 2  # 24 does not fit; 12 does
-  assert outputs.smallest_accumulation(256, 3, 64) is None
+  assert resume.smallest_accumulation(256, 2, 64) == 2  # 4 workers acc 1 -> 2 workers
+  assert resume.smallest_accumulation(256, 1, 64) == 4
+  assert resume.smallest_accumulation(256, 8, 64) == 1  # more replicas: 32 each
+  assert resume.smallest_accumulation(96, 16, 8) == 1  # 6 each fits under 8
+  assert resume.smallest_accumulation(48, 2, 20) == 2  # 24 does not fit; 12 does
+  assert resume.smallest_accumulation(256, 3, 64) is None
 
 
 def test_file_shards_changed_mid_epoch_are_refused_at_the_epoch_end_they_are_not():
-  kept = outputs.updated_run_record(None, {
+  kept = resume.updated_run_record(None, {
       "global_batch_size": 16, "steps_per_epoch": 8, "sharding": "file", "per_replica_batch": 4,
       "gradient_accumulation_steps": 1, "workers": 4, "replicas": 4}, 0)
   with pytest.raises(OutputError, match=r"step 6 in the middle of an epoch.*from the epoch's "
                      r"end, step 8\), or pass --start_over"):
-    outputs.resume_batch_split(kept, "run", 16, 2, 2, "file", 6)
-  assert outputs.resume_batch_split(kept, "run", 16, 2, 2, "file", 8).accumulation == 2
+    resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 6)
+  assert resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 8).accumulation == 2
 
 
 def test_fewer_workers_than_shards_without_a_mapping_is_refused_naming_the_key(tmp_path):

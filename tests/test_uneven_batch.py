@@ -12,6 +12,7 @@ from test_data import data_config, pipeline_epoch
 from test_elastic import ELASTIC
 from tfdp.core import data as data_lib
 from tfdp.core import outputs
+from tfdp.core import resume
 from tfdp.errors import ConfigError
 
 
@@ -84,10 +85,10 @@ def test_file_shards_refuse_an_uneven_split_in_one_line(tmp_path):
 
 
 def test_a_resume_on_three_replicas_splits_unevenly_within_the_recorded_per_replica_batch():
-  kept = outputs.updated_run_record(None, {
+  kept = resume.updated_run_record(None, {
       "global_batch_size": 16, "steps_per_epoch": 8, "sharding": "data", "per_replica_batch": 4,
       "gradient_accumulation_steps": 1, "workers": 4, "replicas": 4}, 0)
-  split = outputs.resume_batch_split(kept, "run", 16, 3, 3, "data", 6)
+  split = resume.resume_batch_split(kept, "run", 16, 3, 3, "data", 6)
   assert (split.accumulation, split.per_replica_batch) == (2, 3)  # 6 each would exceed 4
   assert split.line(6) == ("resumed at step 6 on 3 workers (was 4): accumulation 1 → 2, "
                            "per-replica batch 3 (16 over 3 replicas x 2 accumulation steps: 2 "

@@ -16,6 +16,7 @@ from tfdp import logs
 from tfdp.core import data as data_lib
 from tfdp.core import local_shards
 from tfdp.core import outputs
+from tfdp.core import resume
 from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
@@ -78,7 +79,7 @@ def _check_start_over_target(model_dir: str) -> None:
 def _holds_tfdp_run(model_dir: str) -> bool:
   import os  # pylint: disable=g-import-not-at-top
   checkpoints = os.path.join(model_dir, outputs.CHECKPOINT_DIR)
-  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", outputs.RUN_RECORD)):
+  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", resume.RUN_RECORD)):
     return True
   def head(name: str) -> str:
     try:
@@ -228,7 +229,7 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                                                 "train_counts"))
     data_lib.log_plan("train", train_plan)
     if resume_from and train_plan.policy == "local":  # the run's shards, however mapped
-      local_shards.check_resumed_shards(outputs.read_run_record(model_dir),
+      local_shards.check_resumed_shards(resume.read_run_record(model_dir),
                                         train_plan.shard_counts, num_pipelines,
                                         "task.train_data", model_dir)
   if mode != "train":
@@ -245,9 +246,9 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   run_record = (_run_record(config, train_plan, cluster, replicas, plan.precision)
                 if train_plan else None)
   if run_record and resume_from:
-    recorded = outputs.read_run_record(model_dir)  # None: a run from before records; kept then
+    recorded = resume.read_run_record(model_dir)  # None: a run from before records; kept then
     if recorded:  # before anything is written: a refused resume leaves model_dir as it was
-      outputs.check_resume(recorded, run_record, model_dir)
+      resume.check_resume(recorded, run_record, model_dir)
       _check_precision_kept(recorded, run_record, plan, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
@@ -301,7 +302,7 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
 
 def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: cluster_lib.Cluster,
                 replicas: int, precision: str) -> dict:
-  """What a step of this run means (outputs.check_resume compares it on a resume), and the
+  """What a step of this run means (resume.check_resume compares it on a resume), and the
   group that takes it."""
   trainer_cfg = config.trainer
   total_steps = trainer_cfg.epochs * plan.steps_per_epoch  # as the Trainer counts them
@@ -345,7 +346,7 @@ def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.Strate
 
 def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
                  cluster: cluster_lib.Cluster, sharding: str | None,
-                 resume_from: str) -> outputs.BatchSplit | None:
+                 resume_from: str) -> resume.BatchSplit | None:
   """How a resume splits the recorded run's global batch on this group (None: no record).
 
   Why another worker count trains on the same examples in every step: under shard_policy
@@ -360,13 +361,13 @@ def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
   ceil(examples / global_batch) for every n. A global batch no replica count divides is split
   unevenly: pipelines read unequal shares of the same block, and every replica's batch is
   padded to the larger share with weight-0 rows. File shards (and TFDS splits) are made per
-  group instead: outputs.resume_batch_split refuses those mid-epoch, and this an uneven split
+  group instead: resume.resume_batch_split refuses those mid-epoch, and this an uneven split
   of them."""
-  recorded = outputs.read_run_record(model_dir)
+  recorded = resume.read_run_record(model_dir)
   if not recorded:
     return None
   config_accumulation = config.trainer.gradient_accumulation_steps
-  split = outputs.resume_batch_split(recorded, model_dir, config.trainer.global_batch_size,
+  split = resume.resume_batch_split(recorded, model_dir, config.trainer.global_batch_size,
                                      replicas, max(cluster.num_workers, 1), sharding,
                                      outputs.checkpoint_step(resume_from))
   if (split and sharding and sharding not in data_lib.UNEVEN_POLICIES
@@ -384,7 +385,7 @@ def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
 
 
 def _with_accumulation(config: ExperimentConfig,
-                       split: outputs.BatchSplit | None) -> ExperimentConfig:
+                       split: resume.BatchSplit | None) -> ExperimentConfig:
   if split is None:
     return config
   return dataclasses.replace(config, trainer=dataclasses.replace(

@@ -18,6 +18,7 @@ from tfdp.distributed import compat
 from tfdp.core import outputs
 from tfdp.config.schema import ExperimentConfig
 from tfdp.core import optim
+from tfdp.core import resume
 from tfdp.errors import OutputError, TrainingDiverged
 
 
@@ -323,11 +324,11 @@ class Trainer:
           "trainer.stop_on_nan=false to train on regardless.")
     if self.write_plan.is_chief and self.run_record is not None:
       # Written before the checkpoint: a checkpoint of this run never exists without it.
-      old = (outputs.read_run_record(self.write_plan.model_dir) if self.run_record_from_step
+      old = (resume.read_run_record(self.write_plan.model_dir) if self.run_record_from_step
              else None)  # a fresh run: a record left without a checkpoint is stale
-      record = outputs.updated_run_record(old, self.run_record, self.run_record_from_step)
+      record = resume.updated_run_record(old, self.run_record, self.run_record_from_step)
       if record != getattr(self, "_run_record_written", None):
-        outputs.write_run_record(self.write_plan.model_dir, record)
+        resume.write_run_record(self.write_plan.model_dir, record)
         self._run_record_written = record
     # Every worker saves (variables may need collectives); only the chief's copy is kept.
     with outputs.checkpoint_save_errors(self.write_plan, self.global_step, self.last_saved_step):

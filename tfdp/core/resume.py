@@ -1,0 +1,186 @@
+"""What a resume may do. The run record (checkpoints/run.json) says what a step of the run in
+model_dir means; a resume that would change that meaning is refused, and a resume on another
+group splits the kept global batch as the record says."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from tfdp.core.outputs import CHECKPOINT_DIR, START_OVER_HINT, atomic_write_text
+from tfdp.errors import OutputError
+
+RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
+# Changing any of these reinterprets the restored step: another data position, another batch,
+# another order. (gradient_accumulation_steps is recorded but not compared: the recorded run
+# re-solves it for another group, resume_batch_split.)
+RESUME_FIELDS = {"global_batch_size": "trainer.global_batch_size",
+                 "steps_per_epoch": "the training data or trainer.global_batch_size",
+                 "examples_per_epoch": "task.train_data",
+                 "data_order_seed": "trainer.seed",
+                 "shard_policy": "task.train_data.shard_policy"}
+LENGTH_DEPENDENT_SCHEDULES = ("cosine", "linear", "polynomial")  # decay over the whole run
+
+
+def run_record_path(model_dir: str) -> str:
+  return os.path.join(model_dir, CHECKPOINT_DIR, RUN_RECORD)
+
+
+def read_run_record(model_dir: str) -> dict | None:
+  """The run record of the run in model_dir, or None when it has none (a fresh model_dir, or
+  a run from before records were written)."""
+  path = run_record_path(model_dir)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, "rb") as f:
+      record = json.loads(f.read(1 << 20).decode("utf-8"))
+    if not isinstance(record, dict):
+      raise ValueError("not a JSON object")
+  except (OSError, ValueError) as e:
+    raise OutputError(f"run record '{path}' cannot be read ({' '.join(str(e).split())[:200]}); "
+                      f"{START_OVER_HINT}.") from None
+  return record
+
+
+def check_resume(record: dict, current: dict, model_dir: str) -> None:
+  """Refuses a resume whose config gives the restored step another meaning. A longer or shorter
+  run is a continuation only when the learning-rate schedule does not decay over its length."""
+  changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
+             for field, key in RESUME_FIELDS.items()
+             if field in record and record[field] != current[field]]
+  if (current["schedule"] in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
+      and record["total_steps"] != current["total_steps"]):
+    changed.append(f"total_steps was {record['total_steps']}, now {current['total_steps']} "
+                   f"(trainer.epochs / trainer.max_steps, with the '{current['schedule']}' "
+                   "learning-rate schedule that decays over the whole run)")
+  if changed:
+    raise OutputError(
+        f"--model_dir '{model_dir}' holds a run this config cannot resume: {'; '.join(changed)}. "
+        "Its checkpoint's step would mean another batch, data position or schedule; restore the "
+        "earlier value (a constant schedule may train longer), pass --start_over to move the "
+        "earlier run aside, or use a new --model_dir.")
+
+
+def updated_run_record(old: dict | None, current: dict, from_step: int) -> dict:
+  """The record to keep: the current fields, the history of worker counts (a new entry from
+  `from_step`, the restored step, whenever the group's size changed) and the history of how
+  the global batch was split (per-replica batch x accumulation) on them."""
+  history = list(old.get("history", [])) if old else []
+  group = {"workers": current["workers"], "replicas": current["replicas"]}
+  if not history or {k: history[-1].get(k) for k in group} != group:
+    history.append({"from_step": from_step, **group})
+  splits = list(old.get("batch_history", [])) if old else []
+  split = {k: current[k] for k in ("per_replica_batch", "gradient_accumulation_steps")
+           if k in current}
+  if split and (not splits or {k: splits[-1].get(k) for k in split} != split):
+    splits.append({"from_step": from_step, **split})
+  record = {k: v for k, v in current.items() if k not in group}
+  return {"version": 1, **record, "history": history,
+          **({"batch_history": splits} if splits else {})}
+
+
+# ---- elastic resume: the recorded run decides how its global batch is split on another group ----
+
+FILE_SHARDED = ("file", "tfds_split")  # shards made of the group's size: not the same per step
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSplit:
+  """How a resumed run splits its (kept) global batch on this group, and how it did before."""
+  global_batch: int
+  workers: int
+  replicas: int
+  accumulation: int
+  was_workers: int
+  was_replicas: int
+  was_accumulation: int
+
+  @property
+  def per_replica_batch(self) -> int:  # an uneven split pads every replica to the larger share
+    return -(-self.global_batch // (self.replicas * self.accumulation))
+
+  @property
+  def changed(self) -> bool:
+    return (self.workers, self.replicas, self.accumulation) != (
+        self.was_workers, self.was_replicas, self.was_accumulation)
+
+  def line(self, step: int) -> str:
+    """The chief's start-up line for a resume on another group."""
+    def group(workers: int, replicas: int, was: bool = False) -> str:
+      if self.workers == self.was_workers:
+        return str(replicas) if was else f"{replicas} replica{'s' * (replicas != 1)}"
+      if self.replicas == self.workers and self.was_replicas == self.was_workers:
+        return str(workers) if was else f"{workers} worker{'s' * (workers != 1)}"
+      # both changed, and a worker holds several replicas on one side: name both counts
+      return (f"{workers} worker{'s' * (workers != 1)}"
+              + (f" with {replicas} replicas" if replicas != workers else ""))
+    where = (f" on {group(self.workers, self.replicas)} "
+             f"(was {group(self.was_workers, self.was_replicas, was=True)})"
+             if (self.workers, self.replicas) != (self.was_workers, self.was_replicas) else "")
+    accumulation = (f"accumulation {self.was_accumulation} → {self.accumulation}"
+                    if self.accumulation != self.was_accumulation
+                    else f"accumulation {self.accumulation} kept")
+    slots = self.replicas * self.accumulation
+    padding = self.per_replica_batch * slots - self.global_batch
+    uneven = (f" ({self.global_batch} over {self.replicas} replica{'s' * (self.replicas != 1)}"
+              f"{f' x {self.accumulation} accumulation steps' if self.accumulation > 1 else ''}"
+              f": {padding} rows of padding per step)" if padding else "")
+    return (f"resumed at step {step}{where}: {accumulation}, per-replica batch "
+            f"{self.per_replica_batch}{uneven}, global batch {self.global_batch} kept")
+
+
+def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: int) -> int | None:
+  """The fewest micro-steps that split `global_batch` evenly over `replicas` with a per-replica
+  batch no larger than `per_replica_limit` (its memory budget); None when no even split exists
+  (resume_batch_split then splits it unevenly, padded)."""
+  for accumulation in range(1, global_batch // replicas + 1):
+    if (global_batch % (replicas * accumulation) == 0
+        and global_batch // (replicas * accumulation) <= per_replica_limit):
+      return accumulation
+  return None
+
+
+def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas: int,
+                       workers: int, sharding: str | None, step: int | None) -> BatchSplit | None:
+  """On a resume, the recorded run decides the split: its global batch stays, its per-replica
+  batch stays (or shrinks to the largest even share, never above any it used), and
+  gradient_accumulation_steps makes up the difference. Refuses, in one line, a group that
+  cannot take the run's data as it was read: a worker-count change of file shards in the
+  middle of an epoch (data each worker reads alone: local_shards.check_resumed_shards). None:
+  an old record."""
+  history = record.get("history") or []
+  batch = int(record.get("global_batch_size", global_batch))
+  if not history or "gradient_accumulation_steps" not in record or batch != global_batch:
+    return None  # an old record, or another global batch (check_resume refuses it)
+  was_workers, was_replicas = int(history[-1]["workers"]), int(history[-1]["replicas"])
+  was_accumulation = int(record["gradient_accumulation_steps"])
+  started = f"--model_dir '{model_dir}' holds a run trained on {was_workers} worker(s)"
+  if workers != was_workers:
+    was_sharding = record.get("sharding", record.get("shard_policy"))
+    steps_per_epoch = int(record.get("steps_per_epoch") or 0)
+    if (steps_per_epoch and step is not None and step % steps_per_epoch
+        and {was_sharding, sharding} & set(FILE_SHARDED)):
+      end = (step // steps_per_epoch + 1) * steps_per_epoch
+      raise OutputError(
+          f"{started} with file shards, stopped at step {step} in the middle of an epoch; its "
+          f"files go to {workers} worker(s) differently, so the rest of the epoch would repeat "
+          f"some examples and skip others. Resume on {was_workers} workers (a change is fine from "
+          f"the epoch's end, step {end}), or pass --start_over.")
+  splits = record.get("batch_history") or []
+  limit = max([int(s["per_replica_batch"]) for s in splits if "per_replica_batch" in s]
+              or [int(record.get("per_replica_batch")
+                      or batch // (was_replicas * was_accumulation))])
+  if replicas == was_replicas:
+    accumulation = was_accumulation
+  else:
+    accumulation = smallest_accumulation(batch, replicas, limit)
+  if accumulation is None:  # no even split: the fewest micro-steps whose padded share fits
+    accumulation = next(a for a in range(1, batch + 1) if -(-batch // (replicas * a)) <= limit)
+  return BatchSplit(batch, workers, replicas, accumulation, was_workers, was_replicas,
+                    was_accumulation)
+
+
+def write_run_record(model_dir: str, record: dict) -> None:
+  os.makedirs(os.path.join(model_dir, CHECKPOINT_DIR), exist_ok=True)
+  atomic_write_text(run_record_path(model_dir), json.dumps(record, indent=2) + "\n")
