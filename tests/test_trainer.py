@@ -252,6 +252,9 @@ def test_alternating_flip_shows_each_image_both_ways_in_two_epochs_wherever_it_i
     np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 4), first), epoch)
   np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 5), 3), ~epoch)  # next epoch
   np.testing.assert_array_equal(sides("alternating", data_lib.epoch_seed(42, 6), 9), epoch)
+  other_seed = sides("alternating", data_lib.epoch_seed(43, 4), 0)  # another run: another half
+  assert 10 <= other_seed.sum() <= 30
+  assert not (np.array_equal(other_seed, epoch) or np.array_equal(other_seed, ~epoch))
   randomly = [sides("random", data_lib.epoch_seed(42, e), 0) for e in (4, 5)]
   assert not np.array_equal(randomly[1], ~randomly[0])  # random flips do not alternate
 

@@ -368,11 +368,12 @@ def epoch_seed(seed, epoch):
   return seed * _EPOCH_STRIDE + epoch
 
 
-def epoch_parity(stateless_seed):
-  """0 or 1 from a preprocess stateless seed, alternating from one epoch to the next (its seed[0]
-  is epoch_seed(seed, epoch): one more each epoch)."""
+def seed_parts(stateless_seed):
+  """From a preprocess stateless seed (its seed[0] is epoch_seed(seed, epoch)): the run's seed,
+  and 0 or 1, alternating from one epoch to the next."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.cast(stateless_seed[0], tf.int64) % 2
+  first = tf.cast(stateless_seed[0], tf.int64)
+  return tf.math.floordiv(first, _EPOCH_STRIDE), first % 2
 
 
 def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, seed: int,
@@ -383,7 +384,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
   first epoch already done, so a resumed run sees exactly the batches it would have seen.
   `task.preprocess(example, data, training, seed)` gets a stateless seed made of (seed, epoch,
   the example's position in the epoch's order): the same on every worker and replica. Its
-  seed[0] is epoch_seed(seed, epoch), whose parity alternates with the epoch (epoch_parity).
+  seed[0] is epoch_seed(seed, epoch), whose parity alternates with the epoch (seed_parts).
 
   Padding is real data at weight 0, so BatchNorm's batch statistics see no zeros: the epoch's
   last (short) step of a pipeline repeats its own real rows, and whole steps of padding after it

@@ -24,17 +24,19 @@ def _normalize(image, mean, std):
 def _augment(image, seed, padding: int = 4, flip: str = "random"):
   """Random crop of the reflect-padded image and horizontal flip, stateless: the same example,
   epoch and seed give the same pixels whichever replica or worker reads it. flip "alternating"
-  (airbench): each image has a fixed random side, from a hash of its pixels, and the side swaps
-  every epoch, so every image is seen both ways in any two epochs in a row (the epoch from the
-  stateless seed: data_lib.epoch_parity)."""
+  (airbench): each image has a fixed random side, from a hash of its pixels and the run's seed
+  (another seed flips another half), and the side swaps every epoch, so every image is seen both
+  ways in any two epochs in a row (both from the stateless seed: data_lib.seed_parts)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shape = tf.shape(image)
   padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
   cropped = tf.image.stateless_random_crop(padded, shape, seed=seed)
   if flip == "random":
     return tf.image.stateless_random_flip_left_right(cropped, seed=seed + 1)
-  side = tf.strings.to_hash_bucket_fast(tf.io.serialize_tensor(image), 2)
-  flipped = tf.not_equal(side, data_lib.epoch_parity(seed))
+  run_seed, parity = data_lib.seed_parts(seed)
+  side = tf.strings.to_hash_bucket_fast(tf.strings.join([
+      tf.io.serialize_tensor(image), tf.strings.as_string(run_seed)]), 2)
+  flipped = tf.not_equal(side, parity)
   return tf.cond(flipped, lambda: tf.reverse(cropped, axis=[1]), lambda: cropped)
 
 
