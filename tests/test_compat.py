@@ -298,3 +298,36 @@ def test_a_worker_that_is_done_waits_for_its_peers_before_it_leaves():
   first, second = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
   assert (first["kind"], first["sum"], second["sum"]) == ("multi_worker_mirrored", 2.0, 2.0)
   assert first["left"] >= second["arrived"], (first, second)  # it waited for worker 1
+
+
+PYPLOT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    if sys.argv[1] == "fixed":
+      from tfdp import logs
+      logs.import_tensorflow()
+    else:
+      import tensorflow
+    from keras.src.visualization import plot_image_gallery
+    from keras.src.saving import file_editor
+    pyplot = sys.modules["matplotlib.pyplot"]
+    loaded_with_tensorflow = ["figure" in vars(pyplot), "version_info" in vars(file_editor.ipython)]
+    import matplotlib.pyplot as plt
+    figure = plt.figure()  # the first read loads it
+    from IPython import get_ipython
+    print(json.dumps([loaded_with_tensorflow, plot_image_gallery.plt is plt is pyplot,
+                      type(figure).__name__, plt.get_fignums(), get_ipython() is None,
+                      file_editor.ipython is sys.modules["IPython"]]))
+""")
+
+
+def test_pyplot_and_ipython_are_loaded_on_first_use_not_with_tensorflow():
+  """Keras imports matplotlib.pyplot and IPython while TensorFlow loads (plot_image_gallery.py,
+  file_editor.py); tfdp's import of TensorFlow defers both, and each still works, for Keras's
+  helpers too, once it is used."""
+  def run(mode):
+    proc = subprocess.run([sys.executable, "-c", PYPLOT_SCRIPT, mode], capture_output=True,
+                          text=True, env=helpers.env(MPLBACKEND="Agg"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+  assert run("upstream") == [[True, True], True, "Figure", [1], True, True]
+  assert run("fixed") == [[False, False], True, "Figure", [1], True, True]

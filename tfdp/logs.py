@@ -70,6 +70,8 @@ def start_tensorflow(level: str | None = None):
 def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
   """Imports TensorFlow; at level 'off' or 'error' the INFO and WARNING lines its C++ libraries
   print while loading are dropped (everything else they print is passed on)."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  compat.defer_unused_imports()
   if level not in ("off", "error") or "tensorflow" in sys.modules:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf
@@ -99,7 +101,9 @@ def is_interactive(stream=None) -> bool:
 
 
 def in_jupyter_kernel() -> bool:
-  ipython = sys.modules.get("IPython")  # imported by any kernel; importing it here would be slow
+  if "ipykernel" not in sys.modules:  # imported by any kernel (IPython alone may be deferred)
+    return False
+  ipython = sys.modules.get("IPython")
   shell = ipython.get_ipython() if ipython is not None else None
   return type(shell).__name__ == "ZMQInteractiveShell"
 

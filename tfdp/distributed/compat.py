@@ -4,6 +4,8 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 """
 from __future__ import annotations
 
+import types
+
 
 def replica_local_statistics(model) -> list:
   """The variables Keras 3 updates on each replica separately: BatchNormalization's
@@ -219,3 +221,46 @@ def onednn_off_warning(enabled: bool, cpu_flags, environ) -> str:
   return (f"TensorFlow's oneDNN kernels are off in this process (TensorFlow was imported before "
           f"tfdp): on this AVX2 CPU they train ~2.4x faster; set {ONEDNN_ENV}=1 before importing "
           "TensorFlow, or import tfdp first")
+
+
+
+
+UNUSED_AT_IMPORT = ("matplotlib.pyplot", "IPython")
+
+
+def defer_unused_imports(names=UNUSED_AT_IMPORT) -> None:
+  """Keras imports matplotlib.pyplot (keras/src/visualization/plot_image_gallery.py, for one
+  plotting helper) and IPython (keras/src/saving/file_editor.py, to draw KerasFileEditor in a
+  notebook) while TensorFlow loads; no upstream issue found. tfdp uses neither (its figures are
+  matplotlib.figure.Figure); together they are ~0.5-0.8 CPU s of every process that starts
+  TensorFlow. Call before TensorFlow is imported: each module is put in place unexecuted and runs
+  the first time a name is read from it. (importlib.util.LazyLoader would not do: an import
+  statement reads __spec__, which loads its modules.)"""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  if "tensorflow" in sys.modules:
+    return
+  for name in names:
+    if name in sys.modules:
+      continue
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      continue
+    if spec is None or spec.loader is None:
+      continue
+    module = importlib.util.module_from_spec(spec)
+    module.__class__ = _DeferredModule
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+      setattr(sys.modules[parent], child, module)  # as an import would
+
+
+class _DeferredModule(types.ModuleType):
+  """A module whose code runs when a name it does not have yet is first read."""
+
+  def __getattr__(self, name):
+    self.__class__ = types.ModuleType
+    self.__spec__.loader.exec_module(self)
+    return getattr(self, name)
