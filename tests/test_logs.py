@@ -87,3 +87,22 @@ def test_startup_filter_drops_only_tensorflow_loading_lines():
 def test_format_seconds():
   assert [logs.format_seconds(s) for s in (0, 59.6, 61, 3600 + 62)] == ["0:00", "1:00", "1:01",
                                                                          "1:01:02"]
+
+
+def test_a_jupyter_kernel_is_known_by_its_shell_also_under_another_name(monkeypatch):
+  """The progress bar draws in a kernel: ipykernel's ZMQInteractiveShell, or a subclass of it
+  with another name (Colab's google.colab._shell.Shell). Fake modules stand in for both."""
+  import types  # pylint: disable=g-import-not-at-top
+  ZMQInteractiveShell = type("ZMQInteractiveShell", (), {})  # pylint: disable=invalid-name
+  shells = {"jupyter": ZMQInteractiveShell(), "colab": type("Shell", (ZMQInteractiveShell,), {})(),
+            "terminal": type("TerminalInteractiveShell", (), {})(), "python": None}
+  found = {}
+  for where, shell in shells.items():
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda s=shell: s))
+    found[where] = logs.in_jupyter_kernel()
+  monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: 1 / 0))
+  monkeypatch.delitem(sys.modules, "ipykernel")  # IPython alone is no kernel, and is not asked
+  found["IPython without ipykernel"] = logs.in_jupyter_kernel()
+  assert found == {"jupyter": True, "colab": True, "terminal": False, "python": False,
+                   "IPython without ipykernel": False}

@@ -105,7 +105,8 @@ def in_jupyter_kernel() -> bool:
     return False
   ipython = sys.modules.get("IPython")
   shell = ipython.get_ipython() if ipython is not None else None
-  return type(shell).__name__ == "ZMQInteractiveShell"
+  # Colab's shell is a subclass of ipykernel's under another name (google.colab._shell.Shell)
+  return any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
 
 
 def format_seconds(seconds: float) -> str:
