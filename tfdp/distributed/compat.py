@@ -223,8 +223,6 @@ def onednn_off_warning(enabled: bool, cpu_flags, environ) -> str:
           "TensorFlow, or import tfdp first")
 
 
-
-
 UNUSED_AT_IMPORT = ("matplotlib.pyplot", "IPython")
 
 
@@ -232,10 +230,11 @@ def defer_unused_imports(names=UNUSED_AT_IMPORT) -> None:
   """Keras imports matplotlib.pyplot (keras/src/visualization/plot_image_gallery.py, for one
   plotting helper) and IPython (keras/src/saving/file_editor.py, to draw KerasFileEditor in a
   notebook) while TensorFlow loads; no upstream issue found. tfdp uses neither (its figures are
-  matplotlib.figure.Figure); together they are ~0.5-0.8 CPU s of every process that starts
-  TensorFlow. Call before TensorFlow is imported: each module is put in place unexecuted and runs
-  the first time a name is read from it. (importlib.util.LazyLoader would not do: an import
-  statement reads __spec__, which loads its modules.)"""
+  matplotlib.figure.Figure); together they cost ~0.5-0.9 CPU s of every process that starts
+  TensorFlow (BENCHMARKS.md, "Test suite time"). Call before TensorFlow is imported: each module
+  is put in place unexecuted and runs the first time a name is read from it.
+  (importlib.util.LazyLoader would not do: an import statement reads __spec__, which loads its
+  modules.)"""
   import importlib.util  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   if "tensorflow" in sys.modules:
