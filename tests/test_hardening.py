@@ -357,7 +357,8 @@ def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path, request
 # not the four `import tensorflow` takes here), so a cluster job with a typo fails at once.
 BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "model_dir_in_use",
                      "model_dir_world_writable", "batch_does_not_split", "tfds_not_prepared",
-                     "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage")
+                     "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage",
+                     "resume_with_another_seed", "resume_with_another_batch_and_length")
 
 
 @pytest.mark.parametrize("case_id", BEFORE_TENSORFLOW)

@@ -51,6 +51,12 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
           if config.task.init_checkpoint else None)
   _check_saved_artifacts(task_class, config.task, model_dir, mode, resume_from, init)
+  if mode != "eval" and resume_from is not None:  # build compares the rest once data is planned
+    recorded = resume.read_run_record(model_dir)
+    if recorded:
+      resume.check_resume(recorded, resume.config_decided_fields(
+          recorded, config.trainer.global_batch_size, config.trainer.seed,
+          config.task.train_data.shard_policy), model_dir)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
     split = (None if mode == "eval" or resume_from is None

@@ -45,12 +45,13 @@ def read_run_record(model_dir: str) -> dict | None:
 
 def check_resume(record: dict, current: dict, model_dir: str) -> None:
   """Refuses a resume whose config gives the restored step another meaning. A longer or shorter
-  run is a continuation only when the learning-rate schedule does not decay over its length."""
+  run is a continuation only when the learning-rate schedule does not decay over its length.
+  `current` may hold only some fields (config_decided_fields, before the data is planned)."""
   changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
              for field, key in RESUME_FIELDS.items()
-             if field in record and record[field] != current[field]]
-  if (current["schedule"] in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
-      and record["total_steps"] != current["total_steps"]):
+             if field in record and field in current and record[field] != current[field]]
+  if (current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
+      and "total_steps" in current and record["total_steps"] != current["total_steps"]):
     changed.append(f"total_steps was {record['total_steps']}, now {current['total_steps']} "
                    f"(trainer.epochs / trainer.max_steps, with the '{current['schedule']}' "
                    "learning-rate schedule that decays over the whole run)")
@@ -60,6 +61,18 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
         "Its checkpoint's step would mean another batch, data position or schedule; restore the "
         "earlier value (a constant schedule may train longer), pass --start_over to move the "
         "earlier run aside, or use a new --model_dir.")
+
+
+def config_decided_fields(record: dict, global_batch_size: int, seed: int,
+                          shard_policy: str) -> dict:
+  """The run record's fields the config alone decides, so that a resume changing one is refused
+  before TensorFlow starts (the data's sizes, and so the steps, come with the data plan). The
+  global batch is the config's except where each worker reads its own shards ('local': its
+  rows per step follow the shards' sizes), and in a record that does not say how it sharded."""
+  current = {"data_order_seed": seed, "shard_policy": shard_policy}
+  if record.get("sharding") not in (None, "local"):
+    current["global_batch_size"] = global_batch_size
+  return current
 
 
 def updated_run_record(old: dict | None, current: dict, from_step: int) -> dict:
