@@ -55,7 +55,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     recorded = resume.read_run_record(model_dir)
     if recorded:
       resume.check_resume(recorded, resume.config_decided_fields(
-          recorded, config.trainer.global_batch_size, config.trainer.seed,
+          config.trainer.global_batch_size, config.trainer.seed,
           config.task.train_data.shard_policy), model_dir)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)

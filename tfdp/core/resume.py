@@ -63,16 +63,13 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
         "earlier run aside, or use a new --model_dir.")
 
 
-def config_decided_fields(record: dict, global_batch_size: int, seed: int,
-                          shard_policy: str) -> dict:
+def config_decided_fields(global_batch_size: int, seed: int, shard_policy: str) -> dict:
   """The run record's fields the config alone decides, so that a resume changing one is refused
   before TensorFlow starts (the data's sizes, and so the steps, come with the data plan). The
-  global batch is the config's except where each worker reads its own shards ('local': its
-  rows per step follow the shards' sizes), and in a record that does not say how it sharded."""
-  current = {"data_order_seed": seed, "shard_policy": shard_policy}
-  if record.get("sharding") not in (None, "local"):
-    current["global_batch_size"] = global_batch_size
-  return current
+  recorded global batch is the config's under every shard policy: local shards' rows per step
+  sum to it (local_shards.split_local_batch)."""
+  return {"data_order_seed": seed, "shard_policy": shard_policy,
+          "global_batch_size": global_batch_size}
 
 
 def updated_run_record(old: dict | None, current: dict, from_step: int) -> dict:
