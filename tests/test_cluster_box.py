@@ -111,7 +111,11 @@ def test_a_link_down_mid_training_restarts_the_group_which_resumes_from_the_last
   assert all(marks["training"] < link["down"] for marks in first["marks"]), shown
   assert errors.EXIT_RESTART_GROUP in first["returncodes"], shown
   failed = first["returncodes"].index(errors.EXIT_RESTART_GROUP)
-  assert "lost a peer worker" in first["logs"][failed], shown
+  # Either detector may see the dead link first: both wait `detect` seconds, and on a fast CPU
+  # the watchdog's 4 s (its floor, above 10 short loops) can end a stuck loop before the
+  # collective's timeout fails it. Both exit for a group restart, naming why.
+  assert any(why in first["logs"][failed] for why in (
+      "lost a peer worker", "watchdog: no training loop finished in")), shown
   exited = max(first["ended"]) - link["down"]
   assert exited <= detect + launch.PEER_FAILURE_GRACE_SECONDS + 10, shown
   # The restarted group trained again soon after the link came back, from step 80, and finished.
