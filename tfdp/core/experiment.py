@@ -314,10 +314,12 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
   total_steps = trainer_cfg.epochs * plan.steps_per_epoch  # as the Trainer counts them
   if trainer_cfg.max_steps:
     total_steps = min(total_steps, trainer_cfg.max_steps)
-  return {"global_batch_size": plan.global_batch, "steps_per_epoch": plan.steps_per_epoch,
+  # the fields preflight compares before the data is planned, under the same names
+  decided = resume.config_decided_fields(plan.global_batch, trainer_cfg.seed,
+                                         config.task.train_data.shard_policy)
+  return {**decided, "steps_per_epoch": plan.steps_per_epoch,
           "examples_per_epoch": (sum(plan.counts) if plan.policy == "local"  # each worker's own
-                                 else plan.source.num_examples), "data_order_seed": trainer_cfg.seed,
-          "shard_policy": config.task.train_data.shard_policy,
+                                 else plan.source.num_examples),
           "gradient_accumulation_steps": plan.accumulation_steps,
           "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
           **({"shard_counts": list(plan.shard_counts)} if plan.policy == "local" else {}),
