@@ -109,9 +109,10 @@ def load_probe(out_dir: Path, rank: int = 0) -> dict:
           "info": json.loads((out_dir / f"info-{rank}.json").read_text())}
 
 
-# For a test that trains in mixed_bfloat16: its processes without an ONEDNN_MAX_CPU_ISA cap that
-# imitates an AVX2-only CPU on an AVX-512 one, where tfdp refuses bfloat16 (strategy.py,
-# check_bfloat16_under_isa_cap); a real AVX2-only CPU runs it, on Eigen's kernels.
+# For a test that trains in mixed_bfloat16 (or float16): its processes without an
+# ONEDNN_MAX_CPU_ISA cap that imitates an AVX2-only CPU on an AVX-512 one, where tfdp refuses
+# bfloat16 (strategy.py, check_bfloat16_under_isa_cap) and float16 aborts in oneDNN ("terminate
+# called recursively"); a real AVX2-only CPU runs them, on Eigen's kernels.
 UNCAPPED = {"ONEDNN_MAX_CPU_ISA": "ALL"}
 
 

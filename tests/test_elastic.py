@@ -49,7 +49,7 @@ def record(model_dir) -> dict:
   return json.loads((model_dir / "checkpoints" / "run.json").read_text())
 
 
-def probe(model_dir, overrides, out_dir, launcher_workers: int = 0):
+def probe(model_dir, overrides, out_dir, launcher_workers: int = 0, **extra_env):
   """tests/scripts/probe.py (every leg of a comparison through it: it builds from the schema's
   defaults, tfdp-train from tests/scripts/base_job.yaml) in one process, or on `launcher_workers`
   worker processes; returns (rank 0's dump, the output)."""
@@ -57,8 +57,8 @@ def probe(model_dir, overrides, out_dir, launcher_workers: int = 0):
   command = [sys.executable, helpers.PROBE, str(model_dir), overrides, str(out_dir), "train"]
   if launcher_workers:
     command = [sys.executable, LAUNCH_APP, f"--num_workers={launcher_workers}", "--", *command]
-  proc = subprocess.run(command, env=helpers.env(), cwd=str(helpers.REPO), capture_output=True,
-                        text=True, timeout=600)
+  proc = subprocess.run(command, env=helpers.env(**extra_env), cwd=str(helpers.REPO),
+                        capture_output=True, text=True, timeout=600)
   output = proc.stdout + proc.stderr
   assert proc.returncode == 0, output[-3000:]
   return helpers.load_probe(out_dir), output

@@ -62,7 +62,7 @@ def test_bfloat16_settings_survive_four_replicas_to_two_and_a_silent_switch_is_r
   assert "set runtime.mixed_precision=mixed_bfloat16 and runtime.all_reduce_dtype=bfloat16" in line
   assert tree(model_dir) == before
 
-  resumed, output = probe(model_dir, job(2, 12) + BF16, tmp_path / "out")
+  resumed, output = probe(model_dir, job(2, 12) + BF16, tmp_path / "out", **helpers.UNCAPPED)
   assert resumed["info"]["step"] == 12
   assert ("resumed at step 6 on 2 replicas (was 4): accumulation 1 → 2, per-replica batch 4, "
           "global batch 16 kept") in output, output[-3000:]
