@@ -4,8 +4,9 @@ arguments) with every Python process it starts logging its CPU time, then summar
   python benchmarks/suite_processes.py                      # the whole suite, as CI runs it
   python benchmarks/suite_processes.py tests/test_equivalence.py -n 2 --dist loadgroup
 
-Prints: processes, those that imported TensorFlow and their CPU seconds, CPU by test module, and
-module-scoped fixtures (tmp folders not named after a test) built on more than one xdist worker.
+Prints: processes, those that imported TensorFlow and their CPU seconds, CPU by test module, the
+functions autograph converted (and in how many processes), and module-scoped fixtures (tmp
+folders not named after a test) built on more than one xdist worker.
 The log stays in --log (JSON lines) for other questions.
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ def summary(lines: list[dict]) -> str:
   out.append("CPU s by module (processes, with TensorFlow):")
   for module, (count, with_tf, cpu) in sorted(by_module.items(), key=lambda kv: -kv[1][2])[:15]:
     out.append(f"  {cpu:7.0f}  {module} ({count}, {with_tf})")
+  converted = collections.Counter(name for line in lines for name in line.get("autograph") or [])
+  with_autograph = sum(bool(line.get("autograph")) for line in lines)
+  out.append(f"processes in which autograph converted a function: {with_autograph}"
+             + "".join(f"\n  {count:5d}  {name}" for name, count in converted.most_common(10)))
   fixtures = collections.defaultdict(set)
   for line in lines:
     for arg in line["argv"]:

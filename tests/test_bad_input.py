@@ -89,3 +89,24 @@ def test_jit_compile_with_several_replicas_is_refused(tmp_path):
   proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", "--mode=train",
                            f"--params_override={TINY},runtime.jit_compile=true", timeout=120)
   assert_one_line_error(proc, "runtime.jit_compile", "2")
+
+
+def test_evaluation_images_the_model_was_not_built_for_are_refused_before_training(tmp_path):
+  # Before: a bare Keras traceback ("expected shape=(None, 8, 8, 3), found shape=(8, 32, 32, 3)")
+  # at the first evaluation, after an epoch of training.
+  eval_16 = (",task.eval_data.source=synthetic,task.eval_data.num_examples=32,"
+             "task.eval_data.image_size=16,task.eval_data.num_classes=2")
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", f"--params_override={TINY}{eval_16}",
+                           timeout=120)
+  assert_one_line_error(proc, "16x16x3 images", "8x8x3", "task.eval_data.image_size=8")
+  assert not (tmp_path / "run").exists()
+
+
+def test_evaluation_labels_past_the_models_classes_are_refused():
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
+  source = lambda classes: data_lib.Source([4], None, "synthetic", num_classes=classes,
+                                           image_shape=(8, 8, 3))
+  experiment.check_eval_fits_model(source(4), source(2))  # fewer classes: every label fits
+  with pytest.raises(data_lib.DataError, match="6 classes.*task.train_data's 4"):
+    experiment.check_eval_fits_model(source(4), source(6))

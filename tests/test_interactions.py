@@ -644,7 +644,7 @@ def test_ranking_sums_match_brute_force(seed, num_users, num_items, k, tied):
 def test_ranking_sums_tf_matches_numpy():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  @tf.function
+  @tf.function(autograph=False)  # as the trainer traces a task's metric sums
   def in_graph(scores, positives, excluded, k):
     return interactions.ranking_sums_tf(scores, positives, excluded, k=k)
 

@@ -351,7 +351,8 @@ def masked_examples(sequences, seed=1, epoch=0, vocab_size=50, **kw):
   def mask(index, ids):
     return text.mask_tokens(ids, text.example_seed(seed, epoch, index), vocab_size, SPECIAL, **kw)
 
-  ds = tf.data.Dataset.from_tensor_slices(sequences).enumerate().map(mask).batch(16)
+  ds = tf.data.Dataset.from_tensor_slices(sequences).enumerate().map(
+      tf.autograph.experimental.do_not_convert(mask)).batch(16)  # as tfdp's pipelines trace it
   parts = list(ds.as_numpy_iterator())
   features = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
   return features, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])

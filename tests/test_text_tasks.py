@@ -71,6 +71,7 @@ def test_masked_lm_four_workers_equal_four_replicas_equal_four_accumulation_step
   one = workers[0]
   for run in (*workers, replicas, accumulated):
     assert run["info"]["step"] == 8
+    assert run["info"]["autograph"] == []  # tokenizer, packing, masking: traced without it
     assert helpers.max_relative_difference(run["initial"], one["initial"]) == 0.0
   assert helpers.max_relative_difference(one["final"], one["initial"]) > 1e-3  # it trained
   assert all(np.array_equal(w["final"][k], one["final"][k]) for w in workers for k in one["final"])

@@ -1,7 +1,7 @@
 """Loaded by every Python process whose PYTHONPATH starts with this folder
 (benchmarks/suite_processes.py puts it there): with TFDP_PROCLOG set, each process appends one
 JSON line when it leaves — its argv, the test that started it, wall and CPU seconds, whether it
-imported TensorFlow. tfdp's apps leave with os._exit, which skips atexit, so that is wrapped too.
+imported TensorFlow and which functions autograph converted in it. tfdp's apps leave with os._exit, which skips atexit, so that is wrapped too.
 A process killed by a signal writes nothing."""
 import os
 
@@ -23,11 +23,20 @@ if os.environ.get("TFDP_PROCLOG"):
       line = {"pid": os.getpid(), "argv": sys.argv[:3],
               "test": os.environ.get("PYTEST_CURRENT_TEST"), "start": _STARTED,
               "wall": time.time() - _STARTED, "cpu": times.user + times.system,
-              "tensorflow": "tensorflow" in sys.modules}
+              "tensorflow": "tensorflow" in sys.modules, "autograph": _autograph_converted()}
       with open(os.environ["TFDP_PROCLOG"], "a", encoding="utf-8") as log:
         log.write(json.dumps(line) + "\n")
     except Exception:  # pylint: disable=broad-except  (never change how a process ends)
       pass
+
+  def _autograph_converted():
+    if "tensorflow" not in sys.modules:
+      return []
+    try:
+      from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+      return compat.autograph_converted_functions()
+    except Exception:  # pylint: disable=broad-except  (a process without tfdp on its path)
+      return None
 
   atexit.register(_write_line)
   _os_exit = os._exit

@@ -7,7 +7,8 @@ only the chief, writes into OUT_DIR:
   initial-<rank>.npz, final-<rank>.npz  model weights by variable path, before and after
   ema-<rank>.npz                        with trainer.ema_decay: their moving averages, by path
   copies-<rank>.json                    per-replica copies of each non-trainable variable
-  info-<rank>.json                      step, optimizer iterations, evaluation before/after
+  info-<rank>.json                      step, optimizer iterations, evaluation before/after,
+                                        the functions autograph converted in the process
 """
 import json
 import os
@@ -56,7 +57,8 @@ def main():
     exp.run()
     info["eval_after"] = evaluation(exp)
   info.update(step=exp.trainer.global_step,
-              iterations=int(np.asarray(exp.trainer.optimizer.iterations)))
+              iterations=int(np.asarray(exp.trainer.optimizer.iterations)),
+              autograph=compat.autograph_converted_functions())
   np.savez(os.path.join(out_dir, f"final-{rank}.npz"), **weights(model))
   averages = compat.weight_averages(exp.trainer.optimizer)
   if averages:

@@ -216,7 +216,7 @@ def allreduce_cell(spec: dict, cluster: Cluster) -> dict:
       return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value,
                                                             options=options)
 
-    @tf.function
+    @tf.function(autograph=False)
     def all_reduce(values):
       return strategy.run(replica_fn, args=(values,))
     return all_reduce

@@ -61,7 +61,9 @@ def run_overrides(run: str) -> list[str]:
 def keras_batches(dataset, task):
   """tfdp's dict batches as model.fit takes them: (inputs, labels, sample weights); the weight-0
   examples that pad an epoch's last batch then count nowhere."""
-  return dataset.map(lambda b: (task.model_inputs(b), b["label"], b["weight"]))
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return dataset.map(tf.autograph.experimental.do_not_convert(
+      lambda b: (task.model_inputs(b), b["label"], b["weight"])))
 
 
 def run_cell(spec: dict, cluster: Cluster) -> dict:

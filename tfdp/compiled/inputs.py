@@ -98,7 +98,7 @@ def _examples(dataset, class_weight):
       weight = weight * _class_weights(y, class_weight)
     return {"x": x, "y": y, "sample_weight": tf.reshape(weight, [])}
 
-  return dataset.map(to_example)
+  return dataset.map(tf.autograph.experimental.do_not_convert(to_example))  # as tfdp's own maps
 
 
 def _spec_text(spec) -> object:
@@ -172,8 +172,9 @@ def _count(dataset, steps_per_epoch: int, global_batch: int, argument: str):
     dataset = dataset.take(steps_per_epoch * global_batch)
   if cardinality >= 0 and not steps_per_epoch:
     return dataset, cardinality
-  ones = dataset.map(lambda *_: tf.constant(1, tf.int64))
-  return dataset, int(ones.reduce(tf.constant(0, tf.int64), lambda count, one: count + one))
+  ones = dataset.map(tf.autograph.experimental.do_not_convert(lambda *_: tf.constant(1, tf.int64)))
+  return dataset, int(ones.reduce(tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(
+      lambda count, one: count + one)))
 
 
 def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,

@@ -49,15 +49,17 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
     outputs = model(batch["x"], training=False)
     return trainer_lib.metric_vector(task, batch, outputs, task.per_example_loss(batch, outputs))
 
-  @tf.function
+  @tf.function(autograph=False)  # as tfdp's trainer (see tfdp/core/trainer.py)
   def loop(iterator, steps):
-    totals = tf.zeros([size])
-    for _ in tf.range(steps):
-      totals += strategy.reduce(tf.distribute.ReduceOp.SUM,
-                                strategy.run(replica_sums, args=(next(iterator),)), axis=None)
-    return totals
+    def one_step(done, totals):
+      return done + 1, totals + strategy.reduce(
+          tf.distribute.ReduceOp.SUM, strategy.run(replica_sums, args=(next(iterator),)),
+          axis=None)
+    return tf.while_loop(lambda done, _: done < steps, one_step,
+                         (tf.constant(0, steps.dtype), tf.zeros([size])))[1]
 
-  totals = loop(iter(dataset), tf.constant(plan.steps_per_epoch)).numpy()
+  with trainer_lib.tensor_conditions_named():
+    totals = loop(iter(dataset), tf.constant(plan.steps_per_epoch)).numpy()
   sums = trainer_lib.MetricSums(task.metric_names, totals, task.finalize_metric,
                                 task.metric_state_values)
   return {**sums.values(), "examples": int(sums.examples)}
@@ -67,19 +69,21 @@ def predict(model, x, batch_size=None, *, strategy=None):
   """Keras's `model.predict`: the outputs for every real example, in order (numpy, nested as
   the model's outputs), on every worker."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy)
   del task
 
   def replica_outputs(batch):
     return model(batch["x"], training=False), batch["weight"], batch["index"]
 
-  @tf.function
+  @tf.function(autograph=False)
   def step(iterator):
     per_replica = strategy.run(replica_outputs, args=(next(iterator),))
     return tf.nest.map_structure(lambda v: strategy.gather(v, axis=0), per_replica)
 
   iterator = iter(dataset)
-  parts = [step(iterator) for _ in range(plan.steps_per_epoch)]
+  with trainer_lib.tensor_conditions_named():
+    parts = [step(iterator) for _ in range(plan.steps_per_epoch)]
   outputs = tf.nest.map_structure(lambda *t: np.concatenate([np.asarray(a) for a in t]),
                                   *[p[0] for p in parts])
   weight = np.concatenate([np.asarray(p[1]) for p in parts])

@@ -495,7 +495,9 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
       ds = one_epoch(tf.constant(first_epoch, tf.int64), first_skip).concatenate(ds)
     return finish(ds, plan.per_replica_batch, size)
 
-  return dataset_fn
+  # Its map functions, and the task's preprocess in them, are traced without autograph (see
+  # tfdp/core/trainer.py).
+  return tf.autograph.experimental.do_not_convert(dataset_fn)
 
 
 def _local_steps(plan: InputPlan, pipeline: int, step_rows: int, prepare, data: DataConfig,

@@ -144,21 +144,24 @@ class Experiment:
     result: dict = {"model_dir": self.model_dir, "replicas": self.replicas,
                     "strategy": self.strategy_plan.kind}
     try:
-      if self.mode == "eval":
-        evaluated = self.evaluate()
-        result.update(step=trainer.global_step, eval_examples=int(evaluated.examples),
-                      **{f"eval_{name}": value for name, value in evaluated.values().items()})
-        if cluster.is_chief:
-          outputs.atomic_write_text(self.write_plan.path("eval.json"), json.dumps(result, indent=2))
-      else:
-        from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
-        result.update(controller.Controller(
-            trainer, self.train_dataset, self.eval_dataset,
-            self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
-        result["step"] = trainer.global_step
-        if self.config.trainer.export_model:
-          with trainer.evaluation_weights():
-            result["exported"] = outputs.export_model(self.write_plan, trainer.model)
+      from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+      with trainer_lib.tensor_conditions_named():  # the first steps are traced here
+        if self.mode == "eval":
+          evaluated = self.evaluate()
+          result.update(step=trainer.global_step, eval_examples=int(evaluated.examples),
+                        **{f"eval_{name}": value for name, value in evaluated.values().items()})
+          if cluster.is_chief:
+            outputs.atomic_write_text(self.write_plan.path("eval.json"),
+                                      json.dumps(result, indent=2))
+        else:
+          from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
+          result.update(controller.Controller(
+              trainer, self.train_dataset, self.eval_dataset,
+              self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
+          result["step"] = trainer.global_step
+          if self.config.trainer.export_model:
+            with trainer.evaluation_weights():
+              result["exported"] = outputs.export_model(self.write_plan, trainer.model)
     except _peer_errors() as e:
       if not cluster.is_multi_worker:
         raise
@@ -197,6 +200,20 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None,
                         start_over=start_over)
   logs.start_tensorflow()  # only now: a bad input above was answered in a second, not in four
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # Sources, tokenizers and model stems map datasets while building: traced without autograph
+  # too (see tfdp/core/trainer.py).
+  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  with trainer_lib.tensor_conditions_named():
+    return tf.autograph.experimental.do_not_convert(_build_checked)(
+        config, model_dir, mode, cluster, train_source=train_source, eval_source=eval_source,
+        model_fn=model_fn, strategy=strategy, task=task, verbose=verbose, start_over=start_over)
+
+
+def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
+                   cluster: cluster_lib.Cluster, *, train_source, eval_source, model_fn, strategy,
+                   task, verbose: bool, start_over: bool) -> Experiment:
+  """`build` after preflight, with TensorFlow started."""
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
@@ -240,6 +257,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
                                         "task.train_data", model_dir)
   if mode != "train":
     eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
+    if train_plan is not None:
+      check_eval_fits_model(train_plan.source, eval_source)
     eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,
                                     trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
                                     replicas, num_pipelines, batch_key="trainer.eval_batch_size",
@@ -299,6 +318,25 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   except BaseException:
     write_plan.cleanup()
     raise
+
+
+def check_eval_fits_model(train: data_lib.Source, evaluation: data_lib.Source) -> None:
+  """The model is built for the training source: evaluation images of another shape, or labels
+  past its classes, would stop the first evaluation with a Keras shape error or an out-of-range
+  label, after a whole epoch of training."""
+  if train.image_shape and evaluation.image_shape and (
+      tuple(train.image_shape) != tuple(evaluation.image_shape)):
+    shape = lambda s: "x".join(str(d) for d in s)
+    height, width, channels = tuple(train.image_shape)[-3:]
+    fix = (f"set task.eval_data.image_size={height}"
+           if height == width and channels == evaluation.image_shape[-1]
+           else "give both images of one shape (task.*_data.image_size resizes both)")
+    raise DataError(f"task.eval_data gives {shape(evaluation.image_shape)} images, but the model "
+                    f"is built for task.train_data's {shape(train.image_shape)}; {fix}.")
+  if train.num_classes and evaluation.num_classes > train.num_classes:
+    raise DataError(f"task.eval_data has {evaluation.num_classes} classes, but the model is "
+                    f"built for task.train_data's {train.num_classes}; evaluate on data of the "
+                    "training classes.")
 
 
 def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", **kwargs) -> dict:

@@ -19,6 +19,10 @@ tells them (TF Model Garden's `base_task.py`, without its weight):
 
 Every batch is a dict with a "weight" entry: 0 for padding examples, 1 otherwise.
 `task.name` picks a registered task; `register_task` adds a user's own.
+
+These methods are traced without autograph, as Keras 3's model.fit traces a model's code: a
+condition or loop on a tensor is written with tf.cond, tf.where or tf.while_loop (a Python `if`
+on a tensor stops the run with a one-line error naming its line).
 """
 from __future__ import annotations
 

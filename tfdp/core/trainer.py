@@ -3,11 +3,17 @@
 Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and its
 checkpoint callbacks have no chief/worker logic, so the loop, checkpoints and outputs are ours.
 The same code runs under the default, mirrored and multi-worker strategies.
+
+Every graph tfdp traces (these loops, the input pipelines, prediction) is traced without
+autograph, as Keras 3's own trainer does: its control flow is written with tf.while_loop and
+tf.cond, so a task's code (preprocess, losses, metric sums) must use those too. Converting tfdp's
+functions cost ~1.5 CPU s of every process's start-up (about a fifth of a small test job).
 """
 from __future__ import annotations
 
 import contextlib
 import re
+import traceback
 
 from absl import logging
 import numpy as np
@@ -19,7 +25,24 @@ from tfdp.core import outputs
 from tfdp.config.schema import ExperimentConfig
 from tfdp.core import optim
 from tfdp.core import resume
-from tfdp.errors import OutputError, TrainingDiverged
+from tfdp.errors import ConfigError, OutputError, TrainingDiverged
+
+
+@contextlib.contextmanager
+def tensor_conditions_named():
+  """Code traced here that needs autograph (`if`/`while`/`for` on a tensor in a task's
+  preprocess, loss or metric sums, or in a user's Keras loss) fails with TensorFlow's long
+  OperatorNotAllowedInGraphError: one line instead, naming that line and the fix."""
+  try:
+    yield
+  except tf.errors.OperatorNotAllowedInGraphError as error:
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not re.search(r"[/\\](tensorflow|keras|tf_keras)[/\\]", f.filename)]
+    where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else "code"
+    raise ConfigError(
+        f"{where} uses a tensor as a Python bool (an if, while, for or and/or on a tensor); "
+        "tfdp traces its steps and input pipelines without autograph, as Keras 3's model.fit "
+        "does: write it with tf.cond or tf.where, and a loop with tf.while_loop.") from None
 
 
 def _add_gradients(a, b):
@@ -157,7 +180,8 @@ class Trainer:
     if config.runtime.jit_compile:
       # XLA compiles the per-replica forward/backward; the optimizer's cross-replica update
       # (a merge_call) stays outside the compiled function.
-      self._forward_backward = tf.function(self._forward_backward, jit_compile=True)
+      self._forward_backward = tf.function(self._forward_backward, jit_compile=True,
+                                           autograph=False)
     self._wire_dtype = (None if config.runtime.all_reduce_dtype == "float32"
                         else tf.as_dtype(config.runtime.all_reduce_dtype))
     self._num_sums = 1 + 2 * len(task.metric_names) + task.metric_state_size
@@ -238,14 +262,19 @@ class Trainer:
   def _make_train_loop(self):
     strategy = self.strategy
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_loop(iterator, num_steps):
       totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
-      taken = tf.constant(0, tf.int64)
       if self._lookahead is not None:
         with strategy.scope():
           self._lookahead.start(self._step)
-      for _ in tf.range(num_steps):
+
+      def not_done(taken, totals, stopped):
+        del totals
+        return tf.logical_and(taken < tf.cast(num_steps, tf.int64), tf.logical_not(stopped))
+
+      def one_step(taken, totals, stopped):
+        del stopped
         batches = tuple(next(iterator) for _ in range(self.accumulation_steps))
         # Read every step (the signal thread sets it while this runs): a stop is agreed after
         # the step it reaches every worker in, whatever steps_per_loop is.
@@ -255,8 +284,11 @@ class Trainer:
         if self._lookahead is not None:  # cross-replica context: every copy alike
           with strategy.scope():
             self._lookahead.after_step(self._step + taken)
-        if strategy.experimental_local_results(totals)[0][-1] > 0:
-          break  # the same sum on every replica and worker: all leave after this step
+        # The same sum on every replica and worker: all leave after this step.
+        return taken, totals, strategy.experimental_local_results(totals)[0][-1] > 0
+
+      taken, totals, _ = tf.while_loop(
+          not_done, one_step, (tf.constant(0, tf.int64), totals, tf.constant(False)))
       self._step.assign_add(taken)
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
@@ -272,11 +304,14 @@ class Trainer:
   def _make_eval_loop(self):
     strategy = self.strategy
 
-    @tf.function
+    @tf.function(autograph=False)
     def eval_loop(iterator, num_steps):
-      totals = strategy.run(lambda: tf.zeros(self._num_sums))
-      for _ in tf.range(num_steps):
-        totals = strategy.run(self._eval_step, args=(next(iterator), totals))
+      def one_step(done, totals):
+        return done + 1, strategy.run(self._eval_step, args=(next(iterator), totals))
+
+      _, totals = tf.while_loop(lambda done, _: done < num_steps, one_step,
+                                (tf.constant(0, num_steps.dtype),
+                                 strategy.run(lambda: tf.zeros(self._num_sums))))
       return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
 
     return eval_loop
@@ -344,7 +379,7 @@ class Trainer:
     if getattr(self, "_weights_check", None) is None:
       variables = self.model.trainable_variables
 
-      @tf.function
+      @tf.function(autograph=False)
       def weights_check():
         def replica_bad():
           squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
@@ -401,7 +436,7 @@ class Trainer:
     stats = [v for layer in layers for v in (layer.moving_mean, layer.moving_variance)]
     strategy = self.strategy
     if getattr(self, "_batch_statistics_step", None) is None:
-      @tf.function
+      @tf.function(autograph=False)
       def batch_statistics_step(iterator):
         def replica_fn(batch):
           self.model(self.task.model_inputs(batch), training=True)  # momentum 0: the batch's own
@@ -431,7 +466,7 @@ class Trainer:
   def _set_replica_values(self, variables, values) -> None:
     constants = [tf.constant(v) for v in values]
 
-    @tf.function
+    @tf.function(autograph=False)
     def assign_everywhere():  # every replica's own copy (BatchNorm statistics are per replica)
       self.strategy.run(lambda: [v.assign(c) for v, c in zip(variables, constants)])
     assign_everywhere()

@@ -263,3 +263,15 @@ class _DeferredModule(types.ModuleType):
     self.__class__ = types.ModuleType
     self.__spec__.loader.exec_module(self)
     return getattr(self, name)
+
+
+def autograph_converted_functions() -> list[str]:
+  """'file:function' of every function autograph has converted in this process (its transpiler's
+  cache): tfdp traces without autograph (tfdp/core/trainer.py), so this lists only what other
+  code converted. For tests and benchmarks/suite_processes."""
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  cache = getattr(getattr(api, "_TRANSPILER", None), "_cache", None)
+  codes = list(getattr(cache, "_cache", {}).keys())
+  return sorted(f"{code.co_filename}:{code.co_name}" for code in codes
+                if hasattr(code, "co_filename"))
+

@@ -241,7 +241,8 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
   texts = [t for t in texts if t.strip()]
   if not texts:
     raise DataError(f"no text to learn a vocabulary for '{path}' from; the input files are empty.")
-  vocab = keras_hub.tokenizers.compute_word_piece_vocabulary(
+  vocab = tf.autograph.experimental.do_not_convert(  # as every map tfdp makes
+      keras_hub.tokenizers.compute_word_piece_vocabulary)(
       tf.data.Dataset.from_tensor_slices(texts), vocab_size, lowercase=lowercase,
       reserved_tokens=list(RESERVED_TOKENS))
   folder = os.path.dirname(os.path.abspath(path))
@@ -335,12 +336,14 @@ def pack_tokens(token_ids_dataset, sequence_length: int, cls_id: int = CLS_ID,
     return stream[full:], tf.reshape(stream[:full], [-1, body])
 
   ends = tf.data.Dataset.from_tensors(tf.fill([body], tf.constant(-1, tf.int32)))
-  pieces = (token_ids_dataset.enumerate().map(with_separator)
+  untraced = tf.autograph.experimental.do_not_convert  # as every map tfdp makes
+  pieces = (token_ids_dataset.enumerate().map(untraced(with_separator))
             .concatenate(ends)  # flushes the remainder; -1 marks the tokens that are not real
-            .scan(tf.zeros([0], tf.int32), cut)
+            .scan(tf.zeros([0], tf.int32), untraced(cut))
             .unbatch()
-            .map(lambda piece: tf.boolean_mask(piece, piece >= 0)))
-  return pieces.filter(lambda piece: tf.size(piece) > 0).map(as_sequence)
+            .map(untraced(lambda piece: tf.boolean_mask(piece, piece >= 0))))
+  return (pieces.filter(untraced(lambda piece: tf.size(piece) > 0))
+          .map(untraced(as_sequence)))
 
 
 def classification_sequences(token_ids, labels, sequence_length: int, whole: bool = False):

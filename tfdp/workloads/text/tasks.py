@@ -148,7 +148,8 @@ class MaskedLMTask(_BertTask):
     documents, _, _ = read_documents(data)
     tokenizer = self.tokenizer()
     length = self.config.text.sequence_length
-    ids = tf.data.Dataset.from_tensor_slices(documents).map(tokenizer)
+    ids = tf.data.Dataset.from_tensor_slices(documents).map(
+        tf.autograph.experimental.do_not_convert(tokenizer))
     sequences = np.stack(list(text.pack_tokens(ids, length).as_numpy_iterator()))
     read = lambda files: tf.data.Dataset.from_tensor_slices({"token_ids": sequences})
     return data_lib.Source([len(sequences)], read, "text")
@@ -208,7 +209,8 @@ class TextClassificationTask(_BertTask):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     documents, labels, classes = read_documents(data)
-    tokenized = tf.data.Dataset.from_tensor_slices(documents).map(self.tokenizer())
+    tokenized = tf.data.Dataset.from_tensor_slices(documents).map(
+        tf.autograph.experimental.do_not_convert(self.tokenizer()))
     sequences, labels = text.classification_sequences(
         tokenized.as_numpy_iterator(), labels, self.config.text.sequence_length,
         whole=data.text_unit == "passage")

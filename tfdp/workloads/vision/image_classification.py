@@ -105,7 +105,8 @@ class ImageClassificationTask(tasks.Task):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     data = self.config.train_data
     examples = source.read(list(range(len(source.file_counts)))).take(count)
-    images = examples.map(lambda ex: _normalize(ex["image"], data.mean, data.std),
+    images = examples.map(tf.autograph.experimental.do_not_convert(
+        lambda ex: _normalize(ex["image"], data.mean, data.std)),
                           num_parallel_calls=tf.data.AUTOTUNE).batch(count)
     return next(iter(images)).numpy()
 

@@ -99,6 +99,7 @@ def _tfds_source(data: DataConfig) -> Source:
   if data.image_size:
     shape = (data.image_size, data.image_size, shape[-1])
 
+  @tf.autograph.experimental.do_not_convert  # as every map tfdp makes (tfdp/core/trainer.py)
   def as_examples(ds):
     return ds.map(lambda ex: {"image": _resize(ex["image"], data.image_size),
                               "label": tf.cast(ex["label"], tf.int64)},
@@ -154,6 +155,7 @@ def _image_folder_source(data: DataConfig) -> Source:
       raise DataError(f"image folder '{data.path}' has non-square images ({paths[0]} is "
                       f"{first.shape[1]}x{first.shape[0]}); set image_size to resize them.")
 
+  @tf.autograph.experimental.do_not_convert
   def read(file_indices):
     ds = tf.data.Dataset.from_tensor_slices(([paths[i] for i in file_indices],
                                              [labels[i] for i in file_indices]))
@@ -185,15 +187,17 @@ def _tfrecord_source(data: DataConfig) -> Source:
     return {"image": _resize(image, data.image_size), "label": ex[data.label_key]}
 
   counts, max_label, first = [], -1, None
+  untraced = tf.autograph.experimental.do_not_convert
   try:
     for f in files:
-      labels = tf.data.TFRecordDataset(f).map(lambda r: tf.io.parse_single_example(r, spec)[data.label_key])
+      labels = tf.data.TFRecordDataset(f).map(untraced(
+          lambda r: tf.io.parse_single_example(r, spec)[data.label_key]))
       n, top = labels.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)),
-                             lambda acc, l: (acc[0] + 1, tf.maximum(acc[1], l)))
+                             untraced(lambda acc, l: (acc[0] + 1, tf.maximum(acc[1], l))))
       counts.append(int(n))
       max_label = max(max_label, int(top))
       if first is None and int(n):
-        first = next(iter(tf.data.TFRecordDataset(f).take(1).map(parse)))
+        first = next(iter(tf.data.TFRecordDataset(f).take(1).map(untraced(parse))))
   except tf.errors.OpError as e:
     raise DataError(f"TFRecord files '{data.path}' cannot be parsed with features "
                     f"'{data.image_key}' (bytes) and '{data.label_key}' (int64): "
@@ -207,6 +211,7 @@ def _tfrecord_source(data: DataConfig) -> Source:
     example = parse(record)
     return {**example, "image": tf.ensure_shape(example["image"], shape)}
 
+  @tf.autograph.experimental.do_not_convert
   def read(file_indices):
     return tf.data.TFRecordDataset([files[i] for i in file_indices]).map(
         parse_known_shape, num_parallel_calls=tf.data.AUTOTUNE)
@@ -236,6 +241,7 @@ def _synthetic_source(data: DataConfig) -> Source:
                                          dtype=tf.int32)
     return {"image": tf.cast((noise + colour) // 2, tf.uint8), "label": label}
 
+  @tf.autograph.experimental.do_not_convert
   def read(file_indices):
     del file_indices  # one virtual file
     return tf.data.Dataset.range(data.num_examples).map(example, num_parallel_calls=tf.data.AUTOTUNE)

@@ -181,7 +181,8 @@ def _read_tfrecord(path: str, columns: dict, where: str) -> dict | None:
     spec[name] = tf.io.FixedLenFeature([], dtype)
   parts = {name: [] for name in spec}
   try:
-    for batch in records.batch(8192).map(lambda r: tf.io.parse_example(r, spec)):
+    for batch in records.batch(8192).map(tf.autograph.experimental.do_not_convert(
+        lambda r: tf.io.parse_example(r, spec))):
       for name in spec:
         parts[name].append(batch[name].numpy())
   except tf.errors.InvalidArgumentError as e:  # a record unlike the first: find and name it
