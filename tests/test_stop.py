@@ -24,6 +24,7 @@ ONE_LONG_LOOP = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"
                  "trainer.global_batch_size=32,trainer.epochs=1,trainer.steps_per_loop=20000,"
                  "runtime.intra_op_threads=1,runtime.inter_op_threads=1")
 TRAINING = "training: steps"  # Controller.run's first line
+TRACED = "traced the training loop in"  # then the loop runs
 
 
 _started: list[subprocess.Popen] = []
@@ -90,11 +91,12 @@ def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
   if workers > 1:
     command = [sys.executable, LAUNCH_APP, f"--num_workers={workers}", "--", *command]
   proc = start(command, log_path)
-  wait_for(log_path, TRAINING, proc, count=workers)
-  time.sleep(15)  # past tracing (10-12 s here): some steps into the loop
+  wait_for(log_path, TRACED, proc, count=workers)
+  time.sleep(3)  # some steps into the loop (15 s after TRAINING before the loop's own log line)
   seconds, text = signal_and_wait(proc, signal.SIGTERM, log_path)
   steps = saved_steps(model_dir)
-  assert len(steps) == 1 and 0 < steps[0] < 10000, (steps, text[-3000:])  # mid-loop
+  # mid-loop: not at step 1, where a stop that came before the loop ran would save
+  assert len(steps) == 1 and 1 < steps[0] < 10000, (steps, text[-3000:])
   saved = [line for line in text.splitlines() if f"saved checkpoint at step {steps[0]}" in line]
   assert len(saved) == workers, text[-3000:]  # under the launcher: [w0] and [w1], same step
   assert workers == 1 or sorted(line[:4] for line in saved) == ["[w0]", "[w1]"], saved

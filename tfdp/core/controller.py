@@ -349,8 +349,10 @@ class Controller:
                             trainer.write_plan.path("train"), trainer.write_plan.is_chief)
     if StopRequest._process is not None:  # a command (its first line installed it), not a notebook
       logging.info("start-up: %.1f s from process start to the first training step (imports, "
-                   "cluster, data plan, model build, restore; the first loop then traces)",
+                   "cluster, data plan, model build, restore; the loop is traced next)",
                    logs.process_age_seconds())
+    if step < total:
+      logging.info("traced the training loop in %.1f s", trainer.trace_train_loop(iterator))
     try:
       while step < total:
         epoch = step // steps_per_epoch

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import traceback
 
 from absl import logging
@@ -472,6 +473,13 @@ class Trainer:
     assign_everywhere()
 
   # ---- public loops: the outer loop that calls them is tfdp.core.controller.Controller --------------------------------------------------------------------------
+
+  def trace_train_loop(self, iterator) -> float:
+    """Traces the training loop for this iterator before its first call runs it (a stop test and
+    the log can then tell tracing from training); returns the seconds it took."""
+    started = time.perf_counter()
+    self._train_loop.get_concrete_function(iterator, tf.constant(1))
+    return time.perf_counter() - started
 
   def run_steps(self, iterator, num_steps: int) -> tuple[MetricSums, bool, int]:
     """Runs up to num_steps training steps (one compiled call) from a distributed iterator.
