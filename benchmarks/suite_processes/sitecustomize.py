@@ -1,8 +1,9 @@
 """Loaded by every Python process whose PYTHONPATH starts with this folder
 (benchmarks/suite_processes.py puts it there): with TFDP_PROCLOG set, each process appends one
 JSON line when it leaves — its argv, the test that started it, wall and CPU seconds, whether it
-imported TensorFlow and which functions autograph converted in it. tfdp's apps leave with os._exit, which skips atexit, so that is wrapped too.
-A process killed by a signal writes nothing."""
+imported TensorFlow and which functions autograph converted in it. tfdp's apps leave with
+os._exit, which skips atexit, so that is wrapped too. A process killed by a signal writes
+nothing."""
 import os
 
 if os.environ.get("TFDP_PROCLOG"):

@@ -49,15 +49,7 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
     outputs = model(batch["x"], training=False)
     return trainer_lib.metric_vector(task, batch, outputs, task.per_example_loss(batch, outputs))
 
-  @tf.function(autograph=False)  # as tfdp's trainer (see tfdp/core/trainer.py)
-  def loop(iterator, steps):
-    def one_step(done, totals):
-      return done + 1, totals + strategy.reduce(
-          tf.distribute.ReduceOp.SUM, strategy.run(replica_sums, args=(next(iterator),)),
-          axis=None)
-    return tf.while_loop(lambda done, _: done < steps, one_step,
-                         (tf.constant(0, steps.dtype), tf.zeros([size])))[1]
-
+  loop = trainer_lib.summed_over_steps(strategy, replica_sums, size)  # tfdp's own eval loop
   with trainer_lib.tensor_conditions_named():
     totals = loop(iter(dataset), tf.constant(plan.steps_per_epoch)).numpy()
   sums = trainer_lib.MetricSums(task.metric_names, totals, task.finalize_metric,

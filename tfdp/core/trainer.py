@@ -46,6 +46,25 @@ def tensor_conditions_named():
         "does: write it with tf.cond or tf.where, and a loop with tf.while_loop.") from None
 
 
+def summed_over_steps(strategy, batch_sums, size: int):
+  """A compiled loop (iterator, num_steps) → the [size] vector `batch_sums(batch)` summed over
+  num_steps batches on each replica, then over every replica and worker (one reduce per call)."""
+  def replica_step(batch, totals):
+    return totals + batch_sums(batch)
+
+  @tf.function(autograph=False)
+  def loop(iterator, num_steps):
+    def one_step(done, totals):
+      return done + 1, strategy.run(replica_step, args=(next(iterator), totals))
+
+    _, totals = tf.while_loop(lambda done, _: done < num_steps, one_step,
+                              (tf.constant(0, num_steps.dtype),
+                               strategy.run(lambda: tf.zeros(size))))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
+
+  return loop
+
+
 def _add_gradients(a, b):
   if a is None or b is None:
     return a if b is None else b
@@ -189,7 +208,7 @@ class Trainer:
     # This worker's stop request, read by every step; outside the strategy: each worker's own.
     self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")
     self._train_loop = self._make_train_loop()
-    self._eval_loop = self._make_eval_loop()
+    self._eval_loop = summed_over_steps(strategy, self._eval_sums, self._num_sums)
 
   def _own_learning_rate(self, step):
     """A compiled optimizer's learning rate now (its schedule counts its own iterations)."""
@@ -254,9 +273,9 @@ class Trainer:
         [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None])
     return totals if stop_flag is None else (totals, tf.cast(agreed[0], tf.float32))
 
-  def _eval_step(self, batch, totals):
+  def _eval_sums(self, batch):
     outputs = self.task.eval_outputs(self.model, batch)
-    return totals + self._sums(batch, outputs, self.task.per_example_loss(batch, outputs))
+    return self._sums(batch, outputs, self.task.per_example_loss(batch, outputs))
 
   # ---- compiled loops ------------------------------------------------------------------------
 
@@ -301,21 +320,6 @@ class Trainer:
   def _train_step_with_flag(self, batches, totals, stop_flag):
     totals, agreed = self._train_step(batches, totals[:-1], stop_flag)
     return tf.concat([totals, tf.reshape(agreed, [1])], axis=0)
-
-  def _make_eval_loop(self):
-    strategy = self.strategy
-
-    @tf.function(autograph=False)
-    def eval_loop(iterator, num_steps):
-      def one_step(done, totals):
-        return done + 1, strategy.run(self._eval_step, args=(next(iterator), totals))
-
-      _, totals = tf.while_loop(lambda done, _: done < num_steps, one_step,
-                                (tf.constant(0, num_steps.dtype),
-                                 strategy.run(lambda: tf.zeros(self._num_sums))))
-      return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
-
-    return eval_loop
 
   # ---- checkpoints ---------------------------------------------------------------------------
 

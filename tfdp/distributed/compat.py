@@ -274,4 +274,3 @@ def autograph_converted_functions() -> list[str]:
   codes = list(getattr(cache, "_cache", {}).keys())
   return sorted(f"{code.co_filename}:{code.co_name}" for code in codes
                 if hasattr(code, "co_filename"))
-
