@@ -105,6 +105,38 @@ def test_an_evaluation_leaves_its_iterator_to_be_destroyed_off_the_training_thre
   assert iterators[0] is not iterators[1] and all(hasattr(i, "get_next") for i in iterators)
 
 
+def test_a_resume_reads_the_earlier_run_once_and_restores_the_checkpoint_it_checked(
+    tmp_path, monkeypatch):
+  """resume.Prior: the checkpoint and run record are read once, before TensorFlow starts, and
+  every later step (batch split, record checks, restore, the next record) uses that reading."""
+  from tfdp.core import outputs, resume  # pylint: disable=g-import-not-at-top
+  toy = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_data.num_examples=16,"
+         "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.steps_per_loop=2,"
+         "trainer.learning_rate.schedule=constant,runtime.strategy=default,trainer.epochs=")
+  model_dir = tmp_path / "run"
+  experiment.run(config_lib.load_config([], [toy + "1"]), str(model_dir), verbose=False)
+  reads = {"checkpoint": 0, "record": 0}
+
+  def counted(name, read):
+    def wrapper(*args, **kwargs):
+      reads[name] += 1
+      return read(*args, **kwargs)
+    return wrapper
+  latest = counted("checkpoint", outputs.latest_checkpoint)
+  monkeypatch.setattr(outputs, "latest_checkpoint", latest)
+  monkeypatch.setattr(resume, "latest_checkpoint", latest)
+  monkeypatch.setattr(resume, "read_run_record", counted("record", resume.read_run_record))
+  exp = experiment.build(config_lib.load_config([], [toy + "2"]), str(model_dir), "train",
+                         verbose=False)
+  assert reads == {"checkpoint": 1, "record": 1}
+  assert exp.trainer.global_step == 4
+  exp.run()
+  assert reads == {"checkpoint": 1, "record": 1}  # the saves continue the record read at start
+  record = resume.read_run_record(str(model_dir))
+  assert record["history"] == [{"from_step": 0, "workers": 1, "replicas": 1}]
+  assert (model_dir / "checkpoints" / "ckpt-8.index").exists()
+
+
 TOY_EMA = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_data.num_examples=37,"
            "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.steps_per_loop=1,"
            "trainer.optimizer.weight_decay=0,trainer.learning_rate.base_lr=0.05,"

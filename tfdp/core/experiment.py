@@ -27,8 +27,9 @@ from tfdp.errors import ClusterError, ConfigError, DataError, GroupMustRestart, 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
               cluster: cluster_lib.Cluster, check_data: bool = True,
-              start_over: bool = False) -> str:
-  """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing."""
+              start_over: bool = False) -> tuple[str, resume.Prior]:
+  """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing.
+  Returns the resolved model_dir and the earlier run in it, read once for every later step."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
     raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
@@ -39,8 +40,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   model_dir = outputs.resolve_model_dir(model_dir)
   if start_over and cluster.is_chief:
     _check_start_over_target(model_dir)
-  resume_from = None if start_over else outputs.latest_checkpoint(model_dir)
-  if mode == "eval" and resume_from is None:
+  prior = resume.read_prior(model_dir, start_over, with_record=mode != "eval")
+  if mode == "eval" and prior.checkpoint is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
                       "first, or point --model_dir at a trained run.")
   task_class = tasks.task_class(config.task.name)
@@ -50,19 +51,16 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     task_class.check_source(config.task.eval_data, "task.eval_data")
   init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
           if config.task.init_checkpoint else None)
-  _check_saved_artifacts(task_class, config.task, model_dir, mode, resume_from, init)
-  if mode != "eval" and resume_from is not None:  # build compares the rest once data is planned
-    recorded = resume.read_run_record(model_dir)
-    if recorded:
-      resume.check_resume(recorded, resume.config_decided_fields(
-          config.trainer.global_batch_size, config.trainer.seed,
-          config.task.train_data.shard_policy), model_dir)
+  _check_saved_artifacts(task_class, config.task, model_dir, mode, prior.checkpoint, init)
+  if prior.record:  # build compares the rest once data is planned
+    resume.check_resume(prior.record, resume.config_decided_fields(
+        config.trainer.global_batch_size, config.trainer.seed,
+        config.task.train_data.shard_policy), model_dir)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
-    split = (None if mode == "eval" or resume_from is None
-             else _batch_split(config, model_dir, replicas, cluster, None, resume_from))
+    split = _batch_split(config, model_dir, prior, replicas, cluster, None)
     data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
-  return outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir
+  return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior
 
 
 # What --start_over moves aside (outputs.move_run_aside), and what only a tfdp run writes.
@@ -197,8 +195,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
   resuming it. Nothing in model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
-  model_dir = preflight(config, model_dir, mode, cluster, check_data=train_source is None,
-                        start_over=start_over)
+  model_dir, prior = preflight(config, model_dir, mode, cluster,
+                               check_data=train_source is None, start_over=start_over)
   logs.start_tensorflow()  # only now: a bad input above was answered in a second, not in four
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Sources, tokenizers and model stems map datasets while building: traced without autograph
@@ -206,12 +204,12 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   with trainer_lib.tensor_conditions_named():
     return tf.autograph.experimental.do_not_convert(_build_checked)(
-        config, model_dir, mode, cluster, train_source=train_source, eval_source=eval_source,
+        config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
         model_fn=model_fn, strategy=strategy, task=task, verbose=verbose, start_over=start_over)
 
 
 def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
-                   cluster: cluster_lib.Cluster, *, train_source, eval_source, model_fn, strategy,
+                   cluster: cluster_lib.Cluster, prior: resume.Prior, *, train_source, eval_source, model_fn, strategy,
                    task, verbose: bool, start_over: bool) -> Experiment:
   """`build` after preflight, with TensorFlow started."""
   if strategy is None:
@@ -237,13 +235,12 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
   data_cfg, trainer_cfg = config.task, config.trainer
   num_pipelines = max(cluster.num_workers, 1)
   train_plan = eval_plan = eval_dataset = split = None
-  resume_from = None if start_over else outputs.latest_checkpoint(model_dir)  # read once
   if mode != "eval":
     train_source = train_source or task.build_source(data_cfg.train_data)
-    if resume_from:  # before the plan: on a resume the recorded run decides the accumulation
+    if prior.record:  # before the plan: on a resume the recorded run decides the accumulation
       sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
                                                num_pipelines)
-      split = _batch_split(config, model_dir, replicas, cluster, sharding, resume_from)
+      split = _batch_split(config, model_dir, prior, replicas, cluster, sharding)
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
                                      trainer_cfg.global_batch_size, replicas, num_pipelines,
                                      accumulation_steps=(split.accumulation if split else
@@ -251,8 +248,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                                      local_counts=_local_counts(train_source, cluster, config,
                                                                 "train_counts"))
     data_lib.log_plan("train", train_plan)
-    if resume_from and train_plan.policy == "local":  # the run's shards, however mapped
-      local_shards.check_resumed_shards(resume.read_run_record(model_dir),
+    if train_plan.policy == "local":  # a resume reads the run's shards, however mapped
+      local_shards.check_resumed_shards(prior.record,
                                         train_plan.shard_counts, num_pipelines,
                                         "task.train_data", model_dir)
   if mode != "train":
@@ -270,11 +267,10 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
 
   run_record = (_run_record(config, train_plan, cluster, replicas, plan.precision)
                 if train_plan else None)
-  if run_record and resume_from:
-    recorded = resume.read_run_record(model_dir)  # None: a run from before records; kept then
-    if recorded:  # before anything is written: a refused resume leaves model_dir as it was
-      resume.check_resume(recorded, run_record, model_dir)
-      _check_precision_kept(recorded, run_record, plan, model_dir)
+  if run_record and prior.record:  # no record: a run from before records, resumed as it is
+    # before anything is written: a refused resume leaves model_dir as it was
+    resume.check_resume(prior.record, run_record, model_dir)
+    _check_precision_kept(prior.record, run_record, plan, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
@@ -288,18 +284,19 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     import keras  # pylint: disable=g-import-not-at-top
     keras.utils.set_random_seed(trainer_cfg.seed)
     batch_plan = train_plan or eval_plan  # the model is built for its source
-    task.restoring = resume_from is not None
+    task.restoring = prior.checkpoint is not None
     trainer = trainer_lib.Trainer(config, strategy, write_plan,
                                   model_fn or (lambda: task.build_model(batch_plan.source)), task,
                                   global_batch=batch_plan.global_batch,
                                   steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
                                   accumulation_steps=batch_plan.accumulation_steps,
                                   precision=plan.precision, verbose=verbose)
-    restored_step = 0 if start_over else trainer.restore()
+    restored_step = trainer.restore(prior.checkpoint)
     if cluster.is_multi_worker:  # before anything is written and before the first training step
-      _check_workers_restored_alike(config, model_dir, cluster, restored_step, start_over,
+      _check_workers_restored_alike(config, model_dir, cluster, restored_step, prior,
                                     {"train": train_plan, "eval": eval_plan})
     trainer.run_record, trainer.run_record_from_step = run_record, restored_step
+    trainer.prior_record = prior.record
     if split and restored_step and split.changed:
       logging.info("%s", split.line(restored_step))
       if verbose and cluster.is_chief:  # beside the summary line: what the new group changed
@@ -390,9 +387,8 @@ def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.Strate
                     "as it trained, or pass --start_over to move the earlier run aside.")
 
 
-def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
-                 cluster: cluster_lib.Cluster, sharding: str | None,
-                 resume_from: str) -> resume.BatchSplit | None:
+def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, replicas: int,
+                 cluster: cluster_lib.Cluster, sharding: str | None) -> resume.BatchSplit | None:
   """How a resume splits the recorded run's global batch on this group (None: no record).
 
   Why another worker count trains on the same examples in every step: under shard_policy
@@ -409,13 +405,12 @@ def _batch_split(config: ExperimentConfig, model_dir: str, replicas: int,
   padded to the larger share with weight-0 rows. File shards (and TFDS splits) are made per
   group instead: resume.resume_batch_split refuses those mid-epoch, and this an uneven split
   of them."""
-  recorded = resume.read_run_record(model_dir)
-  if not recorded:
+  if not prior.record:
     return None
   config_accumulation = config.trainer.gradient_accumulation_steps
-  split = resume.resume_batch_split(recorded, model_dir, config.trainer.global_batch_size,
+  split = resume.resume_batch_split(prior.record, model_dir, config.trainer.global_batch_size,
                                      replicas, max(cluster.num_workers, 1), sharding,
-                                     outputs.checkpoint_step(resume_from))
+                                     outputs.checkpoint_step(prior.checkpoint))
   if (split and sharding and sharding not in data_lib.UNEVEN_POLICIES
       and split.global_batch % (split.replicas * split.accumulation)):
     raise OutputError(
@@ -485,13 +480,11 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
   strategy_lib.check_workers_agree(plans)
 
 
-def _restored_state(model_dir: str, restored_step: int, start_over: bool,
-                    plans: dict) -> dict:
+def _restored_state(restored_step: int, prior: resume.Prior, plans: dict) -> dict:
   """What this worker restored and planned: every worker must hold the same (a model_dir not
   shared between hosts, or data that differs per host, would otherwise hang or train silently
   on duplicated and missing examples)."""
-  state = {"restored_step": restored_step,
-           "checkpoint": None if start_over else outputs.latest_checkpoint(model_dir)}
+  state = {"restored_step": restored_step, "checkpoint": prior.checkpoint}
   for name, plan in plans.items():
     if plan is None:
       continue
@@ -511,11 +504,11 @@ def _restored_state(model_dir: str, restored_step: int, start_over: bool,
 
 def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
                                   cluster: cluster_lib.Cluster, restored_step: int,
-                                  start_over: bool, plans: dict) -> None:
+                                  prior: resume.Prior, plans: dict) -> None:
   """After restore and data planning (the start-up exchange runs before both): one line naming
   the first worker and field that differs from worker 0."""
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  state = _restored_state(model_dir, restored_step, start_over, plans)
+  state = _restored_state(restored_step, prior, plans)
   if plans.get("train") is not None and plans["train"].policy != "local":
     state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
                                                             config.task.train_data)

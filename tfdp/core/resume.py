@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 
-from tfdp.core.outputs import CHECKPOINT_DIR, START_OVER_HINT, atomic_write_text
+from tfdp.core.outputs import CHECKPOINT_DIR, START_OVER_HINT, atomic_write_text, latest_checkpoint
 from tfdp.errors import OutputError
 
 RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
@@ -41,6 +41,22 @@ def read_run_record(model_dir: str) -> dict | None:
     raise OutputError(f"run record '{path}' cannot be read ({' '.join(str(e).split())[:200]}); "
                       f"{START_OVER_HINT}.") from None
   return record
+
+
+@dataclasses.dataclass(frozen=True)
+class Prior:
+  """The earlier run in model_dir, read once before TensorFlow starts and passed on: the
+  checkpoint a resume restores is the one every check looked at. Empty for a fresh model_dir
+  (and for --start_over, which moves the earlier run aside)."""
+  checkpoint: str | None = None
+  record: dict | None = None  # None too for a run from before records were written
+
+
+def read_prior(model_dir: str, start_over: bool, with_record: bool = True) -> Prior:
+  """`with_record` False (an evaluation) leaves the record unread: it changes nothing there."""
+  checkpoint = None if start_over else latest_checkpoint(model_dir)
+  record = read_run_record(model_dir) if checkpoint and with_record else None
+  return Prior(checkpoint, record)
 
 
 def check_resume(record: dict, current: dict, model_dir: str) -> None:

@@ -327,9 +327,9 @@ class Trainer:
   def global_step(self) -> int:
     return int(self._step.numpy())
 
-  def restore(self) -> int:
-    """Restores the newest checkpoint in model_dir (every worker reads the chief's)."""
-    latest = outputs.latest_checkpoint(self.write_plan.model_dir)
+  def restore(self, latest: str | None) -> int:
+    """Restores `latest`, the checkpoint the resume's checks read (resume.Prior; every worker
+    reads the chief's); None: a fresh start."""
     if latest:
       try:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -349,6 +349,7 @@ class Trainer:
 
   run_record = None  # what a step means (experiment._run_record); the chief keeps it beside
   run_record_from_step = 0  # the checkpoints, from the first save on
+  prior_record = None  # the restored run's record (resume.Prior), which run_record continues
 
   def save(self) -> None:
     # A checkpoint is good only if its weights are: the loss checked before a save was computed
@@ -364,7 +365,7 @@ class Trainer:
           "trainer.stop_on_nan=false to train on regardless.")
     if self.write_plan.is_chief and self.run_record is not None:
       # Written before the checkpoint: a checkpoint of this run never exists without it.
-      old = (resume.read_run_record(self.write_plan.model_dir) if self.run_record_from_step
+      old = (self.prior_record if self.run_record_from_step
              else None)  # a fresh run: a record left without a checkpoint is stale
       record = resume.updated_run_record(old, self.run_record, self.run_record_from_step)
       if record != getattr(self, "_run_record_written", None):
