@@ -55,6 +55,18 @@ def test_unreadable_image_in_folder(tmp_path):
   assert_one_line_error(proc, "truncated.png")
 
 
+def test_eval_folder_missing_a_training_class(tmp_path):
+  helpers.write_image_folder(tmp_path / "train", per_class=4, classes=("a", "b", "c"))
+  helpers.write_image_folder(tmp_path / "eval", per_class=2, classes=("a", "c"))
+  folders = (f"task.train_data.source=image_folder,task.train_data.path={tmp_path / 'train'},"
+             f"task.eval_data.source=image_folder,task.eval_data.path={tmp_path / 'eval'},"
+             "trainer.global_batch_size=4,task.model.name=small_cnn,runtime.cpu_replicas=2")
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", f"--params_override={folders}",
+                           timeout=120)
+  assert_one_line_error(proc, "lacks 'b'", "same class subfolders")
+  assert not (tmp_path / "run").exists()
+
+
 def test_unwritable_model_dir(tmp_path):
   (tmp_path / "afile").write_text("x")
   proc = helpers.run_train(f"--model_dir={tmp_path / 'afile' / 'run'}",

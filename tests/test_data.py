@@ -159,6 +159,41 @@ def test_image_folder_reads_classes_and_rejects_a_broken_file(tmp_path):
     data_lib.make_source(data)
 
 
+def test_image_folder_ignores_hidden_folders_and_files(tmp_path):
+  helpers.write_image_folder(tmp_path, per_class=2)
+  helpers.write_image_folder(tmp_path / ".ipynb_checkpoints", per_class=1, classes=("cat",))
+  (tmp_path / "cat" / "._0.png").write_bytes(b"macOS metadata, no image")
+  source = data_lib.make_source(data_config(source="image_folder", path=str(tmp_path)))
+  assert source.info["class_names"] == ["cat", "dog"]
+  assert source.num_classes == 2 and source.num_examples == 4
+
+
+@pytest.mark.parametrize("eval_classes, words", [
+    (("a", "c"), ["lacks 'b'"]),
+    (("a", "b", "d"), ["lacks 'c'", "has 'd'"]),
+    (("a", "b", "c", "d"), ["has 'd'"]),
+])
+def test_an_eval_folder_with_other_classes_than_training_is_refused(tmp_path, eval_classes, words):
+  helpers.write_image_folder(tmp_path / "train", per_class=1, classes=("a", "b", "c"))
+  helpers.write_image_folder(tmp_path / "eval", per_class=1, classes=eval_classes)
+  config = config_lib.TaskConfig(
+      train_data=data_config(source="image_folder", path=str(tmp_path / "train")),
+      eval_data=data_config(source="image_folder", path=str(tmp_path / "eval")))
+  task = tasks.make_task(config)
+  assert task.build_source(config.train_data).num_classes == 3
+  with pytest.raises(DataError) as info:
+    task.build_source(config.eval_data)
+  message = str(info.value)
+  assert "\n" not in message and "same class subfolders" in message, message
+  assert all(w in message for w in words), message
+  for name in ("a", "b", "c"):  # the fix: the training classes, an empty folder is enough
+    (tmp_path / "eval" / name).mkdir(exist_ok=True)
+  if (tmp_path / "eval" / "d").exists():
+    (tmp_path / "eval" / "d" / "0.png").unlink()
+    (tmp_path / "eval" / "d").rmdir()
+  assert task.build_source(config.eval_data).info["class_names"] == ["a", "b", "c"]
+
+
 def test_missing_tfds_dataset_fails_fast_naming_where_it_looked(tmp_path):
   data = config_lib.DataConfig(source="tfds", name="cifar100", data_dir=str(tmp_path))
   with pytest.raises(DataError) as info:

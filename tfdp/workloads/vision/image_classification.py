@@ -65,6 +65,8 @@ class ImageClassificationTask(tasks.Task):
                         f"{', '.join(models.registered_models())}.{hint}")
 
   def build_source(self, data):
+    if data == self.config.eval_data:  # before its files are read: the model's classes are train's
+      sources.check_eval_classes(self.config.train_data, data)
     source = data_lib.make_source(data)
     self.check_normalization(data, source)
     return source
