@@ -3,6 +3,7 @@ start-up stops the worker there (TF's own SIGTERM handler cannot swallow it), an
 worker's watchdog makes the group restart."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -142,6 +143,28 @@ def test_ctrl_c_on_the_launcher_during_start_up_does_not_wait_the_grace_period(t
   assert seconds < 10, (seconds, text[-3000:])  # the grace period is 30 s
   assert not any(alive(pid) for pid in pids)
   print(f"launcher Ctrl-C during start-up -> group gone in {seconds:.1f}s")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_tensorflow_imports_says_so_on_stderr(tmp_path, signum):
+  """While TensorFlow imports, fd 2 is a capture (logs.import_tensorflow) that the exit would
+  lose: the signal's line must reach the real stderr."""
+  err_path = tmp_path / "stderr.txt"
+  proc = subprocess.Popen(
+      [sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+       "--mode=train", f"--params_override={ONE_LONG_LOOP}"], stdout=subprocess.DEVNULL,
+      stderr=open(err_path, "w"), env=helpers.env(), cwd=str(helpers.REPO))
+  _started.append(proc)
+  fd2 = f"/proc/{proc.pid}/fd/2"
+  deadline = time.monotonic() + 120
+  while os.readlink(fd2) == str(err_path):  # the capture starts: TensorFlow is importing
+    assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+    time.sleep(0.005)
+  proc.send_signal(signum)
+  assert proc.wait(timeout=60) == 128 + signum, err_path.read_text()[-3000:]
+  lines = [l for l in err_path.read_text().splitlines() if l.startswith("tfdp-train: error:")]
+  assert lines == [f"tfdp-train: error: {signal.Signals(signum).name} (not training): exiting "
+                   "now; the last checkpoint is kept, re-run to resume"], err_path.read_text()
 
 
 SHORT_JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"

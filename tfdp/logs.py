@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 # --tf_log_level → TF_CPP_MIN_LOG_LEVEL (the C++ side) and the Python "tensorflow" logger's level.
 TF_LOG_LEVELS = {"off": ("3", logging.ERROR), "error": ("2", logging.ERROR),
@@ -20,6 +21,22 @@ _CPP_TO_NAME = {cpp: name for name, (cpp, _) in TF_LOG_LEVELS.items()}
 # "I0000 00:00:1796075493.118210   22802 port.cc:153] oneDNN custom operations are on ...".
 _STARTUP_LINE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)"
                            r"|[IW]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] )")
+
+
+# While import_tensorflow captures fd 2: a dup of the real stderr. A signal that ends the process
+# then (os._exit) would otherwise leave its message in the capture, never read.
+_real_stderr_fd: int | None = None
+_stderr_lock = threading.RLock()  # re-entrant: a Python signal handler runs in the main thread
+
+
+def write_stderr_line(line: str) -> None:
+  """`line` on the process's stderr, even while TensorFlow is importing."""
+  with _stderr_lock:
+    if _real_stderr_fd is None:
+      sys.stderr.write(line + "\n")
+      sys.stderr.flush()
+    else:
+      os.write(_real_stderr_fd, (line + "\n").encode("utf-8", "replace"))
 
 
 def tf_log_level(flag_value: str | None = None) -> str:
@@ -75,15 +92,20 @@ def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
   if level not in ("off", "error") or "tensorflow" in sys.modules:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf
+  global _real_stderr_fd
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
+    with _stderr_lock:
+      _real_stderr_fd = saved
+      os.dup2(captured.fileno(), 2)
     try:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
     finally:
-      os.dup2(saved, 2)
-      os.close(saved)
+      with _stderr_lock:
+        os.dup2(saved, 2)
+        _real_stderr_fd = None
+        os.close(saved)
       captured.seek(0)
       kept = [line for line in captured.read().decode("utf-8", "replace").splitlines()
               if not _STARTUP_LINE.match(line)]

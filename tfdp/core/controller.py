@@ -104,9 +104,9 @@ class StopRequest:
       # thread waits inside TensorFlow.
       phase = "interrupted" if twice else ("not training" if trainer is None
                                            else "checkpoint_on_preemption is off")
-      sys.stderr.write(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): exiting "
-                       "now; the last checkpoint is kept, re-run to resume\n")
-      sys.stderr.flush()
+      # through logs: while TensorFlow imports, fd 2 is a capture that os._exit would lose
+      logs.write_stderr_line(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): "
+                             "exiting now; the last checkpoint is kept, re-run to resume")
       os._exit(128 + signum)  # pylint: disable=protected-access
     trainer.request_stop()
 
