@@ -224,6 +224,14 @@ def test_missing_and_misnamed_files(tmp_path):
   assert one_line_error(excinfo) == (
       f"worker 1: interactions file '{tmp_path}/clicks-1.csv' does not exist; copy this worker's "
       "shard there (apps/split_interactions.py writes one per worker) or fix the path.")
+  with pytest.raises(DataError) as excinfo:  # a single file, no worker's shard
+    interactions.read_interactions(tmp_path / "all.csv", "u", "i")
+  assert one_line_error(excinfo) == (f"interactions file '{tmp_path}/all.csv' does not exist; fix "
+                                     "the path to your CSV or TFRecord file of interactions.")
+  with pytest.raises(DataError) as excinfo:  # the splitter's input
+    interactions.read_interactions(tmp_path / "all.csv", "u", "i", path_option="--input")
+  assert one_line_error(excinfo) == (f"interactions file '{tmp_path}/all.csv' does not exist; pass "
+                                     "--input=<your CSV or TFRecord file of interactions>.")
   with pytest.raises(DataError) as excinfo:  # a {worker} path on a single-process run
     interactions.read_interactions(pattern, "u", "i")
   assert one_line_error(excinfo) == (
@@ -413,9 +421,8 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
     (["--output={tmp}/all.csv"], "output path '{tmp}/all.csv' has no {worker} placeholder; write "
                                  "e.g. /data/clicks-{worker}.csv so every worker gets its own "
                                  "file."),
-    (["--input={tmp}/nope.csv"], "interactions file '{tmp}/nope.csv' does not exist; copy this "
-                                 "worker's shard there (apps/split_interactions.py writes one per "
-                                 "worker) or fix the path."),
+    (["--input={tmp}/nope.csv"], "interactions file '{tmp}/nope.csv' does not exist; fix the "
+                                 "path to your CSV or TFRecord file of interactions."),
     (["--num_shards=0"], "flag --num_shards=0: 0 is not a positive integer; see "
                          "tfdp-split-interactions --helpfull."),
 ])

@@ -74,12 +74,14 @@ def _prefix(worker: int | None) -> str:
 
 
 def read_interactions(path: str, user_column: str, item_column: str, label_column: str = "",
-                      weight_column: str = "", worker: int | None = None) -> pd.DataFrame:
+                      weight_column: str = "", worker: int | None = None,
+                      path_option: str = "") -> pd.DataFrame:
   """One file of interactions (CSV with a header line, or TFRecord of tf.train.Example with int64
   ids and a float or int64 label) → a frame of user, item, label, weight in file order.
 
   label 1.0 when label_column is empty (implicit data: every row is a positive); weight 1.0 when
   weight_column is empty. `worker` names the worker in errors (and fills a `{worker}` placeholder).
+  `path_option`: the flag that gave `path` (the splitter's '--input'), named if it is missing.
   An empty file gives an empty frame: the caller decides (`check_not_empty`) whether that is
   an error. Every problem a user can fix is one DataError line that names the file and column.
   """
@@ -93,8 +95,13 @@ def read_interactions(path: str, user_column: str, item_column: str, label_colum
       raise DataError(f"{prefix}no {role} column is named for '{path}'; set {role}_column to the "
                       f"column that holds the {role} ids.")
   if not os.path.exists(path):
-    raise DataError(f"{where} does not exist; copy this worker's shard there ({SPLIT_COMMAND} "
-                    "writes one per worker) or fix the path.")
+    if worker is not None:  # a worker's shard, which the splitter writes
+      fix = f"copy this worker's shard there ({SPLIT_COMMAND} writes one per worker) or fix the path"
+    elif path_option:
+      fix = f"pass {path_option}=<your CSV or TFRecord file of interactions>"
+    else:  # not a shard (a single-process run's file, the splitter's input)
+      fix = "fix the path to your CSV or TFRecord file of interactions"
+    raise DataError(f"{where} does not exist; {fix}.")
   if os.path.isdir(path):
     raise DataError(f"{where} is a folder; give the path of one CSV or TFRecord file.")
   columns = {role: name for role, name in zip(COLUMNS, (user_column, item_column, label_column,
