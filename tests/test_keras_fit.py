@@ -127,6 +127,48 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
   assert len(warned) == 1, forms_result["stderr"][-3000:]
 
 
+@pytest.fixture(scope="module")
+def parity_result(tmp_path_factory):
+  return run_case(tmp_path_factory.mktemp("parity"), "parity", replicas=2)[0]
+
+
+@pytest.mark.parametrize("built", ["in_scope", "cloned"])
+def test_a_users_own_loss_and_callbacks_train_as_model_fit_does(parity_result, built):
+  """2 replicas against model.fit on one device: a loss function Keras has no registration
+  for; ReduceLROnPlateau halving the rate after epoch 2 (epoch 3's loss shows it) and
+  EarlyStopping restoring epoch 1's weights at its stop; validation_steps=2 counting the
+  validation dataset's batches of 8 (16 of its 40 examples). Seen failing: the loss copied
+  through its config (TypeError: could not be deserialized), the clone given to Keras's
+  clone_model without the user's objects (ConfigError), the callbacks acting on the user's
+  model instead of the clone that trains (epoch 3's loss and the final weights differ), and
+  validation_steps counted in training batches (val_loss over 40 examples)."""
+  keras_run, ours = parity_result["keras"], parity_result[built]
+  assert len(keras_run["history"]["loss"]) == 3  # stopped early, not after 4 epochs
+  for name, values in keras_run["history"].items():
+    assert ours["history"][name] == pytest.approx(values, rel=1e-5), name
+  assert keras_run["history"]["learning_rate"][-1] == pytest.approx(0.15)
+  for a, b in zip(ours["weights"], keras_run["weights"]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  assert ours["steps"] == 6  # History.params, as Keras's
+
+
+def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
+  """Each was a bare traceback, or trained silently (no labels: on zeros), or named the wrong
+  cause (a label outside the classes: "could not be decoded")."""
+  errors = parity_result["errors"]
+  expected = {"no_y": "pass y", "dataset_without_y": "(x, y)",
+              "generator": "tf.data.Dataset.from_generator", "py_dataset": "PyDataset",
+              "per_output_weights": "one weight per example", "input_width": "expected axis -1",
+              "string_labels": "numeric labels",
+              "label_out_of_range": "which is outside the valid range of [0, 3)"}
+  for case, words in expected.items():
+    assert words in errors[case] and "\n" not in errors[case] and "\x1b" not in errors[case], (
+        case, errors[case])
+  assert "decoded" not in errors["label_out_of_range"]
+  assert "labels within its classes" in errors["label_out_of_range"]
+  assert parity_result["bad_dir_untouched"]
+
+
 def test_a_model_keras_cannot_serialize_exports_its_weights(forms_result):
   exported, exists = forms_result["subclassed_export"]
   assert exported.endswith("model.weights.h5") and exists

@@ -1,5 +1,6 @@
 """tfdp.fit cases for tests/test_keras_fit.py, one process each: `python keras_fit_cases.py CASE
 OUT_JSON [replicas]`. Under tfdp-launch every worker runs the same case (TF_CONFIG set)."""
+import contextlib
 import json
 import os
 import sys
@@ -229,6 +230,79 @@ def forms_case():
   return out
 
 
+def user_loss(y_true, y_pred):  # a user's own loss function, not registered with Keras
+  return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True) * 0.5
+
+
+def parity_case():
+  """tfdp.fit against model.fit on one device (shuffle off, even batches): a user's own loss
+  function, in the scope and cloned into it; callbacks that change the learning rate and
+  restore the best weights, on a clone; validation_steps counted in the validation data's own
+  batches. Then bad input, one line each."""
+  x = RNG.normal(size=(96, 6)).astype("float32")
+  y = (np.abs(x[:, 0] * 2).astype("int64") % 3)
+  keras.utils.set_random_seed(3)
+  initial = small_classifier().get_weights()
+  val = tf.data.Dataset.from_tensor_slices((x[:40], y[:40])).batch(8)
+
+  def callbacks():
+    return [keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=10.0, patience=0,
+                                              factor=0.5),
+            # val_loss falls every epoch: "best" (max) stays epoch 1's, restored at the stop
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, mode="max",
+                                          restore_best_weights=True)]
+
+  def compiled(in_scope):
+    with strategy.scope() if in_scope else contextlib.nullcontext():
+      model = small_classifier()
+      model.set_weights(initial)
+      model.compile(keras.optimizers.SGD(0.3), user_loss, metrics=["accuracy"])
+    return model
+
+  arguments = dict(batch_size=16, epochs=4, shuffle=False, validation_data=val,
+                   validation_steps=2, verbose=0)
+  out = {}
+  reference = compiled(in_scope=False)
+  keras_history = reference.fit(x, y, callbacks=callbacks(), **arguments)
+  out["keras"] = {"history": keras_history.history, "weights": reference.get_weights()}
+  for name, in_scope in (("in_scope", True), ("cloned", False)):
+    model = compiled(in_scope)
+    history = tfdp.fit(model, x, y, callbacks=callbacks(), model_dir=f"runs/parity_{name}",
+                       **arguments)
+    out[name] = {"history": history.history, "weights": model.get_weights(),
+                 "steps": history.params["steps"]}
+  plain = compiled(in_scope=True)
+  with strategy.scope():
+    features = keras.Input((6,))
+    two_outputs = keras.Model(features, [plain(features), plain(features)])
+    two_outputs.compile("sgd", ["mse", "mse"])
+
+  class Batches(keras.utils.PyDataset):
+    def __len__(self):
+      return 3
+
+    def __getitem__(self, index):
+      return x[index * 16:(index + 1) * 16], y[index * 16:(index + 1) * 16]
+
+  out["errors"] = {
+      "no_y": one_line(lambda: tfdp.fit(plain, x, model_dir="runs/bad")),
+      "dataset_without_y": one_line(lambda: tfdp.fit(
+          plain, tf.data.Dataset.from_tensor_slices(x).batch(8), model_dir="runs/bad")),
+      "generator": one_line(lambda: tfdp.fit(plain, ((x[:8], y[:8]) for _ in range(3)),
+                                             model_dir="runs/bad")),
+      "py_dataset": one_line(lambda: tfdp.fit(plain, Batches(), model_dir="runs/bad")),
+      "per_output_weights": one_line(lambda: tfdp.fit(
+          two_outputs, x, [y, y], sample_weight={"a": np.ones(96), "b": np.ones(96)},
+          model_dir="runs/bad")),
+      "input_width": one_line(lambda: tfdp.fit(plain, x[:, :5], y, model_dir="runs/bad")),
+      "string_labels": one_line(lambda: tfdp.fit(plain, x, y.astype(str), model_dir="runs/bad")),
+      "label_out_of_range": one_line(lambda: tfdp.fit(plain, x, y + 5, model_dir="runs/range",
+                                                      verbose=0)),
+  }
+  out["bad_dir_untouched"] = not os.path.exists("runs/bad")
+  return out
+
+
 def equivalence_case():
   """Shuffling off: the final weights, for 1 replica = 2 replicas = 2 workers; an EarlyStopping
   that stops every worker after the same epoch; tfdp.evaluate counting every example once."""
@@ -252,7 +326,8 @@ def equivalence_case():
           "val_loss": history.history["val_loss"][-1]}
 
 
-result = {"metrics": metrics_case, "forms": forms_case, "equivalence": equivalence_case}[CASE]()
+result = {"metrics": metrics_case, "forms": forms_case, "equivalence": equivalence_case,
+          "parity": parity_case}[CASE]()
 with open(f"{OUT}.{RANK}", "w") as f:
   json.dump(result, f, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
 os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown)

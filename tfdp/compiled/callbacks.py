@@ -52,7 +52,7 @@ class KerasCallbacks:
 
   def __init__(self, callbacks, model, epochs: int, steps_per_epoch: int):
     import keras  # pylint: disable=g-import-not-at-top
-    self.model = model
+    self.model, self.steps_per_epoch = model, steps_per_epoch
     self.history = keras.callbacks.History()
     self.callbacks = keras.callbacks.CallbackList(
         [*callbacks, self.history], add_history=False, add_progbar=False, model=model,

@@ -61,11 +61,11 @@ def strategy_for(model, strategy):
     return strategy, model, None
   if all(compat.created_in_scope(strategy, v) for v in model.weights):
     return strategy, model, None
-  try:
-    with strategy.scope():
+  try:  # clone_model compiles the clone from the compile config: the user's objects by name
+    with strategy.scope(), keras.saving.custom_object_scope(_users_objects(model)):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
-      clone.compile_from_config(model.get_compile_config())
+      clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
     raise ConfigError(
         f"tfdp.fit: the model was built outside the strategy's scope and Keras cannot clone it "
@@ -75,6 +75,22 @@ def strategy_for(model, strategy):
   logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "
                   "made inside it; its weights are copied back into your model afterwards")
   return strategy, clone, model
+
+
+def _users_objects(model) -> dict:
+  """The user's own loss and metric functions and classes that compile() was given, under the
+  names Keras's compile config looks them up by (unregistered, they would not deserialize)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  objects = {}
+  for leaf in keras.tree.flatten(compat.compile_arguments(model)):
+    if inspect.isfunction(leaf):
+      objects[leaf.__name__] = leaf
+    elif (isinstance(leaf, (keras.losses.Loss, keras.metrics.Metric, keras.optimizers.Optimizer))
+          and not type(leaf).__module__.startswith("keras.")):
+      objects[type(leaf).__name__] = type(leaf)
+  return objects
 
 
 def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
@@ -91,7 +107,7 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
   config.task.eval_flip, config.task.eval_translate, config.task.label_smoothing = False, 0, 0.0
   trainer = config.trainer
   trainer.epochs, trainer.global_batch_size = epochs, inputs.global_batch
-  trainer.eval_batch_size = inputs.global_batch
+  trainer.eval_batch_size = inputs.validation_batch or inputs.global_batch
   # The compiled optimizer is the recipe: none of the config's schedule, decay, clip or EMA.
   trainer.learning_rate = config_lib.LearningRateConfig(schedule="constant")
   trainer.gradient_clip_norm, trainer.ema_decay, trainer.precise_bn_batches = 0.0, 0.0, 0
@@ -110,7 +126,8 @@ def _whole(name: str, value, minimum: int = 1) -> int:
 def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
         validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
         sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
-        validation_freq=1, *, model_dir=None, strategy=None, params="", config_files=()):
+        validation_batch_size=None, validation_freq=1, *, model_dir=None, strategy=None,
+        params="", config_files=()):
   """Trains a compiled Keras model as `model.fit` would, data-parallel; returns a
   `keras.callbacks.History` (its `.final` holds the last metrics, `.model_dir` the run).
 
@@ -132,7 +149,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-      model_input_ranks=inputs_lib.input_ranks(trained))
+      validation_batch_size=validation_batch_size, model_input_ranks=inputs_lib.input_ranks(trained))
   if not trained.weights:  # as keras.Model.fit builds it: on a batch, in the strategy's scope
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
     with strategy.scope():
@@ -154,8 +171,9 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       config, model_dir, "train" if inputs.validation is None else "train_and_eval",
       train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
       strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
-  hooks = callbacks_lib.KerasCallbacks(callbacks, users_model or trained, epochs,
-                                       built.trainer.steps_per_epoch)
+  # The callbacks act on the model that trains (a learning-rate change, restored best weights),
+  # as in model.fit; a clone's weights go back to the user's model afterwards.
+  hooks = callbacks_lib.KerasCallbacks(callbacks, trained, epochs, built.trainer.steps_per_epoch)
   built.hooks = hooks
   try:
     result = built.run()
@@ -181,7 +199,7 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs):
     if rows:
       result.update({k: v for k, v in rows[-1].items() if k.startswith(("train_", "eval_"))})
   history.set_model(model)
-  history.params = {"epochs": epochs, "steps": result.get("steps_per_epoch"),
+  history.params = {"epochs": epochs, "steps": hooks.steps_per_epoch,
                     "batch_size": inputs.global_batch, "verbose": 0}
   history.final = {k: v for k, v in result.items() if k != "trainer"}
   history.model_dir = model_dir

@@ -29,6 +29,7 @@ class KerasData:
   validation: data_lib.Source | None
   global_batch: int
   from_arrays: bool  # arrays shuffle as Keras shuffles them; a dataset keeps its order unless asked
+  validation_batch: int = 0  # validation_batch_size; 0: global_batch
 
   def describe(self) -> dict:
     described = {"train_examples": self.train.num_examples, "global_batch_size": self.global_batch,
@@ -57,8 +58,26 @@ def input_ranks(model) -> list[int]:
     return []
 
 
+def _check_kind(value, argument: str) -> None:
+  """Keras's generator and PyDataset inputs have no length or order tfdp can shard by."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from collections.abc import Iterator  # pylint: disable=g-import-not-at-top
+  kind = type(value).__name__
+  if any(c.__name__ == "PyDataset" for c in type(value).__mro__):
+    kind = f"keras.utils.PyDataset ({kind})"
+  if inspect.isgenerator(value) or isinstance(value, Iterator) or "PyDataset" in kind:
+    raise fail(argument, f"is a {kind}, which tfdp cannot split between replicas and workers",
+               "pass arrays or a tf.data.Dataset (tf.data.Dataset.from_generator wraps a "
+               "generator)")
+
+
 def _length(value, argument: str) -> int:
-  lengths = {len(leaf) for leaf in _tf().nest.flatten(value)}
+  _check_kind(value, argument)
+  leaves = _tf().nest.flatten(value)
+  if not all(hasattr(leaf, "__len__") for leaf in leaves):
+    raise fail(argument, "holds a value without rows (a scalar or an object)",
+               "pass arrays, a dict or list of arrays, a DataFrame or a tf.data.Dataset")
+  lengths = {len(leaf) for leaf in leaves}
   if len(lengths) != 1:
     raise fail(argument, f"holds arrays of different lengths {sorted(lengths)}",
                "give every array one row per example")
@@ -129,6 +148,10 @@ def _from_arrays(x, y, sample_weight, argument: str):
   if sample_weight is not None:
     if y is None:
       raise fail("sample_weight", "was given without y", "pass y too")
+    if isinstance(sample_weight, (dict, list, tuple)) and tf.nest.is_nested(sample_weight):
+      raise fail("sample_weight", "holds one weight array per output",
+                 "pass one weight per example (it weighs every output's loss), or weigh the "
+                 "outputs with compile(loss_weights=...)")
     weights = np.asarray(sample_weight, np.float32).reshape(-1)
     if len(weights) != n:
       raise fail("sample_weight", f"has {len(weights)} entries for {n} examples",
@@ -177,15 +200,25 @@ def _count(dataset, steps_per_epoch: int, global_batch: int, argument: str):
       lambda count, one: count + one)))
 
 
+def _check_has_labels(dataset, argument: str) -> None:
+  """Keras refuses to train without labels; tfdp would train on zeros."""
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) >= 2):
+    raise fail(argument, "holds no labels (its elements are x alone)",
+               "give it (x, y) or (x, y, sample_weight) elements")
+
+
 def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,
                 validation_data=None, validation_split=0.0, steps_per_epoch=None,
-                validation_steps=None, model_input_ranks=()) -> KerasData:
+                validation_steps=None, validation_batch_size=None,
+                model_input_ranks=()) -> KerasData:
   """Keras's fit arguments → KerasData; one line (DataError) for what Keras would reject later
   or silently misread."""
   if x is None:
     raise fail("x", "is None", "pass the training data")
-  if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-    raise fail("batch_size", f"is {batch_size!r}", "pass a positive whole number (the global batch)")
+  for name, value in (("batch_size", batch_size), ("validation_batch_size", validation_batch_size)):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+      raise fail(name, f"is {value!r}", "pass a positive whole number (the global batch)")
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
@@ -196,11 +229,16 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     if validation_split:
       raise fail("validation_split", "works with arrays only",
                  "pass validation_data=<a dataset> instead")
+    _check_has_labels(x, "x")
     dataset, dataset_batch = _unbatched(x, model_input_ranks)
     global_batch = batch_size or dataset_batch or DEFAULT_BATCH_SIZE
     dataset, count = _count(dataset, steps_per_epoch or 0, global_batch, "x")
     from_arrays, validation = False, None
   else:
+    if y is None:
+      _check_kind(x, "x")
+      raise fail("y", "is None, so there are no labels to train on",
+                 "pass y, or a tf.data.Dataset of (x, y) as x")
     dataset, count = _from_arrays(x, y, sample_weight, "x")
     global_batch = batch_size or DEFAULT_BATCH_SIZE
     from_arrays = True
@@ -219,19 +257,26 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   if validation_data is not None:
     if validation is not None:
       raise fail("validation_data", "was given with validation_split", "pass one of them")
-    validation = _validation_source(validation_data, validation_steps, global_batch,
-                                    model_input_ranks)
-  return KerasData(train, validation, global_batch, from_arrays)
+    validation = _validation_source(validation_data, validation_steps,
+                                    validation_batch_size or global_batch, model_input_ranks)
+  return KerasData(train, validation, global_batch, from_arrays, validation_batch_size or 0)
 
 
-def _validation_source(validation_data, validation_steps, global_batch, model_input_ranks):
+def _validation_source(validation_data, validation_steps, batch_size, model_input_ranks):
+  """validation_steps counts the validation data's own batches, as Keras does: a batched
+  dataset's, else batch_size (validation_batch_size or the training batch)."""
   if is_dataset(validation_data):
-    dataset, _ = _unbatched(validation_data, model_input_ranks)
-    dataset, count = _count(dataset, validation_steps or 0, global_batch, "validation_data")
+    _check_has_labels(validation_data, "validation_data")
+    dataset, dataset_batch = _unbatched(validation_data, model_input_ranks)
+    dataset, count = _count(dataset, validation_steps or 0, dataset_batch or batch_size,
+                            "validation_data")
   elif isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
     dataset, count = _from_arrays(validation_data[0], validation_data[1],
                                   validation_data[2] if len(validation_data) == 3 else None,
                                   "validation_data")
+    if validation_steps:  # Keras evaluates the first validation_steps batches of the arrays
+      count = min(count, validation_steps * batch_size)
+      dataset = dataset.take(count)
   else:
     raise fail("validation_data", f"is a {type(validation_data).__name__}",
                "pass (x_val, y_val), (x_val, y_val, sample_weight) or a tf.data.Dataset")

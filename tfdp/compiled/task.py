@@ -12,7 +12,7 @@ single-device Keras reports on the same weights and data.
 """
 from __future__ import annotations
 
-import copy
+import re
 
 import numpy as np
 
@@ -54,15 +54,25 @@ class CompiledModelTask(tasks.Task):
       raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
                         "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
     sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
-    y_pred = model(sample["x"], training=False)
+    try:
+      y_pred = model(sample["x"], training=False)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+      plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
+      said = [line.strip() for line in plain.splitlines() if line.strip() and not
+              line.startswith(("Exception encountered", "Arguments received", "•"))]
+      raise DataError(f"tfdp.fit: the model does not take x as given (x: {_spec_of(sample['x'])}; "
+                      f"Keras: {(said or [type(e).__name__])[0][:240]}); pass x in the shape and "
+                      "structure of the model's inputs.") from None
+    if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
+      raise DataError("tfdp.fit: y holds strings; pass numeric labels (class ids, e.g. from "
+                      "keras.layers.StringLookup, or numbers).")
     y_true = self._align(sample["y"], y_pred)
     _check_labels(model, compile_loss, y_true, y_pred)
     if not compile_loss.built:
       compile_loss.build(y_true, y_pred)
     self._flat_losses, loss_names = [], []
     for path, loss, weight, name in compile_loss._flat_losses:  # pylint: disable=protected-access
-      unreduced = copy.copy(loss)
-      unreduced.reduction = "none"
+      unreduced = _unreduced(loss)
       self._flat_losses.append((tuple(path), unreduced, 1.0 if weight is None else float(weight)))
       loss_names.append(f"{name}_loss")
     # Several losses: each is reported too, as Keras does (before its loss weight).
@@ -229,6 +239,21 @@ def _at(structure, path):
   for key in path:
     structure = structure[key]
   return structure
+
+
+def _spec_of(x) -> str:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return str(tf.nest.map_structure(lambda t: f"{t.dtype.name}[one example: {list(t.shape[1:])}]", x))
+
+
+def _unreduced(loss):
+  """The compiled loss object, per example. A shallow copy made by hand: copy.copy of a Keras
+  Loss goes through its config (KerasSaveable.__reduce__), which fails for a user's own loss
+  function or class that is not registered with Keras."""
+  unreduced = object.__new__(type(loss))
+  unreduced.__dict__.update(loss.__dict__)
+  unreduced.reduction = "none"
+  return unreduced
 
 
 def _check_labels(model, compile_loss, y_true, y_pred) -> None:

@@ -17,12 +17,13 @@ from tfdp.core import data as data_lib
 from tfdp.core import local_shards
 from tfdp.core import outputs
 from tfdp.core import resume
+from tfdp.core import run_errors
 from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
 from tfdp.config.schema import TaskConfig
-from tfdp.errors import ClusterError, ConfigError, DataError, GroupMustRestart, OutputError
+from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
@@ -160,29 +161,26 @@ class Experiment:
           if self.config.trainer.export_model:
             with trainer.evaluation_weights():
               result["exported"] = outputs.export_model(self.write_plan, trainer.model)
-    except _peer_errors() as e:
+    except run_errors.peer_errors() as e:
       if not cluster.is_multi_worker:
         raise
-      raise GroupMustRestart(f"lost a peer worker ({type(e).__name__}: {e.message.splitlines()[0][:200]}); "
-                         "the group must restart: tfdp-launch --max_restarts does, or re-run every "
-                         "worker to resume from the last checkpoint.") from None
-    except _decode_errors() as e:
-      raise DataError(f"an input example could not be decoded: {self._name_unreadable(e)}; "
-                      "replace or remove it, then re-run to resume from the last checkpoint.") from None
+      raise run_errors.lost_peer(e) from None
+    except run_errors.data_errors() as e:
+      raise run_errors.bad_data(e, self._find_unreadable()) from None
     finally:
       self.write_plan.cleanup()
     cluster_lib.leave_together(cluster, self.config.runtime.heartbeat_timeout_seconds)
     result["trainer"] = trainer
     return result
 
-  def _name_unreadable(self, error) -> str:
+  def _find_unreadable(self) -> str | None:
     """tf.data's decode errors name no file: ask the sources which one fails on its own."""
     for plan in (self.train_plan, self.eval_plan):
       if plan is not None and plan.source.find_unreadable is not None:
         culprit = plan.source.find_unreadable()
         if culprit:
           return culprit
-    return f"{type(error).__name__}: {error.message.splitlines()[0][:200]}"
+    return None
 
 
 def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
@@ -534,14 +532,3 @@ def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
 def _short(value) -> str:
   text = repr(value)
   return text if len(text) <= 120 else text[:100] + "...]"
-
-
-def _peer_errors():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-          tf.errors.AbortedError, tf.errors.InternalError)
-
-
-def _decode_errors():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return (tf.errors.InvalidArgumentError, tf.errors.DataLossError)

@@ -169,6 +169,18 @@ def restore_optimizer_all_reduce(optimizer) -> None:
     opt.__dict__.pop("_all_reduce_sum_gradients", None)
 
 
+def compile_arguments(model) -> dict:
+  """The objects `model.compile` was given (optimizer, loss, metrics, ...), as Keras 3 keeps them
+  (`model._compile_config.config`; public is only their serialized form, which a user's own
+  unregistered loss or metric cannot survive). tfdp.fit compiles a clone with them; tested in
+  test_compat.py."""
+  arguments = getattr(getattr(model, "_compile_config", None), "config", None)
+  if not isinstance(arguments, dict) or "loss" not in arguments or "optimizer" not in arguments:
+    raise RuntimeError("keras changed: Model._compile_config.config no longer holds compile()'s "
+                       "arguments; see tfdp/distributed/compat.py")
+  return dict(arguments)
+
+
 def compiled_loss_and_metrics(model):
   """What `model.compile(loss=..., metrics=..., weighted_metrics=...)` made: Keras 3 keeps them
   as private CompileLoss / CompileMetrics objects (`model._compile_loss`,
