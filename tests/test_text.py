@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import helpers
+from tfdp import logs
 from tfdp.workloads.text import inputs as text
 from tfdp.errors import ConfigError, DataError
 
@@ -487,6 +488,25 @@ def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
   assert f"wrote {len(learned_here)} tokens" in proc.stdout and "from 3 file(s)" in proc.stdout, \
       proc.stdout
   assert output.read_text(encoding="utf-8").splitlines() == learned_here
+  noise = [l for l in proc.stderr.splitlines() if logs._STARTUP_LINE.match(l)]  # pylint: disable=protected-access
+  assert not noise, proc.stderr  # TensorFlow's loading lines are hidden, as in every other app
+
+
+def test_a_bad_vocab_size_is_refused_before_tensorflow_loads(tmp_path):
+  (tmp_path / "corpus").mkdir()
+  (tmp_path / "corpus" / "a.txt").write_text(TINY_CORPUS[0], encoding="utf-8")
+  proc = run_vocab(f"--input={tmp_path / 'corpus'}", "--vocab_size=-5",
+                   f"--output={tmp_path / 'v.txt'}")
+  assert proc.returncode == 2 and proc.stderr.splitlines() == [
+      "tfdp-vocab: error: vocab_size -5 leaves no room beside the 5 reserved tokens; use a few "
+      "thousand."], proc.stderr
+  code = ("import sys; from tfdp.workloads.text import inputs\n"
+          "try: inputs.learn_vocabulary(['a b'], -5, 'v.txt')\n"
+          "except Exception as e: print(type(e).__name__, 'tensorflow' in sys.modules)")
+  checked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=helpers.env(PYTHONPATH=helpers.REPO), cwd=str(tmp_path))
+  assert checked.stdout.split() == ["DataError", "False"], checked.stderr[-2000:]
+  assert not (tmp_path / "v.txt").exists()
 
 
 @pytest.mark.parametrize("make_input, words", [

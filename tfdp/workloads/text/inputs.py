@@ -16,6 +16,7 @@ import re
 
 from absl import logging
 
+from tfdp import logs
 from tfdp import paths
 from tfdp.errors import ConfigError, DataError
 
@@ -228,19 +229,26 @@ def genre_split(root: str, eval_plays: list[str] | None = None) -> GenreSplit:
 # ---- vocabulary ------------------------------------------------------------------------------
 
 
+def check_vocab_size(vocab_size: int) -> None:
+  """Needs no TensorFlow and no text: tfdp-vocab can check --vocab_size before reading a corpus."""
+  if vocab_size <= len(RESERVED_TOKENS):
+    raise DataError(f"vocab_size {vocab_size} leaves no room beside the {len(RESERVED_TOKENS)} "
+                    "reserved tokens; use a few thousand.")
+
+
 def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bool = True
                      ) -> list[str]:
   """Learns a WordPiece vocabulary (reserved tokens first, [PAD] = 0) and writes it to `path`, one
   token per line; returns it. vocab_size is an upper bound: keras_hub's learner keeps only pieces
   seen at least 10 times. Learning takes minutes on a large corpus: learn once, ship the file."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import keras_hub  # pylint: disable=g-import-not-at-top
-  if vocab_size <= len(RESERVED_TOKENS):
-    raise DataError(f"vocab_size {vocab_size} leaves no room beside the {len(RESERVED_TOKENS)} "
-                    "reserved tokens; use a few thousand.")
+  check_vocab_size(vocab_size)
   texts = [t for t in texts if t.strip()]
   if not texts:
     raise DataError(f"no text to learn a vocabulary for '{path}' from; the input files are empty.")
+  # Checked first: a mistake is answered before TensorFlow's seconds of loading, and its
+  # start-up lines are hidden (at the level cli.quiet_tensorflow set), as in every other app.
+  tf = logs.start_tensorflow()
+  import keras_hub  # pylint: disable=g-import-not-at-top
   vocab = tf.autograph.experimental.do_not_convert(  # as every map tfdp makes
       keras_hub.tokenizers.compute_word_piece_vocabulary)(
       tf.data.Dataset.from_tensor_slices(texts), vocab_size, lowercase=lowercase,
