@@ -65,6 +65,11 @@ def test_dump_round_trips():
     ("runtime.nope=1", ["runtime.nope"]),
     ("trainer.epochs=three", ["trainer.epochs", "whole number"]),
     ("trainer.epochs=-1", ["trainer.epochs", ">= 0"]),
+    ("trainer.epochs=0", ["trainer.epochs", ">= 1", "trainer.max_steps"]),  # not "done" untrained
+    ("trainer.epochs: 2", ["'trainer.epochs'", "trainer.epochs=2", "{trainer: {epochs: 2}}"]),
+    ("task: {model.name: resnet8}", ["task.model.name=resnet8", "{task: {model: {name: resnet8}}}"]),
+    ("{trainer: {epochs: 2001-13-45}}", ["--params_override", "month must be in 1..12", "quote"]),
+    ("trainer.epochs=2001-13-45", ["trainer.epochs", "whole number"]),  # was a ValueError traceback
     ("trainer.global_batch_size=0", ["trainer.global_batch_size", "> 0"]),
     ("task.model.name=resnet2000", ["task.model.name", "resnet20"]),
     ("task.train_data.source=hdf5", ["task.train_data.source", "tfds"]),
@@ -95,6 +100,37 @@ def test_bad_files(tmp_path):
   unknown = write(tmp_path, "unknown.yaml", {"trainer": {"epochz": 1}})
   with pytest.raises(ConfigError, match="trainer.epochz"):
     config_lib.load_config([unknown])
+
+
+def test_a_key_given_twice_in_one_mapping_is_refused_not_dropped(tmp_path):
+  # PyYAML keeps the last of two keys silently: the first trainer block would be lost.
+  twice = tmp_path / "twice.yaml"
+  twice.write_text("trainer: {epochs: 2}\nruntime: {cpu_replicas: 2}\ntrainer: {max_steps: 3}\n")
+  with pytest.raises(ConfigError) as info:
+    config_lib.load_config([str(twice)])
+  message = str(info.value)
+  assert "\n" not in message
+  for word in (str(twice), "'trainer'", "lines 1 and 3", "merge"):
+    assert word in message, message
+  with pytest.raises(ConfigError, match="--params_override .*'epochs' twice.*merge"):
+    config_lib.load_config([], ["{trainer: {epochs: 2, epochs: 3}}"])
+  with pytest.raises(ConfigError, match="'task.model.kwargs'.*'a' twice"):
+    config_lib.load_config([], ["task.model.kwargs={a: 1, a: 2}"])
+  merged = tmp_path / "merged.yaml"  # a key beside a `<<:` merge overrides it: no repeat
+  merged.write_text("short: &short {epochs: 2, max_steps: 3}\nlong: {one: &long {<<: *short, "
+                    "epochs: 4}}\ntrainer: {<<: *long, max_steps: 5}\n")
+  assert config_lib.loader.load_yaml(str(merged)) == yaml.safe_load(merged.read_text())
+
+
+def test_a_missing_default_config_names_the_variable_that_chose_it(tmp_path, monkeypatch):
+  missing = str(tmp_path / "nonexist.yaml")
+  monkeypatch.setenv("TFDP_DEFAULT_CONFIG", missing)
+  with pytest.raises(ConfigError, match="TFDP_DEFAULT_CONFIG: fix or unset it") as info:
+    config_lib.load_config([missing])
+  assert "--config_file path" not in str(info.value)
+  monkeypatch.delenv("TFDP_DEFAULT_CONFIG")
+  with pytest.raises(ConfigError, match="check the --config_file path"):
+    config_lib.load_config([missing])
 
 
 def test_batch_must_split_over_replicas():

@@ -116,6 +116,9 @@ def validate(config: ExperimentConfig) -> None:
   check_positive("trainer.global_batch_size", trainer.global_batch_size)
   check_positive("trainer.eval_batch_size", trainer.eval_batch_size, allow_zero=True)
   check_positive("trainer.epochs", trainer.epochs, allow_zero=True)
+  if trainer.epochs == 0:  # it would export the untrained model and say "done"
+    raise ConfigError("config key 'trainer.epochs' is 0; it must be >= 1 (for a shorter run, "
+                      "set trainer.max_steps=N to stop after N steps).")
   check_positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
   check_positive("trainer.steps_per_loop", trainer.steps_per_loop)
   check_positive("trainer.gradient_accumulation_steps", trainer.gradient_accumulation_steps)

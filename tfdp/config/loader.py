@@ -21,6 +21,8 @@ MAX_INT = 2**31 - 1  # what TensorFlow's int32 shapes and counters hold
 MAX_NESTING = 32  # configs are a few levels deep; deeper is a mistake (or an attack)
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_VALUES = 100_000
+# Names the config tfdp-train and tfdp-bench load when no --config_file is given (tfdp.paths).
+DEFAULT_CONFIG_VARIABLE = "TFDP_DEFAULT_CONFIG"
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -130,11 +132,30 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
   kwargs = {}
   for key, value in data.items():
     if key not in names:
+      if isinstance(key, str) and key.split(".")[0] in names:
+        raise ConfigError(f"config key '{prefix}{key}' is a dotted path inside a YAML mapping, "
+                          f"where keys nest; write {_nested(prefix + key, value)}, or "
+                          f"{prefix}{key}={_yaml_text(value)} in --params_override.")
       close = difflib.get_close_matches(str(key), names, n=1)
       hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(names)}."
       raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
     kwargs[key] = _coerce(value, hints[key], prefix + key)
   return cls(**kwargs)
+
+
+def _yaml_text(value: Any) -> str:
+  """A value as a user would write it in YAML (`resnet8`, not `'resnet8'`), kept short."""
+  if value is None or isinstance(value, (str, int, float, bool)):
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()[:40]
+  return short_repr(value, 40)
+
+
+def _nested(dotted: str, value: Any) -> str:
+  """`a.b` and 1 → `{a: {b: 1}}`, the YAML mapping that a dotted key means."""
+  text = _yaml_text(value)
+  for key in reversed(dotted.split(".")):
+    text = f"{{{key}: {text}}}"
+  return text
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -203,6 +224,8 @@ def parse_overrides(text: str) -> dict:
       raise ConfigError(f"--params_override key '{path}' is malformed; write it as a.b.c=value.")
     try:
       value = _safe_load(raw, f"--params_override value of '{path}'") if raw.strip() else ""
+    except DuplicateKeyError:
+      raise
     except ConfigError:
       value = raw  # not YAML: the plain string
     check_nesting(value, f"--params_override value of '{path}'")
@@ -215,15 +238,45 @@ def parse_overrides(text: str) -> dict:
   return result
 
 
+class DuplicateKeyError(ConfigError):
+  """A YAML mapping names one key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
+  """yaml.SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one
+  and silently drops the first (a whole `trainer:` block, say)."""
+
+  def compose_mapping_node(self, anchor):
+    node = super().compose_mapping_node(anchor)
+    first_line: dict = {}
+    for key_node, _ in node.value:  # as written: `<<:` merges add their keys only when built
+      if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+        continue
+      key = self.construct_object(key_node)  # `1` and `01`, `true` and `True` are one key
+      line = key_node.start_mark.line + 1
+      if key in first_line:
+        lines = f"line {line}" if line == first_line[key] else f"lines {first_line[key]} and {line}"
+        raise DuplicateKeyError(f"gives the key '{str(key)[:40]}' twice in one mapping ({lines}); "
+                                "merge the two into one")
+      first_line[key] = line
+    return node
+
+
 def _safe_load(text: str, where: str) -> Any:
-  """yaml.safe_load with one-line errors; PyYAML recurses once per nesting level."""
+  """yaml.safe_load, refusing repeated keys, with one-line errors; PyYAML recurses once per
+  nesting level."""
   try:
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=_StrictLoader)  # nosec: a SafeLoader
+  except DuplicateKeyError as e:
+    raise DuplicateKeyError(f"{where} {e}.") from None
   except yaml.YAMLError as e:
     mark = getattr(e, "problem_mark", None)
     at = f" at line {mark.line + 1}" if mark else ""
     raise ConfigError(f"{where} is not valid YAML{at} ({short_repr(str(e).splitlines()[0])}); "
                       "fix its syntax.") from None
+  except (ValueError, OverflowError) as e:  # a scalar that looks like a date but is none
+    raise ConfigError(f"{where} is not valid YAML ({short_repr(str(e))}); fix the value, or "
+                      "quote it to mean a string.") from None
   except RecursionError:
     raise _too_deep(where) from None
 
@@ -233,6 +286,10 @@ def load_yaml(path: str) -> dict:
     raise ConfigError(f"config file '{path}' is a directory; give the path of a YAML file in it, "
                       "e.g. --config_file=configs/cifar10_quick.yaml.")
   if not os.path.isfile(path):
+    if path == os.environ.get(DEFAULT_CONFIG_VARIABLE):
+      raise ConfigError(f"config file '{path}' does not exist; it is named by the environment "
+                        f"variable {DEFAULT_CONFIG_VARIABLE}: fix or unset it, or pass "
+                        "--config_file.")
     raise ConfigError(f"config file '{path}' does not exist; check the --config_file path.")
   try:
     with open(path, "rb") as f:
