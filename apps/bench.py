@@ -1,4 +1,4 @@
-"""tfdp-bench: throughput, multi-worker scaling, all-reduce bandwidth, input pipeline rate,
+r"""tfdp-bench: throughput, multi-worker scaling, all-reduce bandwidth, input pipeline rate,
 time to accuracy against plain Keras.
 
   tfdp-bench --mode=throughput --models=resnet20,small_cnn --replicas=1,2 --global_batch_sizes=128
@@ -19,6 +19,7 @@ if not __package__:  # run as a script: make the repo root importable
 from absl import app
 from absl import flags
 
+import apps
 from tfdp import bench
 from tfdp import cli
 from tfdp import paths
@@ -43,11 +44,12 @@ flags.DEFINE_integer("warmup_steps", DEFAULTS.warmup_steps, "Untimed steps befor
 flags.DEFINE_integer("repeats", DEFAULTS.repeats, "Timed blocks; the median is reported.")
 flags.DEFINE_enum("data", DEFAULTS.data, bench.DATA_CHOICES,
                   "synthetic (1024 cached 32x32 images) or cifar10 (TFDS, train split).")
+# absl ends a multi flag's help with "; repeat this option...": these end without a period.
 flags.DEFINE_multi_string("config_file", None, "Benchmark the job of these configs (e.g. "
                           "configs/shakespeare_mlm.yaml) instead of the --models x --data grid; "
-                          f"tta: default {paths.default_job()}.")
+                          f"tta: default {paths.default_job()}")
 flags.DEFINE_multi_string("params_override", None, "tfdp config overrides for every run: a.b=1,c.d=x "
-                          "(tta: trainer.epochs=N sets the epochs of all runs).")
+                          "(tta: trainer.epochs=N sets the epochs of all runs)")
 flags.DEFINE_bool("baseline", DEFAULTS.baseline, "throughput: also time plain Keras model.fit.")
 flags.DEFINE_integer("workers", DEFAULTS.workers, "scaling: 1..N worker processes; allreduce: N.")
 flags.DEFINE_integer("per_replica_batch", DEFAULTS.per_replica_batch, "scaling: batch per worker.")
@@ -100,6 +102,7 @@ def main(argv):
 
 
 def run():
+  apps.lend_help_to_console_script(__name__)
   app.run(main, flags_parser=cli.flags_parser(PROG))
 
 

@@ -1,9 +1,11 @@
-"""Runs N local copies of a training command, each with its own TF_CONFIG.
+"""tfdp-launch: run N local copies of a training command, each a worker with its own TF_CONFIG.
 
-Usage: python apps/launch.py --num_workers 2 [--max_restarts 1]
-  [--min_workers 1 [--slots_file slots.txt]]
-  [--gpus_per_worker auto] [--host 127.0.0.1] [--allow_remote]
-  -- python apps/train.py ...
+  tfdp-launch --num_workers=2 -- tfdp-train --model_dir=runs/mw
+  tfdp-launch --num_workers=4 --max_restarts=2 --min_workers=2 -- tfdp-train --model_dir=runs/mw
+  tfdp-launch --num_workers=2 --gpus_per_worker=1 -- python my_script.py
+
+Flags before `--` are the launcher's; everything after it is the workers' command, run as
+given. The workers run in a private loopback-only network unless --allow_remote.
 """
 
 import pathlib
@@ -15,6 +17,7 @@ if not __package__:  # Run as a script: make the repo root importable.
 from absl import app
 from absl import flags
 
+import apps
 from tfdp import cli
 from tfdp.distributed import launch as launcher
 from tfdp.errors import TfdpError
@@ -67,6 +70,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
+  apps.lend_help_to_console_script(__name__)
   app.run(main, flags_parser=cli.flags_parser(PROG))
 
 

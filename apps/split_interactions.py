@@ -1,4 +1,4 @@
-"""tfdp-split-interactions: split one file of user–item interactions into one shard per worker.
+r"""tfdp-split-interactions: split one file of user–item interactions into one shard per worker.
 
   python apps/split_interactions.py --input=ratings.csv --output='/data/clicks-{worker}.csv' \
       --num_shards=3 --user_column=s --item_column=d --label_column=y

@@ -1,8 +1,10 @@
-"""tfdp-train: train / evaluate one experiment config, on one host or as one worker of many.
+r"""tfdp-train: train / evaluate one experiment config, on one host or as one worker of many.
 
   tfdp-train                                   # the default job: configs/cifar10_quick.yaml
   tfdp-train --config_file=configs/cifar10_quick.yaml --config_file=configs/runlocal.yaml \
       --params_override=runtime.cpu_replicas=2 --model_dir=/tmp/run
+  tfdp-train --params_override=trainer.epochs=2,trainer.global_batch_size=256
+  tfdp-train --print_config                    # the final config, as it would be saved
 """
 import os
 import sys
@@ -14,6 +16,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import apps
 from tfdp import cli
 from tfdp import config as config_lib
 from tfdp import logs
@@ -25,16 +28,20 @@ from tfdp.errors import Preempted, TfdpError
 DEFAULT_CONFIG = paths.default_job()
 PROG = "tfdp-train"
 
-flags.DEFINE_multi_string("config_file", None, "YAML config; repeat to layer (later wins). "
-                          f"Default: {DEFAULT_CONFIG}.")
-flags.DEFINE_multi_string("params_override", None, "Overrides: a.b=1,c.d=x or a YAML/JSON mapping.")
+# absl ends a multi flag's help with "; repeat this option...": these end without a period.
+flags.DEFINE_multi_string("config_file", None, "YAML config, layered in order (later wins). "
+                          f"Default: {DEFAULT_CONFIG}")
+flags.DEFINE_multi_string("params_override", None, "Overrides, applied after the config files: "
+                          "a.b=1,c.d=x or a YAML/JSON mapping such as {a: {b: 1}}")
 flags.DEFINE_string("model_dir", None, "Checkpoints, metrics.csv, summaries, config.yaml, model. "
-                    "Default: runs/<name of the last config file>.")
+                    "Default: runs/<config file names joined by +>, e.g. runs/cifar10_quick, "
+                    "runs/cifar10_quick+runlocal.")
 flags.DEFINE_enum("mode", "train_and_eval", config_lib.MODES, "What to run.")
 flags.DEFINE_bool("print_config", False, "Print the final config and exit.")
 flags.DEFINE_bool("start_over", False, "Train from step 0 even if model_dir holds a run: the "
                   "earlier run moves to model_dir/previous-<time>/ (nothing is deleted).")
 cli.define_tf_log_level_flag()
+flags.declare_key_flag("tf_log_level")  # shown by --help beside the flags above
 FLAGS = flags.FLAGS
 
 
@@ -46,8 +53,7 @@ def main(argv):
   if len(argv) > 1:
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
   config_files = [cli.find_config(p) for p in (FLAGS.config_file or [DEFAULT_CONFIG])]
-  model_dir = FLAGS.model_dir or os.path.join(
-      "runs", os.path.splitext(os.path.basename(config_files[-1]))[0])
+  model_dir = FLAGS.model_dir or default_model_dir(config_files)
   try:
     config = config_lib.load_config(config_files, FLAGS.params_override or [])
     if FLAGS.print_config:
@@ -73,6 +79,13 @@ def main(argv):
   cli.exit_now(0)
 
 
+def default_model_dir(config_files: list[str]) -> str:
+  """runs/ and every config file's name: two jobs that share an overlay (runlocal.yaml) get
+  two folders, not one that refuses the second."""
+  names = [os.path.splitext(os.path.basename(path))[0] for path in config_files]
+  return os.path.join("runs", "+".join(names))
+
+
 def _start_over() -> bool:
   """--start_over, unless this process is a restart (tfdp-launch --max_restarts, Slurm
   --requeue) of a group that already started over: it resumes the run it was training."""
@@ -88,6 +101,7 @@ def _start_over() -> bool:
 
 
 def run():
+  apps.lend_help_to_console_script(__name__)
   app.run(main, flags_parser=cli.flags_parser(PROG))
 
 

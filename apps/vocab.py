@@ -18,6 +18,7 @@ if not __package__:  # run as a script: make the repo root importable
 from absl import app
 from absl import flags
 
+import apps
 from tfdp import cli
 from tfdp.workloads.text import inputs as text
 from tfdp.errors import TfdpError
@@ -61,6 +62,7 @@ def main(argv):
 
 
 def run():
+  apps.lend_help_to_console_script(__name__)
   app.run(main, flags_parser=cli.flags_parser(PROG))
 
 

@@ -1,10 +1,12 @@
 """`tfdp-train` end to end: real processes, real CIFAR-10 where present, uneven batches, resume."""
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -151,3 +153,50 @@ def test_a_run_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path
   a, b = exported_weights(tmp_path / "straight"), exported_weights(tmp_path / "killed")
   assert sorted(a) == sorted(b)
   assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) <= 1e-6
+
+
+def installed_script(name):
+  beside_python = Path(sys.executable).parent / name
+  script = beside_python if beside_python.exists() else shutil.which(name)
+  if not script:
+    pytest.skip(f"{name} is not installed; pip install -e . installs it")
+  return str(script)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("tfdp-train", ["tfdp-train: train / evaluate one experiment config", "--config_file:",
+                    "--params_override:", "--tf_log_level:"]),
+    ("tfdp-launch", ["tfdp-launch: run N local copies", "-- tfdp-train", "--num_workers:"]),
+    ("tfdp-bench", ["tfdp-bench: throughput", "--mode=tta", "--output_dir:"]),
+])
+def test_help_of_an_installed_script_shows_its_usage_and_flags(name, words):
+  # The console script is a wrapper __main__: absl's --help showed only "USAGE: ... [flags]".
+  proc = subprocess.run([installed_script(name), "--help"], capture_output=True, text=True,
+                        timeout=60, env=helpers.env())
+  for word in words:
+    assert word in proc.stdout, proc.stdout[-3000:]
+  every_flag = subprocess.run([installed_script(name), "--helpfull"], capture_output=True,
+                              text=True, timeout=60, env=helpers.env()).stdout
+  assert ".;" not in every_flag, [line for line in every_flag.splitlines() if ".;" in line]
+
+
+def test_a_missing_default_config_names_tfdp_default_config(tmp_path):
+  proc = helpers.run_train(TFDP_DEFAULT_CONFIG=str(tmp_path / "nonexist.yaml"), timeout=60)
+  lines = helpers.error_lines(proc)
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert "TFDP_DEFAULT_CONFIG" in lines[0] and "--config_file path" not in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("config_files, run_name", [
+    ([], "cifar10_quick"),  # the default job's folder stays where it was
+    (["configs/cifar10_quick.yaml", "configs/runlocal.yaml"], "cifar10_quick+runlocal"),
+])
+def test_default_model_dir_is_named_after_every_config_file(tmp_path, config_files, run_name):
+  # Named after the last file only, two jobs sharing the runlocal overlay shared runs/runlocal.
+  # No CIFAR-10 in TFDS_DATA_DIR: the run stops right after naming its outputs.
+  flags = [f"--config_file={helpers.REPO / path}" for path in config_files]
+  proc = subprocess.run([sys.executable, helpers.TRAIN_APP, *flags], capture_output=True,
+                        text=True, timeout=60, cwd=str(tmp_path),
+                        env=helpers.env(TFDP_DEFAULT_CONFIG="", TFDS_DATA_DIR=str(tmp_path)))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f"outputs: {tmp_path / 'runs' / run_name} (" in proc.stderr, proc.stderr[-2000:]
