@@ -69,7 +69,8 @@ def main(argv):
   cli.quiet_tensorflow()  # a TFRecord input starts TensorFlow
   try:
     frame = interactions.read_interactions(FLAGS.input, FLAGS.user_column, FLAGS.item_column,
-                                           FLAGS.label_column, FLAGS.weight_column)
+                                           FLAGS.label_column, FLAGS.weight_column,
+                                           path_option="--input")
     interactions.check_not_empty(frame, FLAGS.input)
     names = {"user": FLAGS.user_column, "item": FLAGS.item_column,
              "label": FLAGS.label_column, "weight": FLAGS.weight_column}

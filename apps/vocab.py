@@ -43,6 +43,7 @@ def main(argv):
       cli.exit_with_error(PROG, f"--{name} is required; see {PROG} --help.")
   start = time.time()
   try:
+    text.check_vocab_size(FLAGS.vocab_size)  # before a large corpus is read
     paths = text.find_text_files(FLAGS.input)
     texts = text.read_text_files(paths)
     if FLAGS.plays:

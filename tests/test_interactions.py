@@ -421,8 +421,8 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
     (["--output={tmp}/all.csv"], "output path '{tmp}/all.csv' has no {worker} placeholder; write "
                                  "e.g. /data/clicks-{worker}.csv so every worker gets its own "
                                  "file."),
-    (["--input={tmp}/nope.csv"], "interactions file '{tmp}/nope.csv' does not exist; fix the "
-                                 "path to your CSV or TFRecord file of interactions."),
+    (["--input={tmp}/nope.csv"], "interactions file '{tmp}/nope.csv' does not exist; pass "
+                                 "--input=<your CSV or TFRecord file of interactions>."),
     (["--num_shards=0"], "flag --num_shards=0: 0 is not a positive integer; see "
                          "tfdp-split-interactions --helpfull."),
 ])

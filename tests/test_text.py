@@ -495,7 +495,7 @@ def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
 def test_a_bad_vocab_size_is_refused_before_tensorflow_loads(tmp_path):
   (tmp_path / "corpus").mkdir()
   (tmp_path / "corpus" / "a.txt").write_text(TINY_CORPUS[0], encoding="utf-8")
-  proc = run_vocab(f"--input={tmp_path / 'corpus'}", "--vocab_size=-5",
+  proc = run_vocab(f"--input={tmp_path / 'nowhere'}", "--vocab_size=-5",  # before the corpus
                    f"--output={tmp_path / 'v.txt'}")
   assert proc.returncode == 2 and proc.stderr.splitlines() == [
       "tfdp-vocab: error: vocab_size -5 leaves no room beside the 5 reserved tokens; use a few "
