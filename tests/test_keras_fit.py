@@ -152,6 +152,18 @@ def test_a_users_own_loss_and_callbacks_train_as_model_fit_does(parity_result, b
   assert ours["steps"] == 6  # History.params, as Keras's
 
 
+@pytest.mark.parametrize("case", ["steps_arrays", "steps_stream"])
+def test_steps_per_epoch_goes_on_through_the_data_as_model_fit_does(parity_result, case):
+  """3 epochs of steps_per_epoch steps: 2 within one pass of arrays, and 4 across the passes of
+  a dataset that repeats for ever, epoch 2 going on where epoch 1 ended. Seen failing: arrays
+  ignored steps_per_epoch (6 steps an epoch), and each epoch restarted the stream."""
+  run = parity_result[case]
+  assert run["step"] == 3 * {"steps_arrays": 2, "steps_stream": 4}[case]
+  assert run["tfdp"] == pytest.approx(run["keras"], rel=1e-5)
+  for a, b in zip(run["weights"], run["keras_weights"]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
   """Each was a bare traceback, or trained silently (no labels: on zeros), or named the wrong
   cause (a label outside the classes: "could not be decoded")."""

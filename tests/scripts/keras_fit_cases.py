@@ -271,6 +271,19 @@ def parity_case():
                        **arguments)
     out[name] = {"history": history.history, "weights": model.get_weights(),
                  "steps": history.params["steps"]}
+  # steps_per_epoch: epochs of 2 steps within one pass of arrays (6 batches), and epochs of 4
+  # steps going on across the passes of a dataset that repeats for ever.
+  stream = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+  for name, data, steps in (("steps_arrays", (x, y), 2), ("steps_stream", (stream,), 4)):
+    extra = {"batch_size": 16, "shuffle": False} if len(data) == 2 else {}
+    reference = compiled(in_scope=False)
+    keras_history = reference.fit(*data, epochs=3, steps_per_epoch=steps, verbose=0, **extra)
+    model = compiled(in_scope=True)
+    history = tfdp.fit(model, *data, epochs=3, steps_per_epoch=steps, verbose=0,
+                       model_dir=f"runs/{name}", **extra)
+    out[name] = {"keras": keras_history.history["loss"], "tfdp": history.history["loss"],
+                 "keras_weights": reference.get_weights(), "weights": model.get_weights(),
+                 "step": history.final["step"]}
   plain = compiled(in_scope=True)
   with strategy.scope():
     features = keras.Input((6,))

@@ -138,6 +138,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   group (tfdp-launch --max_restarts) still resumes it."""
   epochs = _whole("epochs", epochs)
   validation_freq = _whole("validation_freq", validation_freq)
+  if steps_per_epoch is not None:
+    _whole("steps_per_epoch", steps_per_epoch)
   if initial_epoch:
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")
@@ -149,7 +151,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-      validation_batch_size=validation_batch_size, model_input_ranks=inputs_lib.input_ranks(trained))
+      validation_batch_size=validation_batch_size, epochs=epochs, model_input_ranks=inputs_lib.input_ranks(trained))
   if not trained.weights:  # as keras.Model.fit builds it: on a batch, in the strategy's scope
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
     with strategy.scope():
@@ -159,6 +161,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     precision = "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)
   config.trainer.eval_every_epochs = validation_freq
+  config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top

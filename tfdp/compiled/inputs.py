@@ -182,18 +182,16 @@ def _unbatched(dataset, model_input_ranks):
   return dataset.unbatch(), batch
 
 
-def _count(dataset, steps_per_epoch: int, global_batch: int, argument: str):
-  """Examples per epoch: known, counted in one pass, or steps_per_epoch × the batch for a
-  dataset that repeats for ever."""
+def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: str):
+  """Examples in one pass: known, counted in one pass, or `steps` batches of a dataset that
+  repeats for ever (a training run's whole stream: epochs × steps_per_epoch)."""
   tf = _tf()
   cardinality = int(dataset.cardinality())
   if cardinality == tf.data.INFINITE_CARDINALITY:
-    if not steps_per_epoch:
-      raise fail(argument, "repeats for ever", "pass steps_per_epoch (or drop the .repeat())")
-    return dataset.take(steps_per_epoch * global_batch), steps_per_epoch * global_batch
-  if steps_per_epoch:
-    dataset = dataset.take(steps_per_epoch * global_batch)
-  if cardinality >= 0 and not steps_per_epoch:
+    if not steps:
+      raise fail(argument, "repeats for ever", f"pass {steps_name} (or drop the .repeat())")
+    return dataset.take(steps * global_batch), steps * global_batch
+  if cardinality >= 0:
     return dataset, cardinality
   ones = dataset.map(tf.autograph.experimental.do_not_convert(lambda *_: tf.constant(1, tf.int64)))
   return dataset, int(ones.reduce(tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(
@@ -210,7 +208,7 @@ def _check_has_labels(dataset, argument: str) -> None:
 
 def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,
                 validation_data=None, validation_split=0.0, steps_per_epoch=None,
-                validation_steps=None, validation_batch_size=None,
+                validation_steps=None, validation_batch_size=None, epochs=1,
                 model_input_ranks=()) -> KerasData:
   """Keras's fit arguments → KerasData; one line (DataError) for what Keras would reject later
   or silently misread."""
@@ -232,7 +230,9 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     _check_has_labels(x, "x")
     dataset, dataset_batch = _unbatched(x, model_input_ranks)
     global_batch = batch_size or dataset_batch or DEFAULT_BATCH_SIZE
-    dataset, count = _count(dataset, steps_per_epoch or 0, global_batch, "x")
+    # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
+    dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
+                            "steps_per_epoch")
     from_arrays, validation = False, None
   else:
     if y is None:
@@ -268,8 +268,12 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
   if is_dataset(validation_data):
     _check_has_labels(validation_data, "validation_data")
     dataset, dataset_batch = _unbatched(validation_data, model_input_ranks)
-    dataset, count = _count(dataset, validation_steps or 0, dataset_batch or batch_size,
-                            "validation_data")
+    batch = dataset_batch or batch_size
+    dataset, count = _count(dataset, validation_steps or 0, batch, "validation_data",
+                            "validation_steps")
+    if validation_steps:  # Keras evaluates the first validation_steps batches
+      count = min(count, validation_steps * batch)
+      dataset = dataset.take(count)
   elif isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
     dataset, count = _from_arrays(validation_data[0], validation_data[1],
                                   validation_data[2] if len(validation_data) == 3 else None,
@@ -289,7 +293,7 @@ def predict_source(x, model_input_ranks=()) -> data_lib.Source:
   """Inputs only, for tfdp.predict/evaluate: arrays or a dataset (its labels kept if present)."""
   if is_dataset(x):
     dataset, _ = _unbatched(x, model_input_ranks)
-    dataset, count = _count(dataset, 0, 1, "x")
+    dataset, count = _count(dataset, 0, 1, "x", "steps")
   else:
     dataset, count = _from_arrays(x, None, None, "x")
   return _source(dataset, count, {}, "predict")

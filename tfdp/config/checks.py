@@ -120,6 +120,7 @@ def validate(config: ExperimentConfig) -> None:
     raise ConfigError("config key 'trainer.epochs' is 0; it must be >= 1 (for a shorter run, "
                       "set trainer.max_steps=N to stop after N steps).")
   check_positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
+  check_positive("trainer.steps_per_epoch", trainer.steps_per_epoch, allow_zero=True)
   check_positive("trainer.steps_per_loop", trainer.steps_per_loop)
   check_positive("trainer.gradient_accumulation_steps", trainer.gradient_accumulation_steps)
   check_positive("trainer.gradient_clip_norm", trainer.gradient_clip_norm, allow_zero=True)

@@ -145,6 +145,8 @@ class TrainerConfig:
   gradient_clip_norm: float = 0.0  # >0: clip the all-reduced gradient to this global norm
   epochs: int = 1
   max_steps: int = 0  # >0 stops after this many steps in all (smoke runs)
+  steps_per_epoch: int = 0  # >0: an epoch (evaluation, checkpoint, metrics row) is this many
+  # steps, the data streaming on across its passes (Keras's steps_per_epoch); 0: one pass
   steps_per_loop: int = 50  # steps per compiled call (tf.function with a tf.range loop)
   eval_every_epochs: int = 1
   checkpoint_every_steps: int = 0  # 0: at the end of every epoch only

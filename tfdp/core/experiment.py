@@ -123,11 +123,13 @@ class Experiment:
 
   def train_dataset_fn(self, start_step: int = 0, epochs: int | None = None):
     """The per-pipeline training dataset function from `start_step` on (a resumed run sees
-    exactly the batches it would have seen), for `epochs` (default: the config's)."""
-    trainer_cfg = self.config.trainer
+    exactly the batches it would have seen), for `epochs` passes over the data (default: as
+    many as the run's steps take; more than trainer.epochs when trainer.steps_per_epoch is
+    longer than a pass)."""
+    passes = -(-self.trainer.total_steps // self.train_plan.steps_per_epoch)
     return data_lib.make_dataset_fn(self.train_plan, self.config.task.train_data, self.task,
-                                    training=True, seed=trainer_cfg.seed,
-                                    epochs=epochs or trainer_cfg.epochs, start_step=start_step)
+                                    training=True, seed=self.config.trainer.seed,
+                                    epochs=epochs or passes, start_step=start_step)
 
   def train_dataset(self, start_step: int, epochs: int | None = None):
     return self.strategy.distribute_datasets_from_function(
@@ -286,7 +288,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     trainer = trainer_lib.Trainer(config, strategy, write_plan,
                                   model_fn or (lambda: task.build_model(batch_plan.source)), task,
                                   global_batch=batch_plan.global_batch,
-                                  steps_per_epoch=train_plan.steps_per_epoch if train_plan else 1,
+                                  steps_per_epoch=epoch_steps(config, train_plan) if train_plan else 1,
                                   accumulation_steps=batch_plan.accumulation_steps,
                                   precision=plan.precision, verbose=verbose)
     restored_step = trainer.restore(prior.checkpoint)
@@ -339,12 +341,19 @@ def run(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", 
   return build(config, model_dir, mode, **kwargs).run()
 
 
+def epoch_steps(config: ExperimentConfig, plan: data_lib.InputPlan) -> int:
+  """An epoch's steps (its evaluation, checkpoint and metrics row): trainer.steps_per_epoch, or
+  one pass over the training data. The data streams on across passes either way: step k reads
+  the k-th global batch of the passes' orders."""
+  return config.trainer.steps_per_epoch or plan.steps_per_epoch
+
+
 def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: cluster_lib.Cluster,
                 replicas: int, precision: str) -> dict:
   """What a step of this run means (resume.check_resume compares it on a resume), and the
   group that takes it."""
   trainer_cfg = config.trainer
-  total_steps = trainer_cfg.epochs * plan.steps_per_epoch  # as the Trainer counts them
+  total_steps = trainer_cfg.epochs * epoch_steps(config, plan)  # as the Trainer counts them
   if trainer_cfg.max_steps:
     total_steps = min(total_steps, trainer_cfg.max_steps)
   # the fields preflight compares before the data is planned, under the same names
