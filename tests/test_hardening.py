@@ -285,6 +285,14 @@ CASES = [
          trained=True, override="trainer.epochs=4"),
     Case("resume_with_another_seed", ("data_order_seed was 42, now 7", "trainer.seed"),
          trained=True, override="trainer.seed=7"),
+    # What the checkpoint holds beside the weights: was TF's "variable ... has shape ..." (or a
+    # 600-character AssertionError) saying "if it is damaged, remove it".
+    Case("resume_with_another_optimizer", ("optimizer was SGD, now Adam",
+                                           "trainer.optimizer.name", "--start_over"),
+         trained=True, override="trainer.optimizer.name=adam"),
+    Case("resume_with_a_weight_average", ("weight_average was False, now True",
+                                          "trainer.ema_decay", "--start_over"),
+         trained=True, override="trainer.ema_decay=0.9"),
     Case("run_record_garbage", ("run.json", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "run.json").write_text("{ not json")),
     Case("eval_of_damaged_checkpoint", ("ckpt-8", "damaged"), args=("--mode=eval",), trained=True,

@@ -291,11 +291,13 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                                   steps_per_epoch=epoch_steps(config, train_plan) if train_plan else 1,
                                   accumulation_steps=batch_plan.accumulation_steps,
                                   precision=plan.precision, verbose=verbose)
+    resume.check_state_kept(prior.record, trainer.state_fields(), model_dir)
     restored_step = trainer.restore(prior.checkpoint)
     if cluster.is_multi_worker:  # before anything is written and before the first training step
       _check_workers_restored_alike(config, model_dir, cluster, restored_step, prior,
                                     {"train": train_plan, "eval": eval_plan})
-    trainer.run_record, trainer.run_record_from_step = run_record, restored_step
+    trainer.run_record = run_record and {**run_record, **trainer.state_fields()}
+    trainer.run_record_from_step = restored_step
     trainer.prior_record = prior.record
     if split and restored_step and split.changed:
       logging.info("%s", split.line(restored_step))

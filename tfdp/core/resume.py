@@ -79,6 +79,24 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
         "earlier run aside, or use a new --model_dir.")
 
 
+# What the checkpoint holds beside the weights: another optimizer's slots, or a weight average
+# where none is kept (or the reverse), cannot be restored; said here, not by TensorFlow's
+# "variable ... has shape ..." from deep inside the restore.
+STATE_FIELDS = {"optimizer": "trainer.optimizer.name (tfdp.fit: compile()'s optimizer)",
+                "weight_average": "trainer.ema_decay"}
+
+
+def check_state_kept(record: dict | None, current: dict, model_dir: str) -> None:
+  changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
+             for field, key in STATE_FIELDS.items()
+             if record and field in record and record[field] != current[field]]
+  if changed:
+    raise OutputError(
+        f"--model_dir '{model_dir}' holds a run whose checkpoint this config cannot restore: "
+        f"{'; '.join(changed)}. Set it back to resume, pass --start_over to move the earlier run "
+        "aside, or use a new --model_dir.")
+
+
 def config_decided_fields(global_batch_size: int, seed: int, shard_policy: str) -> dict:
   """The run record's fields the config alone decides, so that a resume changing one is refused
   before TensorFlow starts (the data's sizes, and so the steps, come with the data plan). The

@@ -323,6 +323,12 @@ class Trainer:
 
   # ---- checkpoints ---------------------------------------------------------------------------
 
+  def state_fields(self) -> dict:
+    """What the checkpoint holds beside the weights (resume.STATE_FIELDS)."""
+    optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # loss scaling
+    return {"optimizer": type(optimizer).__name__,
+            "weight_average": bool(getattr(optimizer, "use_ema", False))}
+
   @property
   def global_step(self) -> int:
     return int(self._step.numpy())
