@@ -437,11 +437,37 @@ def test_start_over_moves_an_unreadable_run_aside_and_trains_from_step_zero(trai
   (attic,) = model_dir.glob("previous-*")
   kept = snapshot(attic)
   for name, digest in earlier.items():  # every byte of the earlier run is still there
-    if name not in ("config.yaml", ".lock"):  # the lock is the folder's, not the run's: it stays
-      assert kept[name] == digest, name
-  assert (model_dir / "config.yaml").exists()
+    if name != ".lock":  # the lock is the folder's, not the run's: it stays
+      assert kept[name] == digest, name  # its config.yaml too (was left behind, then replaced)
+  assert (model_dir / "config.yaml").exists() and not list(model_dir.glob("config.*.yaml"))
   assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index",
                                                                                  "ckpt-8.index"]
+
+
+def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_is_stale(
+    trained_run, tmp_path):
+  """Nothing trains: config.yaml stays what trained (a changed setting is said to be unused, not
+  written as if it had run), and model.keras is not written again; an export older than the
+  last checkpoint (a run killed before its export) is. Seen failing: config.yaml said
+  base_lr 5.0 (the real one moved to config.<time>.yaml), and model.keras was rewritten."""
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  before = snapshot(model_dir)
+  export_time = (model_dir / "model.keras").stat().st_mtime_ns
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                           f"--params_override={TINY},trainer.learning_rate.base_lr=5", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "holds a finished run" in proc.stderr and "were not used" in proc.stderr, proc.stderr
+  after = snapshot(model_dir)
+  assert {k: v for k, v in after.items() if k != ".lock"} == {
+      k: v for k, v in before.items() if k != ".lock"}
+  assert (model_dir / "model.keras").stat().st_mtime_ns == export_time
+  index = model_dir / "checkpoints" / "ckpt-8.index"
+  os.utime(index, ns=(export_time + 10**9, export_time + 10**9))  # saved after the export
+  again = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                            f"--params_override={TINY}", timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert (model_dir / "model.keras").stat().st_mtime_ns > export_time + 10**9
 
 
 def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(trained_run, tmp_path):

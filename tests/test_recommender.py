@@ -316,6 +316,14 @@ def test_a_changed_id_vocabulary_is_refused_on_resume_eval_and_warm_start(tmp_pa
   same = train(tmp_path / "run", "moved-users.txt", "--mode=eval")  # only the file's path moved
   assert same.returncode == 0, same.stderr[-3000:]
   assert "cluster: single process" in same.stdout  # what the refusals above did not reach
+  # --start_over with the new vocabulary: the earlier run's id mapping goes aside with its
+  # checkpoints (it was left behind and overwritten: the moved checkpoints lost their mapping).
+  old_mapping = (tmp_path / "run" / "id_mapping.json").read_text()
+  fresh = train(tmp_path / "run", "new-users.txt", "--mode=train", "--start_over")
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  (attic,) = (tmp_path / "run").glob("previous-*")
+  assert (attic / "id_mapping.json").read_text() == old_mapping
+  assert (tmp_path / "run" / "id_mapping.json").read_text() != old_mapping
 
 
 def snapshot(folder):

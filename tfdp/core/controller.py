@@ -261,10 +261,11 @@ class Controller:
     self.eval_dataset = eval_dataset
     self.eval_steps = eval_steps
     plan = trainer.write_plan
-    self.writer = (tf.summary.create_file_writer(plan.path("train")) if plan.is_chief
+    writes = plan.is_chief and trainer.global_step < trainer.total_steps  # a finished run: none
+    self.writer = (tf.summary.create_file_writer(plan.path("train")) if writes
                    else tf.summary.create_noop_writer())
     self.eval_writer = (tf.summary.create_file_writer(plan.path("eval"))
-                        if plan.is_chief and eval_dataset is not None
+                        if writes and eval_dataset is not None
                         else tf.summary.create_noop_writer())
 
   def _next_loop_size(self, step: int, epoch_end: int) -> int:

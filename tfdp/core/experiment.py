@@ -64,16 +64,11 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior
 
 
-# What --start_over moves aside (outputs.move_run_aside), and what only a tfdp run writes.
-_MOVABLE = (outputs.CHECKPOINT_DIR, outputs.METRICS_FILE, "train", "eval", "eval.json",
-            outputs.EXPORT_FILE, "metrics.png")
-
-
 def _check_start_over_target(model_dir: str) -> None:
   """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
   (a data folder with train/ and eval/ must not be rearranged)."""
   import os  # pylint: disable=g-import-not-at-top
-  present = [n for n in _MOVABLE if os.path.exists(os.path.join(model_dir, n))]
+  present = [n for n in outputs.RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
   if not present or _holds_tfdp_run(model_dir):
     return
   raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
@@ -156,11 +151,16 @@ class Experiment:
                                       json.dumps(result, indent=2))
         else:
           from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
+          start = trainer.global_step
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
               self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
           result["step"] = trainer.global_step
-          if self.config.trainer.export_model:
+          kept = (outputs.kept_export(self.write_plan, trainer.manager.latest_checkpoint)
+                  if trainer.global_step == start else None)
+          if self.config.trainer.export_model and kept:  # a finished run's, of these weights
+            result["exported"] = kept
+          elif self.config.trainer.export_model:
             with trainer.evaluation_weights():
               result["exported"] = outputs.export_model(self.write_plan, trainer.model)
     except run_errors.peer_errors() as e:
@@ -277,7 +277,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
   try:  # a start that fails from here (a model Keras rejects, workers that disagree) releases
     # its lock and leaves the folder as it found it
     if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
-      moved = outputs.move_run_aside(model_dir)
+      moved = outputs.move_run_aside(
+          model_dir, task.artifacts(train_plan.source) if train_plan else ())
       if moved:
         logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
     from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
@@ -307,8 +308,11 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
       init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
       task.warm_start(init)
       logging.info("warm start: encoder restored from %s", init)
-    if mode != "eval":  # every check passed: now the run may write (an evaluation leaves
-      outputs.write_config(write_plan, config_lib.dump_yaml(config, task.recorded_config))
+    config_text = config_lib.dump_yaml(config, task.recorded_config)
+    if mode != "eval" and restored_step >= trainer.total_steps:  # finished: nothing will train
+      outputs.keep_config(write_plan, config_text)
+    elif mode != "eval":  # every check passed: now the run may write (an evaluation leaves
+      outputs.write_config(write_plan, config_text)
       if cluster.is_chief:
         for name, text in task.artifacts(train_plan.source).items():
           outputs.atomic_write_text(write_plan.path(name), text)

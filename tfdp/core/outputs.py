@@ -112,12 +112,21 @@ def latest_checkpoint(model_dir: str) -> str | None:
   return prefix
 
 
-def move_run_aside(model_dir: str) -> str | None:
-  """--start_over: the earlier run's state goes to model_dir/previous-<time>/, never deleted."""
-  names = [n for n in (CHECKPOINT_DIR, METRICS_FILE, "train", "eval", "eval.json", EXPORT_FILE,
-                       "metrics.png") if os.path.exists(os.path.join(model_dir, n))]
+# What only a tfdp run writes into model_dir: --start_over moves these aside, and refuses a folder
+# that holds some of them but no tfdp run.
+RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, "train", "eval", "eval.json", EXPORT_FILE, WEIGHTS_FILE,
+             "metrics.png")
+
+
+def move_run_aside(model_dir: str, artifacts=()) -> str | None:
+  """--start_over: the earlier run goes to model_dir/previous-<time>/, never deleted: its state,
+  and with it its config.yaml (and earlier ones) and the task's `artifacts` (an id mapping)."""
+  names = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
   if not names:
     return None
+  configs = sorted(glob.glob(os.path.join(glob.escape(model_dir), "config.*.yaml")))
+  names += [n for n in (CONFIG_FILE, *map(os.path.basename, configs), *artifacts)
+            if os.path.isfile(os.path.join(model_dir, n))]
   attic = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
   os.makedirs(attic, exist_ok=True)
   for name in names:
@@ -305,6 +314,23 @@ def write_config(plan: WritePlan, text: str) -> None:
   atomic_write_text(path, text)
 
 
+def keep_config(plan: WritePlan, text: str) -> None:
+  """A finished run run again trains nothing: config.yaml stays the config that trained it, and
+  a different one given now is said to be unused."""
+  if not plan.is_chief:
+    return
+  locks.record_lock_holder(plan.model_dir)
+  path = plan.path(CONFIG_FILE)
+  if not os.path.exists(path):
+    atomic_write_text(path, text)
+    return
+  with open(path) as f:
+    if f.read() != text:
+      logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
+                      "settings it trained with; this command's differ and were not used "
+                      "(--start_over trains afresh with them)", plan.model_dir)
+
+
 def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:
   """One row per epoch; a re-run of an epoch (after a restart) replaces that epoch's row."""
   if not plan.is_chief:
@@ -362,6 +388,18 @@ def write_metrics_png(plan: WritePlan, last: bool = True, epoch_seconds: float =
     plots.redraw_metrics_png(plan.model_dir, last, epoch_seconds)
   except Exception as error:  # pylint: disable=broad-except
     logging.warning("could not draw %s: %s", plots.METRICS_PNG, error)
+
+
+def kept_export(plan: WritePlan, checkpoint: str | None) -> str | None:
+  """The export a finished run already wrote of `checkpoint`'s weights (it is newer), if any:
+  a run killed between its last checkpoint and its export has an older one, or none."""
+  if not plan.is_chief or not checkpoint or not os.path.exists(checkpoint + ".index"):
+    return None
+  for name in (EXPORT_FILE, WEIGHTS_FILE):
+    path = plan.path(name)
+    if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(checkpoint + ".index"):
+      return path
+  return None
 
 
 def export_model(plan: WritePlan, model) -> str | None:
