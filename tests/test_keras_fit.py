@@ -110,6 +110,13 @@ def test_keras_methods_work_on_the_trained_model_and_one_hot_metrics_are_exact(f
   assert loss == pytest.approx(reference["loss"], rel=1e-5)
 
 
+def assert_one_lines(errors: dict, expected: dict) -> None:
+  """Each case's error is one line (no terminal escapes either) holding the expected words."""
+  for case, words in expected.items():
+    line = errors[case]
+    assert words in line and "\n" not in line and "\x1b" not in line, (case, line)
+
+
 def test_bad_input_is_one_line_naming_the_fix(forms_result):
   errors = forms_result["errors"]
   expected = {"lengths": "different lengths", "split_with_dataset": "validation_data",
@@ -117,9 +124,8 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
               "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks",
               "subclassed_outside": "make_strategy().scope()",
               "ids_categorical": "one-hot labels"}
-  for case, words in expected.items():
-    assert errors[case].startswith("tfdp.fit: ") and words in errors[case], (case, errors[case])
-    assert "\n" not in errors[case]
+  assert_one_lines(errors, expected)
+  assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]
   # A softmax output with a from_logits=True loss: one warning (the run goes on).
   warned = [line for line in forms_result["stderr"].splitlines()
@@ -173,9 +179,7 @@ def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
               "per_output_weights": "one weight per example", "input_width": "expected axis -1",
               "string_labels": "numeric labels",
               "label_out_of_range": "which is outside the valid range of [0, 3)"}
-  for case, words in expected.items():
-    assert words in errors[case] and "\n" not in errors[case] and "\x1b" not in errors[case], (
-        case, errors[case])
+  assert_one_lines(errors, expected)
   assert "decoded" not in errors["label_out_of_range"]
   assert "labels within its classes" in errors["label_out_of_range"]
   assert parity_result["bad_dir_untouched"]

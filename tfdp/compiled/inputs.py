@@ -274,7 +274,7 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
     if validation_steps:  # Keras evaluates the first validation_steps batches
       count = min(count, validation_steps * batch)
       dataset = dataset.take(count)
-  elif isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
+  elif isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):  # as Keras
     dataset, count = _from_arrays(validation_data[0], validation_data[1],
                                   validation_data[2] if len(validation_data) == 3 else None,
                                   "validation_data")
