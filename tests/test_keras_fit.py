@@ -100,7 +100,8 @@ def test_input_forms_and_weights(forms_result):
 def test_keras_methods_work_on_the_trained_model_and_one_hot_metrics_are_exact(forms_result):
   """model.evaluate / model.predict in the same process after tfdp.fit (2 replicas), equal to
   tfdp.evaluate; CategoricalAccuracy and the categorical loss on one-hot labels, 35 validation
-  examples in batches of 16 (a padded last batch), equal to single-device Keras."""
+  examples in batches of 16 (a padded last batch, given as a list [x, y]), equal to single-device
+  Keras."""
   after = forms_result["after_fit"]
   assert after["predict_rows"] == 96
   for name in ("loss", "accuracy"):

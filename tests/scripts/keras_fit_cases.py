@@ -175,7 +175,7 @@ def forms_case():
     onehot.compile(keras.optimizers.SGD(0.1), keras.losses.CategoricalCrossentropy(from_logits=True),
                    metrics=[keras.metrics.CategoricalAccuracy(name="categorical_accuracy")])
   y_onehot = np.eye(3, dtype=np.float32)[y]
-  h = tfdp.fit(onehot, x, y_onehot, batch_size=16, epochs=1, validation_data=(x[:35], y_onehot[:35]),
+  h = tfdp.fit(onehot, x, y_onehot, batch_size=16, epochs=1, validation_data=[x[:35], y_onehot[:35]],
                model_dir="runs/onehot", verbose=0)
   single = small_classifier()
   single.set_weights(onehot.get_weights())
