@@ -188,9 +188,10 @@ def test_apps_exit_with_the_errors_own_code(monkeypatch, capsys, kind, code):
 
 def test_the_peer_loss_errors_raise_the_restart_error():
   """Where the code says "the group must restart", it raises the retryable error."""
-  for module in ("tfdp/core/experiment.py", "tfdp/distributed/compat.py"):
+  for module in ("tfdp/core/run_errors.py", "tfdp/distributed/compat.py"):
     text = (helpers.REPO / module).read_text()
-    for match in re.finditer(r"raise (\w+)\(f\"(lost a peer|the start-up check between)", text):
+    for match in re.finditer(r"(?:raise|return) (\w+)\(\s*f\"(lost a peer|the start-up check "
+                             r"between)", text):
       assert match.group(1) == "GroupMustRestart", (module, match.group(0))
     assert "GroupMustRestart(" in text, module
 
