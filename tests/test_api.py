@@ -1,4 +1,5 @@
 """The README's library example runs as written, and tfdp's import stays free of TensorFlow."""
+import json
 import re
 import subprocess
 import sys
@@ -114,3 +115,24 @@ def test_fit_twice_in_one_process_returns_promptly_both_times(tmp_path):
     assert run["release_seconds"] < 10, run
   print(f"exit after {exited - report['done_at']:.1f} s")
   assert exited - report["done_at"] < 90  # may wait for a stalled destructor (up to ~60 s)
+
+
+def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_line(tmp_path):
+  """tests/scripts/notebook_session.py, one process: `make_strategy()` again returns the
+  2-replica strategy made first (it made a 1-replica default one), so the model built in its
+  scope trains there after a tfdp.train in between made a strategy of its own (it was cloned
+  into that one, with a warning); tfdp.train takes one config path and start_over; evaluate
+  without labels, predict on a dataset of inputs, and bad arguments."""
+  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
+                        cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["same_strategy"] and out["fit_replicas"] == 2
+  assert "training a clone" not in proc.stderr, proc.stderr[-3000:]
+  assert "did you mean 'runtime.cpu_replicas'" in out["misspelt_setting"]
+  assert out["evaluate_without_y"].startswith("tfdp.evaluate: y is None")  # scored zeros before
+  assert out["predict_inputs_dataset"] < 1e-6  # refused before: "x holds no labels"
+  assert out["predict_bad_batch"].startswith("tfdp.predict: batch_size is 2.5")
+  assert out["predict_nothing"] == "tfdp.predict: x is empty; pass at least one example."
+  assert "--start_over" in out["resume_another_seed"] and out["moved_aside"] == 1

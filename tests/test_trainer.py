@@ -472,3 +472,66 @@ def test_an_epochs_checkpoint_is_saved_before_its_evaluation(tmp_path, monkeypat
   with pytest.raises(RuntimeError, match="the evaluation broke"):
     exp.run()
   assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.index")] == ["ckpt-1.index"]
+
+
+@tasks.register_task("toy_missing_metric")
+class ToyMissingMetric(ToyRegression):
+  def metric_sums(self, batch, outputs, per_example_loss):
+    sums = super().metric_sums(batch, outputs, per_example_loss)
+    del sums["abs_error"]
+    return sums
+
+
+@tasks.register_task("toy_column_loss")
+class ToyColumnLoss(ToyRegression):
+  def per_example_loss(self, batch, outputs):  # [batch, 1]: broadcast against [batch] weights
+    return tf.square(outputs - batch["y"][:, None])
+
+
+@tasks.register_task("toy_bare_dataset")
+class ToyBareDataset(ToyRegression):
+  def build_source(self, data):
+    return super().build_source(data).read([0])
+
+
+@pytest.mark.parametrize("task_name, words", [
+    ("toy_missing_metric", "metric_sums gives no 'abs_error'"),
+    ("toy_column_loss", "per_example_loss returned shape [16, 1]"),
+    ("toy_bare_dataset", "build_source returned a"),
+])
+def test_a_task_that_breaks_its_contract_is_told_which_method_in_one_line(tmp_path, task_name,
+                                                                            words):
+  """Each was a bare KeyError or AttributeError, or (a [batch, 1] loss) trained silently on a
+  [batch, batch] broadcast: a train loss of ~18 where the real one was ~3."""
+  config = config_lib.load_config([], [
+      f"task.name={task_name},task.train_data.num_examples=32,task.eval_data.num_examples=16,"
+      "task.eval_data.split=eval,trainer.global_batch_size=16,runtime.strategy=default"])
+  with pytest.raises(config_lib.ConfigError) as error:
+    experiment.run(config, str(tmp_path), verbose=False)
+  assert words in str(error.value) and "\n" not in str(error.value), str(error.value)
+  assert f"task '{task_name}'" in str(error.value)
+
+
+def test_a_task_reading_its_own_data_is_not_checked_against_the_default_tfds_source(tmp_path):
+  """The default task.*_data is TFDS cifar10: a task with its own build_source was refused where
+  CIFAR-10 was not prepared. The base task's own source is still checked."""
+  from tfdp.errors import DataError  # pylint: disable=g-import-not-at-top
+  data = config_lib.DataConfig(data_dir=str(tmp_path / "empty"))
+  ToyRegression.check_source(data, "task.train_data")
+  with pytest.raises(DataError, match="cifar10"):
+    tasks.Task.check_source(data, "task.train_data")
+
+
+def test_a_model_builders_own_error_keeps_its_traceback_and_bad_kwargs_are_named():
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+
+  @models.register_model("toy_broken_builder")
+  def broken(input_shape, num_classes, width=4):  # pylint: disable=unused-variable
+    del input_shape, num_classes, width
+    raise ValueError("my own bug")
+  with pytest.raises(ValueError, match="my own bug"):  # was "task.model.kwargs {} do not fit"
+    models.build_model("toy_broken_builder", (8, 8, 3), 2)
+  with pytest.raises(config_lib.ConfigError, match=r"task.model.kwargs \{'depth': 3\}"):
+    models.build_model("toy_broken_builder", (8, 8, 3), 2, depth=3)
+  with pytest.raises(config_lib.ConfigError, match=r"task.model.kwargs \{'width': 5\}.*my own bug"):
+    models.build_model("toy_broken_builder", (8, 8, 3), 2, width=5)

@@ -50,12 +50,18 @@ def launch_notebook(train_fn, num_workers: int = 2, **kwargs):
 
 def make_strategy(**runtime_overrides):
   """A tf.distribute strategy from runtime settings, e.g. make_strategy(cpu_replicas=2); with no
-  arguments it picks as `runtime.strategy: auto` does."""
+  arguments it picks as `runtime.strategy: auto` does. Called again with no arguments or the
+  same ones (a notebook cell run twice, `with tfdp.make_strategy().scope():` after
+  `tfdp.make_strategy(cpu_replicas=2)`), it returns the strategy made before."""
   from tfdp import config, logs  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster
   from tfdp.distributed import strategy
-  runtime = config.RuntimeConfig(**runtime_overrides)
-  config.validate(config.ExperimentConfig(runtime=runtime))
+  import yaml  # pylint: disable=g-import-not-at-top
+  # Through the config loader: a misspelt or mistyped setting gets its one line, naming the key.
+  runtime = config.load_config([], [yaml.safe_dump({"runtime": runtime_overrides})]).runtime
+  made = strategy.last_made(None if not runtime_overrides else runtime)
+  if made is not None:  # the devices are fixed once TensorFlow runs: the same strategy again
+    return made
   logs.start_tensorflow()
   # The cluster too: under TF_CONFIG naming several workers (tfdp.launch_notebook, tfdp-launch)
   # `auto` is MultiWorkerMirroredStrategy.

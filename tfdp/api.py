@@ -18,15 +18,21 @@ def fit(*args, **kwargs):
 
 
 def train(config_files=(), params: str | dict = "", *, model_dir: str,
-          mode: str = "train_and_eval", verbose=True) -> dict:
-  """What `tfdp-train --config_file=... --params_override=...` runs, in this process (a notebook):
-  any task, its data from the config. Returns a dict: the final metrics, the trainer (its
-  `.model`) and `history`, a pandas DataFrame of metrics.csv."""
+          mode: str = "train_and_eval", verbose=True, start_over: bool = False) -> dict:
+  """What `tfdp-train --config_file=... --params_override=... [--start_over]` runs, in this
+  process (a notebook): any task, its data from the config. `config_files`: a path or a list of
+  them; none gives the schema's defaults (tfdp-train's default job is
+  configs/cifar10_quick.yaml: name it to run that). Returns a dict: the final metrics, the
+  trainer (its `.model`) and `history`, a pandas DataFrame of metrics.csv."""
   from tfdp import cli  # pylint: disable=g-import-not-at-top
-  config = config_lib.load_config([cli.find_config(p) for p in config_files], _overrides(params))
+  if isinstance(config_files, (str, os.PathLike)):
+    config_files = [config_files]
+  config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
+                                  _overrides(params))
   logs.start_tensorflow()
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
-  return _finished(experiment.run(config, model_dir, mode, verbose=verbose))
+  return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
+                                  start_over=start_over))
 
 
 def _overrides(params: str | dict) -> list[str]:

@@ -37,6 +37,7 @@ def strategy_for(model, strategy):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  given = strategy is not None
   strategy = strategy or strategy_lib.last_made()
   if not isinstance(model, keras.Model):
     if not callable(model):
@@ -61,6 +62,9 @@ def strategy_for(model, strategy):
     return strategy, model, None
   if all(compat.created_in_scope(strategy, v) for v in model.weights):
     return strategy, model, None
+  own = strategy_lib.strategy_of(model.weights) if not given else None
+  if own is not None:  # built in the scope of one made before the last (tfdp.train makes one)
+    return own, model, None
   try:  # clone_model compiles the clone from the compile config: the user's objects by name
     with strategy.scope(), keras.saving.custom_object_scope(_users_objects(model)):
       clone = keras.models.clone_model(model)

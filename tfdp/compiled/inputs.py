@@ -198,6 +198,11 @@ def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: st
       lambda count, one: count + one)))
 
 
+def check_batch_size(name: str, value) -> None:
+  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+    raise fail(name, f"is {value!r}", "pass a positive whole number (the global batch)")
+
+
 def _check_has_labels(dataset, argument: str) -> None:
   """Keras refuses to train without labels; tfdp would train on zeros."""
   spec = dataset.element_spec
@@ -214,9 +219,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   or silently misread."""
   if x is None:
     raise fail("x", "is None", "pass the training data")
-  for name, value in (("batch_size", batch_size), ("validation_batch_size", validation_batch_size)):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-      raise fail(name, f"is {value!r}", "pass a positive whole number (the global batch)")
+  check_batch_size("batch_size", batch_size)
+  check_batch_size("validation_batch_size", validation_batch_size)
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
@@ -237,7 +241,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   else:
     if y is None:
       _check_kind(x, "x")
-      raise fail("y", "is None, so there are no labels to train on",
+      raise fail("y", "is None, so there are no labels",
                  "pass y, or a tf.data.Dataset of (x, y) as x")
     dataset, count = _from_arrays(x, y, sample_weight, "x")
     global_batch = batch_size or DEFAULT_BATCH_SIZE
@@ -290,10 +294,14 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
 
 
 def predict_source(x, model_input_ranks=()) -> data_lib.Source:
-  """Inputs only, for tfdp.predict/evaluate: arrays or a dataset (its labels kept if present)."""
+  """Inputs only, for tfdp.predict: arrays or a dataset (its labels kept if present)."""
+  if x is None:
+    raise fail("x", "is None", "pass the inputs to predict")
   if is_dataset(x):
     dataset, _ = _unbatched(x, model_input_ranks)
     dataset, count = _count(dataset, 0, 1, "x", "steps")
   else:
     dataset, count = _from_arrays(x, None, None, "x")
+  if not count:
+    raise fail("x", "is empty", "pass at least one example")
   return _source(dataset, count, {}, "predict")

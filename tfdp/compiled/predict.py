@@ -9,7 +9,18 @@ import numpy as np
 from tfdp.compiled import inputs as inputs_lib
 
 
-def _setup(model, x, y, sample_weight, batch_size, strategy):
+def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
+  """`caller` (tfdp.evaluate, which needs labels, or tfdp.predict) names itself in the errors."""
+  from tfdp.errors import TfdpError  # pylint: disable=g-import-not-at-top
+  try:
+    return _setup_checked(model, x, y, sample_weight, batch_size, strategy, caller)
+  except TfdpError as e:  # the shared input checks speak as tfdp.fit
+    if str(e).startswith("tfdp.fit: "):
+      raise type(e)(caller + str(e)[len("tfdp.fit"):]) from None
+    raise
+
+
+def _setup_checked(model, x, y, sample_weight, batch_size, strategy, caller: str):
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
@@ -17,7 +28,8 @@ def _setup(model, x, y, sample_weight, batch_size, strategy):
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   strategy, model, _ = fit_lib.strategy_for(model, strategy)
   ranks = inputs_lib.input_ranks(model)
-  if y is None and not inputs_lib.is_dataset(x):
+  inputs_lib.check_batch_size("batch_size", batch_size)
+  if caller == "tfdp.predict":  # inputs alone (a dataset's labels are kept, unused)
     source = inputs_lib.predict_source(x, ranks)
   else:
     source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight, batch_size=1,
@@ -41,7 +53,7 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
-                                                        strategy)
+                                                        strategy, "tfdp.evaluate")
   task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False))
   size = 1 + 2 * len(task.metric_names) + task.metric_state_size
 
@@ -62,7 +74,8 @@ def predict(model, x, batch_size=None, *, strategy=None):
   the model's outputs), on every worker."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy)
+  strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
+                                                        "tfdp.predict")
   del task
 
   def replica_outputs(batch):

@@ -236,7 +236,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
   num_pipelines = max(cluster.num_workers, 1)
   train_plan = eval_plan = eval_dataset = split = None
   if mode != "eval":
-    train_source = train_source or task.build_source(data_cfg.train_data)
+    train_source = train_source or tasks.built_source(task, data_cfg.train_data)
     if prior.record:  # before the plan: on a resume the recorded run decides the accumulation
       sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
                                                num_pipelines)
@@ -253,7 +253,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                                         train_plan.shard_counts, num_pipelines,
                                         "task.train_data", model_dir)
   if mode != "train":
-    eval_source = eval_source if eval_source is not None else task.build_source(data_cfg.eval_data)
+    eval_source = (eval_source if eval_source is not None
+                   else tasks.built_source(task, data_cfg.eval_data))
     if train_plan is not None:
       check_eval_fits_model(train_plan.source, eval_source)
     eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,

@@ -64,8 +64,20 @@ def task_class(name: str) -> type:
     importlib.import_module(_BUILTIN_TASKS[name])  # registers it
   if name not in _REGISTRY:
     raise ConfigError(f"config key 'task.name' is '{name}'; use one of "
-                      f"{', '.join(registered_tasks())}.")
+                      f"{', '.join(registered_tasks())} (a task of your own is registered in the "
+                      "process that trains: name its module in task.module).")
   return _REGISTRY[name]
+
+
+def built_source(task: "Task", data: DataConfig):
+  """task.build_source(data), checked: the engine reads a tfdp.Source, not a bare dataset."""
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+  source = task.build_source(data)
+  if not isinstance(source, data_lib.Source):
+    raise ConfigError(f"task '{task.config.name}': build_source returned a "
+                      f"{type(source).__name__}; return tfdp.Source([examples], read, kind), "
+                      "where read(file_indices) gives a tf.data.Dataset of example dicts.")
+  return source
 
 
 def make_task(config: TaskConfig, worker: int = 0, num_workers: int = 1) -> "Task":
@@ -97,7 +109,10 @@ class Task:
   def check_source(cls, data: DataConfig, key: str) -> None:
     """Before TensorFlow starts, for each split it reads (`key`: task.train_data, ...): that the
     data is where the config says; one line (DataError) if not. The base checks a registered
-    source (core.data's readers); a task that builds its own source checks it here."""
+    source (core.data's readers) when the task reads one (this class's build_source); a task
+    that builds its own source checks it here."""
+    if cls.build_source is not Task.build_source:
+      return  # not the config's registered source: the default tfds/cifar10 is not its data
     from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     data_lib.check_source(data, key)
 

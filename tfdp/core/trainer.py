@@ -127,12 +127,32 @@ def metric_vector(task, batch, model_outputs, per_example):
   """[examples, numerator_1, denominator_1, ..., metric_state...] in the task's metric order:
   what the loops sum over replicas and steps (MetricSums reads it)."""
   sums = task.metric_sums(batch, model_outputs, per_example)
+  for name in task.metric_names:  # checked while tracing: the task's own mistake, said so
+    pair = sums.get(name) if isinstance(sums, dict) else None
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+      raise ConfigError(
+          f"task '{task.config.name}': metric_sums gives {'no' if pair is None else 'a non-pair'} "
+          f"{name!r}; return a (sum, count) pair for each of metric_names "
+          f"{list(task.metric_names)}, e.g. 'loss': (tf.reduce_sum(per_example_loss * "
+          "batch['weight']), tf.reduce_sum(batch['weight'])).")
   parts = [tf.reduce_sum(batch["weight"])]
   for name in task.metric_names:
     parts.extend(tf.cast(x, tf.float32) for x in sums[name])
   if not task.metric_state_size:
     return tf.stack(parts)
   return tf.concat([tf.stack(parts), task.metric_state(batch, model_outputs)], axis=0)
+
+
+def per_example_loss(task, batch, outputs):
+  """The task's loss, one value per example: a [batch, 1] loss would broadcast against the
+  [batch] weights into a [batch, batch] matrix and train on a wrong loss, silently."""
+  loss = task.per_example_loss(batch, outputs)
+  rank = getattr(getattr(loss, "shape", None), "rank", None)
+  if rank is not None and rank != 1:
+    raise ConfigError(f"task '{task.config.name}': per_example_loss returned shape "
+                      f"{list(loss.shape)}; return one value per example, shape [batch] (squeeze "
+                      "a last axis of 1, or average over the others).")
+  return loss
 
 
 class Trainer:
@@ -228,7 +248,7 @@ class Trainer:
   def _forward_backward(self, batch):
     with tf.GradientTape() as tape:
       outputs = self.model(self.task.model_inputs(batch), training=True)
-      per_example = self.task.per_example_loss(batch, outputs)
+      per_example = per_example_loss(self.task, batch, outputs)
       # Divide by the *global* batch: the all-reduce SUM of replica gradients is then the
       # gradient of the mean loss over the whole batch, whatever the replica count.
       loss = tf.nn.compute_average_loss(per_example, sample_weight=batch["weight"],
@@ -275,7 +295,7 @@ class Trainer:
 
   def _eval_sums(self, batch):
     outputs = self.task.eval_outputs(self.model, batch)
-    return self._sums(batch, outputs, self.task.per_example_loss(batch, outputs))
+    return self._sums(batch, outputs, per_example_loss(self.task, batch, outputs))
 
   # ---- compiled loops ------------------------------------------------------------------------
 

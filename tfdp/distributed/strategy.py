@@ -299,16 +299,30 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   else:
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
-  _MADE[:] = [strategy, plan]
+  _MADE[:] = [strategy, plan, runtime]
+  _EVERY_MADE.insert(0, strategy)
   return strategy, plan
 
 
-_MADE: list = []  # the strategy this process made last, and its plan: tfdp.fit trains a model
-# built in its scope, and its log line says what the strategy reduces with
+_MADE: list = []  # the strategy this process made last, its plan and runtime settings: tfdp.fit
+# trains a model built in its scope, and its log line says what the strategy reduces with
+_EVERY_MADE: list = []  # newest first: a notebook may have made several (tfdp.train makes one)
 
 
-def last_made():
-  return _MADE[0] if _MADE else None
+def last_made(runtime: RuntimeConfig | None = None):
+  """The strategy made last; with `runtime`, only if it was made from those settings."""
+  if not _MADE or (runtime is not None and _MADE[2] != runtime):
+    return None
+  return _MADE[0]
+
+
+def strategy_of(variables):
+  """The strategy this process made whose scope created every one of `variables`, or None."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  for strategy in _EVERY_MADE:
+    if all(compat.created_in_scope(strategy, v) for v in variables):
+      return strategy
+  return None
 
 
 def plan_of(strategy) -> StrategyPlan | None:

@@ -14,6 +14,12 @@ _REGISTRY: dict[str, ModelBuilder] = {}
 def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
   """Decorator: `@tfdp.register_model("my_net") def build(input_shape, num_classes, **kw)`."""
   def decorate(builder: ModelBuilder) -> ModelBuilder:
+    earlier = _REGISTRY.get(name)
+    if earlier is not None and earlier.__module__ != builder.__module__:  # not a cell run again
+      from absl import logging  # pylint: disable=g-import-not-at-top
+      logging.warning("register_model: '%s' now builds with %s.%s, no longer %s.%s", name,
+                      builder.__module__, builder.__qualname__, earlier.__module__,
+                      earlier.__qualname__)
     _REGISTRY[name] = builder
     return builder
   return decorate
@@ -34,11 +40,20 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
   if name not in _REGISTRY:
     raise ConfigError(f"model '{name}' is not registered; use one of {', '.join(registered_models())}.")
+  import inspect  # pylint: disable=g-import-not-at-top
+  builder = _REGISTRY[name]
+  given = {k: v for k, v in kwargs.items() if k != "sample_images"}  # the config's, not data
   try:
-    return _REGISTRY[name](input_shape, num_classes, **kwargs)
+    inspect.signature(builder).bind(input_shape, num_classes, **kwargs)
+  except TypeError as e:  # a name the builder does not take
+    raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({e}); fix "
+                      "task.model.kwargs.") from None
+  try:
+    return builder(input_shape, num_classes, **kwargs)
   except (TypeError, ValueError) as e:  # Keras rejects e.g. filters=-4 with a ValueError
+    if not given:
+      raise  # nothing of the config's: the builder's own error, with its traceback
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    given = {k: v for k, v in kwargs.items() if k != "sample_images"}  # the config's, not data
     raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({first_line}); fix "
                       "task.model.kwargs.") from None
 

@@ -1,0 +1,58 @@
+"""A notebook session as one process (tests/test_api.py judges what it prints): cells run in
+the README's order, a config run in between, re-run cells, and a few mistakes. Prints JSON."""
+import json
+import glob
+
+import numpy as np
+
+import tfdp
+
+TINY = {"task": {"train_data": {"source": "synthetic", "num_examples": 32, "image_size": 8,
+                                "num_classes": 2},
+                 "eval_data": {"source": "synthetic", "num_examples": 16, "image_size": 8,
+                               "num_classes": 2},
+                 "model": {"name": "small_cnn"}},
+        "trainer": {"global_batch_size": 16, "epochs": 1, "export_model": False},
+        "runtime": {"cpu_replicas": 2}}
+
+
+def one_line(fn) -> str:
+  try:
+    fn()
+  except tfdp.TfdpError as e:
+    return str(e)
+  return "no error"
+
+
+out = {}
+strategy = tfdp.make_strategy(cpu_replicas=2)
+out["same_strategy"] = tfdp.make_strategy() is strategy and tfdp.make_strategy(
+    cpu_replicas=2) is strategy  # the cell run again; the README's `make_strategy().scope()`
+out["misspelt_setting"] = one_line(lambda: tfdp.make_strategy(cpu_repl=3))
+import keras  # noqa: E402  (after the strategy, as the README says)
+import tensorflow as tf  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 6)).astype("float32")
+y = (np.abs(x[:, 0] * 2).astype("int64") % 3)
+with tfdp.make_strategy().scope():
+  model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+  model.compile(keras.optimizers.SGD(0.1),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+# A config run in between makes a strategy of its own; the model stays in the one it was built in.
+with open("tiny.yaml", "w") as f:
+  json.dump(TINY, f)  # JSON is YAML
+tfdp.train("tiny.yaml", model_dir="runs/config_run", verbose=False)  # a path, not a list
+history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)
+out["fit_replicas"] = history.final["replicas"]
+out["evaluate_without_y"] = one_line(lambda: tfdp.evaluate(model, x))
+predicted = tfdp.predict(model, tf.data.Dataset.from_tensor_slices(x).batch(5))
+out["predict_inputs_dataset"] = float(np.max(np.abs(predicted - model.predict(x, verbose=0))))
+out["predict_bad_batch"] = one_line(lambda: tfdp.predict(model, x, batch_size=2.5))
+out["predict_nothing"] = one_line(lambda: tfdp.predict(model, x[:0]))
+out["resume_another_seed"] = one_line(lambda: tfdp.train(
+    "tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False))
+tfdp.train("tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False,
+           start_over=True)
+out["moved_aside"] = len(glob.glob("runs/config_run/previous-*"))
+print(json.dumps(out))
