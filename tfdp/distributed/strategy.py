@@ -300,7 +300,8 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
   _MADE[:] = [strategy, plan, runtime]
-  _EVERY_MADE.insert(0, strategy)
+  if plan.kind != "default":  # every variable made outside a scope is the default strategy's
+    _EVERY_MADE.insert(0, strategy)
   return strategy, plan
 
 
