@@ -46,6 +46,22 @@ def test_a_nested_model_is_walked():
           == 2 * (sum(TINY_CNN_MACS.values()) + 5 * 3))
 
 
+def test_a_functional_model_of_its_own_class_is_walked():
+  """keras_hub's BertBackbone is a Functional subclass: it was taken for one uncounted layer."""
+  import keras  # pylint: disable=g-import-not-at-top
+
+  class Backbone(keras.Model):
+    def __init__(self):
+      inner = tiny_cnn()
+      inputs = keras.Input((8, 8, 3))
+      super().__init__(inputs, inner(inputs))
+
+  inputs = keras.Input((8, 8, 3))
+  count = flops.count_flops(keras.Model(inputs, keras.layers.Dense(3)(Backbone()(inputs))))
+  assert count.uncounted == []
+  assert count.forward_per_example == 2 * (sum(TINY_CNN_MACS.values()) + 5 * 3)
+
+
 def test_attention_and_einsum_dense_count_as_by_hand():
   import keras  # pylint: disable=g-import-not-at-top
   tokens, width, heads, key_dim = 16, 8, 2, 4

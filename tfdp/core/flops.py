@@ -103,7 +103,10 @@ def count_flops(model) -> FlopCount:
   def walk(container, prefix):
     for layer in container.layers:
       name = prefix + layer.name
-      if hasattr(layer, "layers") and type(layer).__name__ in ("Functional", "Sequential", "Model"):
+      # A functional model of its own class (keras_hub's BertBackbone) is one too: Keras puts
+      # Functional among its bases when it is built from inputs and outputs.
+      if hasattr(layer, "layers") and {"Functional", "Sequential"} & {
+          c.__name__ for c in type(layer).__mro__}:
         walk(layer, name + "/")
         continue
       try:
