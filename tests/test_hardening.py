@@ -510,3 +510,13 @@ def test_an_empty_metrics_csv_is_set_aside_after_the_checkpoint_is_saved(tmp_pat
   assert aside.read_text() == ""
   assert "metrics.csv" in proc.stderr and str(aside.name) in proc.stderr  # one line says where
   assert (model_dir / "metrics.csv").read_text().startswith("epoch,")
+
+
+def test_a_start_that_fails_after_making_a_new_model_dir_removes_it(trained_run, tmp_path):
+  """A warm start the task cannot take fails after model_dir was made: it was left empty."""
+  model_dir = tmp_path / "new" / "run"
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                           f"--params_override={TINY},task.init_checkpoint={trained_run}",
+                           timeout=300)
+  assert proc.returncode == 2 and "warm-start" in helpers.error_lines(proc)[0], proc.stderr[-3000:]
+  assert not model_dir.exists()

@@ -67,10 +67,16 @@ def check_model_dir_owner(model_dir: str) -> None:
                       f"its checkpoints; run chmod o-w '{model_dir}', or use a folder of your own.")
 
 
+_MADE_DIRS: set[str] = set()  # model_dirs this process created: a start that fails removes them
+
+
 def create_model_dir(model_dir: str) -> None:
   """Makes model_dir (every input is checked) and locks it for this run's life."""
   try:
-    os.makedirs(model_dir, exist_ok=True)
+    if not os.path.isdir(model_dir):
+      with contextlib.suppress(FileExistsError):  # another start made it meanwhile: its own
+        os.makedirs(model_dir)
+        _MADE_DIRS.add(model_dir)
   except OSError as e:
     raise OutputError(f"--model_dir '{model_dir}' cannot be created ({e.strerror}); choose a "
                       "folder you can write to.") from None
@@ -172,6 +178,10 @@ class WritePlan:
       locks.release_worker_dir(self.write_dir)
     else:
       locks.release_model_dir(self.model_dir)
+      if self.model_dir in _MADE_DIRS:  # a start that failed leaves no empty folder behind
+        _MADE_DIRS.discard(self.model_dir)
+        with contextlib.suppress(OSError):
+          os.rmdir(self.model_dir)  # only if empty: a run that wrote anything keeps it
 
 
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
