@@ -38,7 +38,8 @@ flags.DEFINE_string("output_dir", DEFAULTS.output_dir, "Where <mode>.csv and <mo
 flags.DEFINE_string("models", _csv(DEFAULTS.models), "Models (tfdp registry names), comma-separated.")
 flags.DEFINE_string("replicas", _csv(DEFAULTS.replicas), "throughput/input: logical CPU replicas.")
 flags.DEFINE_string("global_batch_sizes", _csv(DEFAULTS.global_batch_sizes),
-                    "throughput/input: global batch sizes.")
+                    "throughput/input: global batch sizes (with --config_file: the config's "
+                    "own unless given).")
 flags.DEFINE_integer("steps", DEFAULTS.steps, "Steps (all-reduce ops) per timed block.")
 flags.DEFINE_integer("warmup_steps", DEFAULTS.warmup_steps, "Untimed steps before the blocks.")
 flags.DEFINE_integer("repeats", DEFAULTS.repeats, "Timed blocks; the median is reported.")
@@ -81,7 +82,9 @@ def main(argv):
     opts = bench.BenchOptions(
         output_dir=FLAGS.output_dir, models=bench.parse_name_list(FLAGS.models),
         replicas=bench.parse_int_list(FLAGS.replicas, "replicas"),
-        global_batch_sizes=bench.parse_int_list(FLAGS.global_batch_sizes, "global_batch_sizes"),
+        global_batch_sizes=(  # a --config_file job keeps its batch unless the flag is given
+            bench.parse_int_list(FLAGS.global_batch_sizes, "global_batch_sizes")
+            if FLAGS["global_batch_sizes"].present or not FLAGS.config_file else []),
         steps=FLAGS.steps, warmup_steps=FLAGS.warmup_steps, repeats=FLAGS.repeats,
         data=FLAGS.data, config_files=FLAGS.config_file or [],
         params_override=FLAGS.params_override or [], baseline=FLAGS.baseline,

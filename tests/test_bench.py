@@ -265,3 +265,16 @@ def test_the_keras_tta_runs_leave_out_what_model_fit_cannot_do():
     config = config_lib.load_config(files, on + tta.run_overrides(run))
     assert (config.trainer.lookahead_every_steps, config.trainer.optimizer.norm_bias_lr_multiplier,
             config.task.eval_translate, config.task.eval_flip) == (0, 1.0, 0, False), run
+
+
+def test_a_config_job_keeps_its_own_global_batch_unless_batches_are_given(tmp_path):
+  """With --config_file and no --global_batch_sizes the cells time the config's batch; they
+  timed the flag's default 128 instead, silently."""
+  from tfdp.bench import jobs  # pylint: disable=g-import-not-at-top
+  config = tmp_path / "job.yaml"
+  config.write_text("task: {train_data: {source: synthetic, num_examples: 96, image_size: 8, "
+                    "num_classes: 2}}\ntrainer: {global_batch_size: 48}\n")
+  own = bench.BenchOptions(config_files=[str(config)], global_batch_sizes=[], replicas=[1])
+  assert list(jobs.replica_grid(own)) == [("resnet20", 48, 1)]
+  given = bench.BenchOptions(config_files=[str(config)], global_batch_sizes=[16], replicas=[1])
+  assert list(jobs.replica_grid(given)) == [("resnet20", 16, 1)]

@@ -50,8 +50,11 @@ def load_checked(overrides: list[str], replicas: int | None = None,
 def replica_grid(opts: BenchOptions) -> dict[tuple[str, int, int], list[str]]:
   """(model, global batch, replicas) → overrides, every one checked before anything runs."""
   jobs = {}
+  # A job from --config_file keeps its own global batch unless --global_batch_sizes names others.
+  batches = opts.global_batch_sizes or [config_lib.load_config(
+      list(opts.config_files), list(opts.params_override)).trainer.global_batch_size]
   for model in opts.models:
-    for batch in opts.global_batch_sizes:
+    for batch in batches:
       for replicas in opts.replicas:
         jobs[(model, batch, replicas)] = job_overrides(opts, model, batch,
                                                        [f"runtime.cpu_replicas={replicas}"])

@@ -27,7 +27,8 @@ class BenchOptions:
   output_dir: str = "runs/bench"
   models: list[str] = dataclasses.field(default_factory=lambda: ["resnet20"])
   replicas: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
-  global_batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [128])
+  global_batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [128])  # empty:
+  # the --config_file job's own
   steps: int = 20  # steps (or all-reduce ops) per timed block
   warmup_steps: int = 5
   repeats: int = 3  # timed blocks; the median is reported
