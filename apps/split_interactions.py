@@ -1,4 +1,4 @@
-r"""tfdp-split-interactions: split one file of user–item interactions into one shard per worker.
+r"""split_interactions.py: split one file of user–item interactions into one shard per worker.
 
   python apps/split_interactions.py --input=ratings.csv --output='/data/clicks-{worker}.csv' \
       --num_shards=3 --user_column=s --item_column=d --label_column=y
@@ -24,7 +24,8 @@ from tfdp import cli
 from tfdp.workloads.recommenders import interactions
 from tfdp.errors import TfdpError
 
-PROG = "tfdp-split-interactions"
+PROG = "split_interactions.py"  # no console script: run as python apps/split_interactions.py
+COMMAND = f"python {interactions.SPLIT_COMMAND}"
 
 flags.DEFINE_string("input", None, "Interactions to split: a CSV file with a header line, or a "
                     "TFRecord file of tf.train.Example.")
@@ -60,11 +61,11 @@ def main(argv):
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
   for name in ("input", "output", "user_column", "item_column"):
     if not getattr(FLAGS, name):
-      cli.exit_with_error(PROG, f"--{name} is required; see {PROG} --help.")
+      cli.exit_with_error(PROG, f"--{name} is required; see {COMMAND} --help.")
   fractions = parse_fractions(FLAGS.fractions)
   num_shards = FLAGS.num_shards or (len(fractions) if fractions else None)
   if num_shards is None:
-    cli.exit_with_error(PROG, f"--num_shards is required (one shard per worker); see {PROG} "
+    cli.exit_with_error(PROG, f"--num_shards is required (one shard per worker); see {COMMAND} "
                         "--help.")
   cli.quiet_tensorflow()  # a TFRecord input starts TensorFlow
   try:
@@ -93,8 +94,17 @@ def main(argv):
   cli.exit_now(0)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """As cli.flags_parser, with a help command that exists (this app has no console script)."""
+  cli.prog = PROG
+  try:
+    return FLAGS(argv)
+  except flags.Error as error:
+    cli.exit_with_error(PROG, f"{error}; see {COMMAND} --helpfull.")
+
+
 def run():
-  app.run(main, flags_parser=cli.flags_parser(PROG))
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the noise, id mappings every worker builds alike, and exact ranking metrics as s
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -214,6 +215,24 @@ def test_csv_one_line_errors(tmp_path, content, columns, expected):
   assert one_line_error(excinfo) == f"worker 2: interactions file '{path}' {expected}"
 
 
+@pytest.mark.parametrize("text", ["100000000000000000000", "1e300", "10000000000000000000",
+                                  "9223372036854775808"])
+def test_an_id_beyond_int64_is_one_line_without_a_numpy_warning(tmp_path, text):
+  # Once a RuntimeWarning (invalid value encountered in cast) came first, and then the error
+  # said the id was negative: the cast had wrapped it.
+  (tmp_path / "big.csv").write_text(f"uid,iid\n1,2\n{text},3\n")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with pytest.raises(DataError) as excinfo:
+      interactions.read_interactions(tmp_path / "big.csv", "uid", "iid")
+  assert one_line_error(excinfo).endswith(
+      "in row 2 (line 3), larger than the largest id 9223372036854775807; renumber the ids "
+      "from 0.")
+  (tmp_path / "big.csv").write_text("uid,iid\n1,2\n9223372036854775807,3\n")
+  largest = interactions.read_interactions(tmp_path / "big.csv", "uid", "iid")["user"].max()
+  assert largest == 2**63 - 1
+
+
 def test_missing_and_misnamed_files(tmp_path):
   (tmp_path / "clicks-0.csv").write_text("u,i\n1,2\n")
   pattern = str(tmp_path / "clicks-{worker}.csv")
@@ -381,6 +400,29 @@ def test_write_shards_errors_write_nothing(tmp_path, path, num_shards, expected)
   assert list(tmp_path.iterdir()) == []
 
 
+def test_a_split_into_fewer_shards_refuses_to_leave_the_earlier_splits_extra_files(tmp_path):
+  # Splitting again into 2 shards once left c-2.csv of a 3-shard split: a run on 3 workers then
+  # trained on it as if it were this data.
+  frame = random_interactions()
+  interactions.write_shards(frame, str(tmp_path / "c-{worker}.csv"), 4)
+  interactions.write_shards(frame, str(tmp_path / "d-{worker:02d}.csv"), 3)
+  before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+  for pattern, expected in (("c-{worker}.csv", "c-2.csv, {tmp}/c-3.csv"),
+                            ("d-{worker:02d}.csv", "d-02.csv")):
+    with pytest.raises(DataError) as excinfo:
+      interactions.write_shards(frame, str(tmp_path / pattern), 2)
+    assert one_line_error(excinfo) == (
+        f"output path '{tmp_path / pattern}' already holds shard files beyond the 2 now written "
+        f"({tmp_path}/{expected.replace('{tmp}', str(tmp_path))}), left by a split into more "
+        "shards: a run on more workers would read them as this data; remove them, or choose "
+        "another output path.")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written
+  (tmp_path / "c-3.csv").unlink()
+  (tmp_path / "c-2.csv").rename(tmp_path / "c-2.csv.old")  # not a shard file: kept, and allowed
+  assert len(interactions.write_shards(frame, str(tmp_path / "c-{worker}.csv"), 2)) == 2
+  assert len(interactions.write_shards(frame, str(tmp_path / "c-{worker}.csv"), 3)) == 3  # more
+
+
 # ---- the app ---------------------------------------------------------------------------------
 
 
@@ -400,10 +442,10 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
   expected = interactions.split_by_user(frame, 3, [0.5, 0.3, 0.2])
   assert [p["user"].nunique() for p in expected] == [20, 12, 8]
   assert proc.stdout.splitlines() == [
-      "tfdp-split-interactions: wrote 3 shard(s) of 40 users and 600 interactions: " + "; ".join(
+      "split_interactions.py: wrote 3 shard(s) of 40 users and 600 interactions: " + "; ".join(
           f"{tmp_path}/clicks-{i}.csv ({p['user'].nunique()} users, {len(p)} interactions)"
           for i, p in enumerate(expected)),
-      f"tfdp-split-interactions: wrote {frame['item'].nunique()} item ids to "
+      f"split_interactions.py: wrote {frame['item'].nunique()} item ids to "
       f"{tmp_path / 'items.vocab'}"]
   for worker, part in enumerate(expected):
     assert (tmp_path / f"clicks-{worker}.csv").read_text().splitlines()[0] == "s,d,y"
@@ -423,8 +465,11 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
                                  "file."),
     (["--input={tmp}/nope.csv"], "interactions file '{tmp}/nope.csv' does not exist; pass "
                                  "--input=<your CSV or TFRecord file of interactions>."),
+    # The help named a console script that is not installed.
     (["--num_shards=0"], "flag --num_shards=0: 0 is not a positive integer; see "
-                         "tfdp-split-interactions --helpfull."),
+                         "python apps/split_interactions.py --helpfull."),
+    (["--user_column="], "--user_column is required; see python apps/split_interactions.py "
+                         "--help."),
 ])
 def test_app_errors_in_one_line(tmp_path, args, expected):
   (tmp_path / "in.csv").write_text("s,d,y\n1,2,3\n4,5,1\n")
@@ -436,7 +481,7 @@ def test_app_errors_in_one_line(tmp_path, args, expected):
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
   assert proc.stderr.splitlines() == [
-      "tfdp-split-interactions: error: " + expected.replace("{tmp}", str(tmp_path))]
+      "split_interactions.py: error: " + expected.replace("{tmp}", str(tmp_path))]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
 
 
@@ -555,8 +600,18 @@ def test_id_mapping_errors(tmp_path):
     interactions.IdMapping.from_vocabulary_file(tmp_path / "none.vocab")
   assert one_line_error(excinfo) == (
       f"vocabulary file '{tmp_path}/none.vocab' does not exist; write it once from all the data "
-      "with tfdp.workloads.recommenders.interactions.build_vocabulary (apps/split_interactions.py --item_vocabulary), "
-      "and give every worker the same file.")
+      "with tfdp.workloads.recommenders.interactions.build_vocabulary (python "
+      "apps/split_interactions.py --user_vocabulary or --item_vocabulary), and give every worker "
+      "the same file.")
+  # A missing user vocabulary named --item_vocabulary as the fix.
+  with pytest.raises(DataError, match=r"\(python apps/split_interactions.py --user_vocabulary\)"):
+    interactions.IdMapping.from_vocabulary_file(tmp_path / "none.vocab", role="user")
+  (tmp_path / "v.vocab").write_text("4\n99999999999999999999\n")  # beyond int64: no OverflowError
+  with pytest.raises(DataError) as excinfo:
+    interactions.IdMapping.from_vocabulary_file(tmp_path / "v.vocab", role="item")
+  assert one_line_error(excinfo).startswith(
+      f"vocabulary file '{tmp_path}/v.vocab' line 2 holds id 99999999999999999999, larger than "
+      "the largest id 9223372036854775807; renumber the ids from 0 and write it once")
   (tmp_path / "v.vocab").write_text("4\n9\n")
   exact = interactions.IdMapping.from_vocabulary_file(tmp_path / "v.vocab", oov_buckets=0)
   assert exact.lookup([9, 4]).tolist() == [1, 0]

@@ -12,7 +12,8 @@ from tfdp import config as config_lib
 from tfdp.core import data as data_lib
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
-from tfdp.errors import DataError
+from tfdp.config.schema import DataConfig
+from tfdp.errors import ConfigError, DataError
 
 LAUNCH_APP = str(helpers.REPO / "apps" / "launch.py")
 SIGMA = 0.3
@@ -328,3 +329,79 @@ def test_a_changed_id_vocabulary_is_refused_on_resume_eval_and_warm_start(tmp_pa
 
 def snapshot(folder):
   return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra, words", [
+    # holdout_fraction 0 held out every row: configs/insteval_mf.yaml with it evaluated on
+    # all 73,421 training ratings, silently.
+    (",task.train_data.holdout_fraction=0,task.eval_data.holdout_fraction=0",
+     "config key 'task.eval_data.split' is holdout, but 'task.eval_data.holdout_fraction' is 0, "
+     "so it holds no rows out; set task.eval_data.holdout_fraction, e.g. 0.1, or use split all."),
+    # The two holdouts were never compared: half of the evaluated rows had been trained on.
+    (",task.eval_data.holdout_fraction=0.2",
+     "config keys 'task.train_data.holdout_fraction' (0.1) and 'task.eval_data.holdout_fraction' "
+     "(0.2) differ, so about 50% of the evaluated rows are trained on; they must be equal: set "
+     "both to the same value."),
+    (",task.train_data.holdout_fraction=0.3",
+     "config keys 'task.train_data.holdout_fraction' (0.3) and 'task.eval_data.holdout_fraction' "
+     "(0.1) differ, so rows left out of training are never evaluated; they must be equal"),
+    (",task.train_data.split=all", "config key 'task.train_data.split' is all, so training reads "
+     "the rows of '{root}/all.csv' that task.eval_data (split holdout) evaluates; set "
+     "task.train_data.split to train."),
+])
+def test_holdouts_that_evaluate_training_rows_are_refused_before_tensorflow(tmp_path, extra,
+                                                                             words):
+  with pytest.raises(ConfigError) as excinfo:
+    config_lib.load_config([], [job(tmp_path, extra=extra)])
+  message = str(excinfo.value)
+  assert "\n" not in message and words.replace("{root}", str(tmp_path)) in message, message
+  # Shards of the file evaluation reads take the same hash: their holdout must agree too.
+  config_lib.load_config([], [job(tmp_path, tmp_path / "train-{worker}.csv")])
+  with pytest.raises(ConfigError, match="must be equal"):
+    config_lib.load_config([], [job(tmp_path, tmp_path / "train-{worker}.csv",
+                                    ",task.eval_data.holdout_fraction=0.2")])
+
+
+def test_a_holdout_holds_out_only_its_fraction_of_the_rows():
+  from tfdp.workloads.recommenders import tasks as recommender_tasks  # pylint: disable=g-import-not-at-top
+  frame, _ = interactions.planted_interactions(50, 50, 2, 0.3, 20, seed=0)
+  for fraction, held_rows in ((0.0, [0]), (0.1, range(50, 150))):
+    holdout = DataConfig(split="holdout", holdout_fraction=fraction)
+    train = DataConfig(split="train", holdout_fraction=fraction)
+    held, trained = (len(recommender_tasks.holdout_split(frame, d)) for d in (holdout, train))
+    assert held in held_rows and held + trained == len(frame) == 1000
+
+
+def test_swapped_vocabularies_warn_once_per_split_naming_the_file_and_share(tmp_path, caplog):
+  # user_vocab_path and item_vocab_path swapped trained without a word, though most rows'
+  # users had fallen into the few OOV rows.
+  frame, _ = interactions.planted_interactions(20, 60, 2, 0.3, 15, seed=0)
+  frame.to_csv(tmp_path / "all.csv", index=False)
+  interactions.build_vocabulary(frame["user"].to_numpy(), str(tmp_path / "users.txt"))
+  interactions.build_vocabulary(frame["item"].to_numpy(), str(tmp_path / "items.txt"))
+  for name in ("users", "items"):
+    (tmp_path / f"{name}.txt").rename(tmp_path / f"{name}.tmp")
+  (tmp_path / "users.tmp").rename(tmp_path / "items.txt")
+  (tmp_path / "items.tmp").rename(tmp_path / "users.txt")
+  config = config_lib.load_config([], [job(tmp_path)])
+  task = tasks.make_task(config.task)
+  with caplog.at_level("WARNING"):
+    columns = task.read_rows(config.task.train_data)[0]
+    task.read_rows(config.task.eval_data)
+  unknown_items = np.mean(~np.isin(frame["item"], np.arange(20)))
+  warnings = [r.getMessage() for r in caplog.records if "vocabulary" in r.getMessage()]
+  assert len(warnings) == 2 and warnings[0].startswith("task.train_data: "), warnings
+  assert warnings[1].startswith("task.eval_data: "), warnings
+  assert (f"{unknown_items:.0%} of the rows' items are not in the item vocabulary "
+          f"'{tmp_path / 'items.txt'}' (task.recommender.item_vocab_path) and share its 8 OOV "
+          "row(s); give the vocabularies written from this data (user and item files swapped?)."
+          ) in warnings[0], warnings
+  assert "users are not" not in warnings[0] and unknown_items > 0.5
+  assert (columns["item"] >= 20).mean() > 0.5  # the rows it warned of: in the OOV rows
+  caplog.clear()
+  with caplog.at_level("WARNING"):  # the right files: no warning
+    config = config_lib.load_config([], [job(tmp_path, extra=(
+        f",task.recommender.user_vocab_path={tmp_path / 'items.txt'}"
+        f",task.recommender.item_vocab_path={tmp_path / 'users.txt'}"))])
+    tasks.make_task(config.task).read_rows(config.task.train_data)
+  assert not [r for r in caplog.records if "vocabulary" in r.getMessage()]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from absl import logging
+
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
@@ -20,13 +22,14 @@ from tfdp.errors import ConfigError, DataError
 def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interactions.IdMapping]:
   rec = config.recommender
 
-  def mapping(vocab_path, buckets):
+  def mapping(role, vocab_path, buckets):
     if vocab_path:
-      return interactions.IdMapping.from_vocabulary_file(vocab_path, oov_buckets=rec.oov_buckets)
+      return interactions.IdMapping.from_vocabulary_file(vocab_path, oov_buckets=rec.oov_buckets,
+                                                         role=role)
     return interactions.IdMapping.hashed(buckets)
 
-  return (mapping(rec.user_vocab_path, rec.user_buckets),
-          mapping(rec.item_vocab_path, rec.item_buckets))
+  return (mapping("user", rec.user_vocab_path, rec.user_buckets),
+          mapping("item", rec.item_vocab_path, rec.item_buckets))
 
 
 ID_MAPPING_FILE = "id_mapping.json"
@@ -55,12 +58,48 @@ def _mapping_change(saved, now: dict) -> str:
 def holdout_split(frame, data: DataConfig):
   """Split `train` / `holdout` / `all` of the rows, by a stable hash of (user, item): the same
   rows on every worker and in every run, without a second file."""
-  if data.split == "all" or not data.holdout_fraction:
+  if data.split == "all" or (data.split == "train" and not data.holdout_fraction):
     return frame
   keys = interactions.stable_hash(frame["user"].to_numpy() * 1000003 + frame["item"].to_numpy(),
                                   seed=7)
   held = keys < data.holdout_fraction * 2.0**64
   return frame[held if data.split == "holdout" else ~held]
+
+
+UNKNOWN_IDS_WARNING_SHARE = 0.1  # new users or items beyond this: likely the wrong vocabulary
+
+
+def _warn_of_unknown_ids(where: str, frame, users, items) -> None:
+  """One warning line when many rows' ids fall in the OOV rows: swapped or stale vocabulary
+  files train without an error, most ids sharing a few rows."""
+  found = []
+  for role, mapping in (("user", users), ("item", items)):
+    share = mapping.unknown_share(frame[role].to_numpy())
+    if share > UNKNOWN_IDS_WARNING_SHARE:
+      found.append(f"{share:.0%} of the rows' {role}s are not in the {role} vocabulary "
+                   f"'{mapping.source}' (task.recommender.{role}_vocab_path) and share its "
+                   f"{mapping.oov_buckets} OOV row(s)")
+  if found:
+    logging.warning("%s: %s; give the vocabularies written from this data (user and item files "
+                    "swapped?).", where, "; ".join(found))
+
+
+def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
+  """The held-out rows are a hash of (user, item) below holdout_fraction: training must leave out
+  exactly the rows evaluation takes, also when it reads shards of the file evaluation reads."""
+  if evaluation.split != "holdout":
+    return
+  if train.split == "train" and train.holdout_fraction != evaluation.holdout_fraction:
+    seen, held = train.holdout_fraction, evaluation.holdout_fraction
+    effect = (f"about {(held - seen) / held:.0%} of the evaluated rows are trained on"
+              if held > seen else "rows left out of training are never evaluated")
+    raise ConfigError(f"config keys 'task.train_data.holdout_fraction' ({seen:g}) and "
+                      f"'task.eval_data.holdout_fraction' ({held:g}) differ, so {effect}; they "
+                      "must be equal: set both to the same value.")
+  if train.split == "all" and train.path == evaluation.path:
+    raise ConfigError(f"config key 'task.train_data.split' is all, so training reads the rows of "
+                      f"'{train.path}' that task.eval_data (split holdout) evaluates; set "
+                      "task.train_data.split to train.")
 
 
 @tasks.register_task("matrix_factorization")
@@ -92,6 +131,11 @@ class MatrixFactorizationTask(tasks.Task):
       if cls.NEEDS_LABELS and not data.label_column:
         raise ConfigError(f"config key '{key}.label_column' is empty; {config.name} needs "
                           "explicit ratings (the rating column's name).")
+      if data.split == "holdout" and not data.holdout_fraction:
+        raise ConfigError(f"config key '{key}.split' is holdout, but '{key}.holdout_fraction' is "
+                          f"0, so it holds no rows out; set {key}.holdout_fraction, e.g. 0.1, or "
+                          "use split all.")
+    _check_holdouts_agree(config.train_data, config.eval_data)
     unknown = sorted(set(config.model.kwargs) - set(cls.KWARGS))
     if unknown:
       raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "
@@ -134,8 +178,8 @@ class MatrixFactorizationTask(tasks.Task):
     import pandas as pd  # pylint: disable=g-import-not-at-top
     from tfdp.core import local_shards  # pylint: disable=g-import-not-at-top
     shards = None
+    key = "task.train_data" if data is self.config.train_data else "task.eval_data"
     if "{worker" in data.path:  # one process without a mapping is refused: a shard of many
-      key = "task.train_data" if data is self.config.train_data else "task.eval_data"
       mapping = local_shards.map_shards(data, self.num_workers, key)
       shards = mapping[self.worker]
       total = max(max(s) for s in mapping) + 1
@@ -153,6 +197,7 @@ class MatrixFactorizationTask(tasks.Task):
                "item": items.lookup(frame["item"].to_numpy()).astype(np.int64),
                "label": frame["label"].to_numpy(np.float32),
                "weight": frame["weight"].to_numpy(np.float32)}
+    _warn_of_unknown_ids(f"worker {self.worker}: {key}" if shards else key, frame, users, items)
     return (columns, shards and list(zip(shards, map(len, frames))), users, items)
 
   def preprocess(self, example, data, training, seed):

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from tfdp.errors import DataError
-from tfdp.workloads.recommenders.interactions.io import SPLIT_COMMAND
+from tfdp.workloads.recommenders.interactions.io import MAX_ID, SPLIT_COMMAND
 from tfdp.workloads.recommenders.interactions.shards import stable_hash
 
 
@@ -34,11 +34,13 @@ def build_vocabulary(ids, path: str, min_count: int = 1) -> int:
   return len(ordered)
 
 
-def read_id_vocabulary(path: str) -> np.ndarray:
-  """The ids of a vocabulary file, in file order (row i is the i-th id); blank lines skipped."""
+def read_id_vocabulary(path: str, role: str = "") -> np.ndarray:
+  """The ids of a vocabulary file, in file order (row i is the i-th id); blank lines skipped.
+  role ('user' or 'item', '' for either) names the splitter's flag that writes it."""
   path = os.fspath(path)
+  flag = f"--{role}_vocabulary" if role else "--user_vocabulary or --item_vocabulary"
   build = ("write it once from all the data with tfdp.workloads.recommenders.interactions.build_vocabulary "
-           f"({SPLIT_COMMAND} --item_vocabulary)")
+           f"(python {SPLIT_COMMAND} {flag})")
   if not os.path.isfile(path):
     raise DataError(f"vocabulary file '{path}' does not exist; {build}, and give every worker "
                     "the same file.")
@@ -57,6 +59,9 @@ def read_id_vocabulary(path: str) -> np.ndarray:
       raise DataError(f"vocabulary file '{path}' line {number} holds {text!r}, not an id (an "
                       f"integer >= 0); write one id per line: {build}.")
     value = int(text)
+    if value > MAX_ID:
+      raise DataError(f"vocabulary file '{path}' line {number} holds id {value}, larger than the "
+                      f"largest id {MAX_ID}; renumber the ids from 0 and {build}.")
     if value in first_line:
       raise DataError(f"vocabulary file '{path}' lists id {value} twice (lines "
                       f"{first_line[value]} and {number}), so it would map to two rows; remove "
@@ -103,8 +108,10 @@ class IdMapping:
                       "more than once; every id needs one row.")
 
   @classmethod
-  def from_vocabulary_file(cls, path: str, oov_buckets: int = 1, seed: int = 0) -> "IdMapping":
-    return cls(read_id_vocabulary(path), oov_buckets=oov_buckets, seed=seed, source=os.fspath(path))
+  def from_vocabulary_file(cls, path: str, oov_buckets: int = 1, seed: int = 0,
+                           role: str = "") -> "IdMapping":
+    return cls(read_id_vocabulary(path, role), oov_buckets=oov_buckets, seed=seed,
+               source=os.fspath(path))
 
   @classmethod
   def hashed(cls, num_buckets: int, seed: int = 0) -> "IdMapping":
@@ -122,8 +129,7 @@ class IdMapping:
     ids = np.asarray(ids, np.int64)
     if self.vocabulary is None:
       return (stable_hash(ids, self.seed) % np.uint64(self.num_buckets)).astype(np.int64)
-    position = np.clip(np.searchsorted(self._sorted, ids), 0, len(self._sorted) - 1)
-    known = self._sorted[position] == ids
+    position, known = self._find(ids)
     if self.oov_buckets == 0:
       if not known.all():
         unknown = ids[~known].reshape(-1)[0]
@@ -135,6 +141,18 @@ class IdMapping:
     oov = len(self.vocabulary) + (stable_hash(ids, self.seed) % np.uint64(self.oov_buckets)
                                   ).astype(np.int64)
     return np.where(known, self._order[position], oov)
+
+  def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each id's position in the sorted vocabulary, and whether it is there."""
+    position = np.clip(np.searchsorted(self._sorted, ids), 0, len(self._sorted) - 1)
+    return position, self._sorted[position] == ids
+
+  def unknown_share(self, ids) -> float:
+    """The share of `ids` not in the vocabulary, which land in the OOV rows (0 when hashed)."""
+    ids = np.asarray(ids, np.int64)
+    if self.vocabulary is None or not ids.size:
+      return 0.0
+    return float(np.mean(~self._find(ids)[1]))
 
   def to_dict(self) -> dict:
     """JSON-ready, self-contained (the vocabulary inline): saved with the model, it maps ids the

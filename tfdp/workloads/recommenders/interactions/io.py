@@ -17,6 +17,7 @@ CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip")
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz",
                      ".tfrec.gz")
 SPLIT_COMMAND = "apps/split_interactions.py"
+MAX_ID = 2**63 - 1  # ids are int64
 _WORKER = re.compile(r"\{worker(?::([^{}]*))?\}")  # {worker} or {worker:03d}
 # An integer format spec whose width is bounded: `{worker:>100000000000}` would allocate gigabytes.
 _SPEC = re.compile(r"(?:.?[<>=^])?[+\- ]?#?0?(\d*)[,_]?[bdoxXn]?")
@@ -254,14 +255,19 @@ def _numbers(raw: pd.Series, role: str, name: str, where: str, row_name) -> np.n
 
 def _ids(raw: pd.Series, role: str, name: str, where: str, row_name) -> np.ndarray:
   if pd.api.types.is_integer_dtype(raw.dtype):
-    ids = raw.to_numpy(np.int64)  # exact: large ids never pass through float64
+    values = raw.to_numpy()  # exact: large ids never pass through float64 (uint64 above 2**63)
   else:
     values = _numbers(raw, role, name, where, row_name)
     fractional = np.flatnonzero(values != np.floor(values))
     if fractional.size:
       raise DataError(f"{_value_problem(where, role, name, raw, fractional[0], row_name)}, not a "
                       "whole number; ids must be integers >= 0: renumber them.")
-    ids = values.astype(np.int64)
+  # Checked before the cast to int64, which would wrap them (with a numpy RuntimeWarning).
+  too_large = np.flatnonzero(values > MAX_ID if values.dtype.kind in "iu" else values >= 2.0**63)
+  if too_large.size:
+    raise DataError(f"{_value_problem(where, role, name, raw, too_large[0], row_name)}, larger "
+                    f"than the largest id {MAX_ID}; renumber the ids from 0.")
+  ids = values.astype(np.int64)
   negative = np.flatnonzero(ids < 0)
   if negative.size:
     raise DataError(f"{_value_problem(where, role, name, raw, negative[0], row_name)}; ids must "

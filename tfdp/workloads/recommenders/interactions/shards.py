@@ -4,7 +4,9 @@ every machine), each user's shard, the split frames and the CSV shard files.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -76,6 +78,28 @@ def split_by_user(frame: pd.DataFrame, num_shards: int, fractions=None, seed: in
   return [frame[shards == shard] for shard in range(num_shards)]
 
 
+def shard_files_beyond(path: str, num_shards: int) -> list[str]:
+  """Existing files that `path` names for a shard index >= num_shards, by index."""
+  parts = _WORKER.split(path)  # literal, spec, literal, spec, ..., literal
+  literals = parts[::2]
+  pattern = "*".join(glob.escape(literal) for literal in literals)
+  index_text = "(.+?)"  # the first placeholder's text; the others must repeat it
+  shape = re.compile(index_text.join(re.escape(literal) for literal in literals[:2]) +
+                     "".join(".+?" + re.escape(literal) for literal in literals[2:]))
+  found = {}
+  for candidate in glob.glob(pattern):
+    match = shape.fullmatch(candidate)
+    digits = re.sub(r"\D", "", match.group(1)) if match else ""
+    if not digits or int(digits) < num_shards:
+      continue
+    try:  # exactly the name this index takes: not another file the wildcard matched
+      if resolve_shard_path(path, int(digits), 0) == candidate:
+        found[int(digits)] = candidate
+    except DataError:
+      continue
+  return [found[index] for index in sorted(found)]
+
+
 @dataclasses.dataclass
 class ShardFile:
   path: str
@@ -105,6 +129,13 @@ def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None
     raise DataError(f"shard {empty[0]} of {num_shards} would hold no users "
                     f"({frame['user'].nunique()} user(s) in all); use fewer shards"
                     f"{other_fractions}.")
+  stale = shard_files_beyond(path, num_shards)
+  if stale:
+    shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+    raise DataError(f"output path '{path}' already holds shard files beyond the {num_shards} "
+                    f"now written ({shown}), left by a split into more shards: a run on more "
+                    "workers would read them as this data; remove them, or choose another "
+                    "output path.")
   names = {**{c: c for c in COLUMNS}, **(column_names or {})}
   kept = [c for c in COLUMNS if names[c]]
   written = []
