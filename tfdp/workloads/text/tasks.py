@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 
 from tfdp.core import task as tasks
 from tfdp.workloads.text import inputs as text
 from tfdp import paths
+from tfdp.core import outputs
 from tfdp.core import warm_start
 from tfdp.config import checks
 from tfdp.config.schema import DataConfig, TaskConfig
@@ -23,6 +25,10 @@ from tfdp.errors import ConfigError, DataError
 TEXT_SOURCES = ("text_folder", "text_files")
 BERT_KWARGS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout",
                "max_sequence_length")
+# Saved beside the model: a resume, --mode=eval or warm start must read tokens (and classes) as
+# the run did, or every token takes another embedding row (every text another label) silently.
+VOCABULARY_FILE = "vocabulary.txt"
+CLASS_NAMES_FILE = "class_names.json"
 
 
 def vocab_path(config: TaskConfig) -> str:
@@ -89,6 +95,94 @@ def _check_text_task(config: TaskConfig) -> None:
   max_length = config.model.kwargs.get("max_sequence_length", 512)
   text.check_sequence_length(config.text.sequence_length, max_length, "task.text.sequence_length")
   text.read_vocabulary(vocab_path(config))  # a missing or malformed file fails here, in a line
+  _check_holdouts_agree(config.train_data, config.eval_data)
+
+
+def _same_path(a: str, b: str) -> bool:
+  return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
+  """Training's split train and evaluation's split holdout of one path: a file only eval's
+  holdout names would be trained on and evaluated."""
+  if (train.split, evaluation.split) != ("train", "holdout") or \
+      not _same_path(train.path, evaluation.path):
+    return
+  trained_too = sorted(set(evaluation.holdout) - set(train.holdout))
+  never_read = sorted(set(train.holdout) - set(evaluation.holdout))
+  if not trained_too and not never_read:
+    return
+  differences = "; ".join(
+      ([f"{trained_too} would be trained on and evaluated"] if trained_too else []) +
+      ([f"{never_read}, held out of training, would never be evaluated"] if never_read else []))
+  raise ConfigError(f"task.train_data.holdout and task.eval_data.holdout differ for the same "
+                    f"path '{train.path}' ({differences}); they must be equal: give both the same "
+                    "list (configs/shakespeare_mlm.yaml shares it with a YAML anchor).")
+
+
+def _class_differences(expected: list[str], found: list[str], found_in: str, expected_in: str
+                       ) -> str:
+  quoted = lambda names: ", ".join(f"'{n}'" for n in names)
+  missing = [c for c in expected if c not in found]
+  extra = [c for c in found if c not in expected]
+  return "; ".join(([f"{found_in} lacks {quoted(missing)}"] if missing else []) +
+                   ([f"it has {quoted(extra)}, which {expected_in} lacks"] if extra else []) or
+                   ["the same names, in another order"])
+
+
+def _check_eval_classes(train: DataConfig, evaluation: DataConfig) -> None:
+  """Labels number the sorted class folders of each folder on its own: an eval folder without one
+  of training's classes would score its texts as other classes, silently."""
+  if not (train.source == evaluation.source == "text_folder" and os.path.isdir(train.path)
+          and os.path.isdir(evaluation.path)):
+    return  # a folder that is missing is check_source's to report
+  trained = text.text_folder_classes(train.path)
+  evaluated = text.text_folder_classes(evaluation.path)
+  if trained == evaluated:
+    return
+  differences = _class_differences(trained, evaluated, "the eval folder", "training")
+  raise DataError(f"task.eval_data.path '{evaluation.path}' and task.train_data.path "
+                  f"'{train.path}' have different class folders ({differences}), and labels "
+                  "follow the sorted folder names, so eval texts would be scored as other "
+                  "classes; give the eval folder the same class subfolders as the training folder "
+                  "(an empty one is fine).")
+
+
+def _read_saved(path: str, context: tuple[str, str]) -> str:
+  try:
+    return text.read_text_file(path)
+  except DataError as e:
+    raise DataError(f"{context[0]}: the run's saved '{path}' cannot be read ({e}); restore it, "
+                    f"or {context[1]}.") from None
+
+
+def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tuple[str, str]) -> None:
+  """The same tokens, id for id, as the run that saved its vocabulary (one of the same size
+  would load without a word, every embedding row then another token's)."""
+  saved_path = os.path.join(folder, VOCABULARY_FILE)
+  if not os.path.exists(saved_path):  # a run from before vocabularies were saved
+    return
+  saved = [t.strip() for t in _read_saved(saved_path, context).splitlines() if t.strip()]
+  path = vocab_path(config)
+  now = text.read_vocabulary(path)
+  if saved == now:
+    return
+  changed = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), None)
+  difference = (f"token id {changed} is {saved[changed]!r} there, {now[changed]!r} here"
+                if changed is not None else f"{len(saved)} tokens there, {len(now)} here")
+  raise ConfigError(f"{context[0]}: task.text.vocab_path '{path}' is not the vocabulary that run "
+                    f"used ('{saved_path}': {difference}), so tokens would take other embedding "
+                    f"rows; set task.text.vocab_path={saved_path}, or {context[1]}.")
+
+
+def _warm_start_source(config: TaskConfig, folder: str) -> bool:
+  """Whether `folder` is the run task.init_checkpoint names (its head is not restored)."""
+  if not config.init_checkpoint:
+    return False
+  run = os.path.dirname(warm_start.find_init_checkpoint(config.init_checkpoint))
+  if os.path.basename(run) == outputs.CHECKPOINT_DIR:  # as experiment finds the run's folder
+    run = os.path.dirname(run)
+  return _same_path(run, folder)
 
 
 class _BertTask(tasks.Task):
@@ -104,6 +198,15 @@ class _BertTask(tasks.Task):
   @classmethod
   def validate(cls, config: TaskConfig) -> None:
     _check_text_task(config)
+
+  @classmethod
+  def check_saved_artifacts(cls, config, folder, context):
+    _check_saved_vocabulary(config, folder, context)
+
+  def artifacts(self, source):
+    del source
+    tokens = text.read_vocabulary(vocab_path(self.config))
+    return {VOCABULARY_FILE: "".join(t + "\n" for t in tokens)}
 
   def tokenizer(self):
     return text.load_tokenizer(vocab_path(self.config), lowercase=self.config.text.lowercase)
@@ -204,6 +307,47 @@ class TextClassificationTask(_BertTask):
   text_unit passage every token of a play is classified, in consecutive passages."""
 
   metric_names = ("loss", "accuracy")
+
+  @classmethod
+  def validate(cls, config):
+    super().validate(config)
+    for key, data in (("task.train_data", config.train_data), ("task.eval_data", config.eval_data)):
+      if data.source != "text_folder":
+        raise ConfigError(f"config key '{key}.source' is '{data.source}', but "
+                          f"{config.name} learns its labels from class subfolders: use "
+                          "text_folder, a folder of root/<class>/*.txt|*.md (text_files gives "
+                          "every text one label: accuracy 1.0, meaning nothing).")
+    _check_eval_classes(config.train_data, config.eval_data)
+
+  @classmethod
+  def check_saved_artifacts(cls, config, folder, context):
+    """Also the classes: labels number the sorted class folders, so a folder with other classes
+    would score texts as other labels (a warm start restores only the encoder: a new head)."""
+    super().check_saved_artifacts(config, folder, context)
+    saved_path = os.path.join(folder, CLASS_NAMES_FILE)
+    if _warm_start_source(config, folder) or not os.path.exists(saved_path):
+      return
+    try:
+      saved = json.loads(_read_saved(saved_path, context))
+      if not isinstance(saved, list):
+        raise ValueError("not a JSON list")
+    except ValueError as e:
+      raise DataError(f"{context[0]}: the run's saved '{saved_path}' cannot be read ({e}); "
+                      f"restore it, or {context[1]}.") from None
+    for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):
+      if data.source != "text_folder" or not os.path.isdir(data.path):
+        continue  # a split this mode does not read; a missing one is check_source's to report
+      found = text.text_folder_classes(data.path)
+      if found != saved:
+        differences = _class_differences(saved, found, "the folder", "the run")
+        raise DataError(f"{context[0]}: {key}.path '{data.path}' has other class folders than "
+                        f"the run trained on ('{saved_path}': {differences}), and labels follow "
+                        "the sorted folder names; give the folder the run's class subfolders "
+                        f"(an empty one is fine), or {context[1]}.")
+
+  def artifacts(self, source):
+    return {**super().artifacts(source),
+            CLASS_NAMES_FILE: json.dumps(list(source.info["class_names"]))}
 
   def build_source(self, data):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
