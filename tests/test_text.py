@@ -488,8 +488,30 @@ def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
   assert f"wrote {len(learned_here)} tokens" in proc.stdout and "from 3 file(s)" in proc.stdout, \
       proc.stdout
   assert output.read_text(encoding="utf-8").splitlines() == learned_here
+  # Every word is seen fewer than 10 times: no minimum count the learner tries gives more.
+  assert (f"note: {len(learned_here)} tokens, fewer than --vocab_size=80: the learner keeps the "
+          "word pieces seen at least K times, and no K of 10 or more gives within 5% of the "
+          "target") in proc.stdout, proc.stdout
   noise = [l for l in proc.stderr.splitlines() if logs._STARTUP_LINE.match(l)]  # pylint: disable=protected-access
   assert not noise, proc.stderr  # TensorFlow's loading lines are hidden, as in every other app
+
+
+def test_vocab_app_says_the_learner_stops_within_five_percent_of_the_size(tmp_path):
+  # 400 words seen 10 to 2000 times: some minimum count gives 95-100 tokens, and the learner
+  # stops there, short of 100 (not for want of text: the tfdp-vocab note said so before).
+  shipped = helpers.REPO / "configs" / "vocab" / "shakespeare_wordpiece.txt"
+  words = [w for w in shipped.read_text(encoding="utf-8").split()
+           if w.isalpha() and w.islower() and len(w) > 3][:400]
+  (tmp_path / "corpus.txt").write_text(
+      "\n".join(" ".join([w] * (2000 // (i + 1) + 10)) for i, w in enumerate(words)))
+  proc = run_vocab(f"--input={tmp_path / 'corpus.txt'}", "--vocab_size=100",
+                   f"--output={tmp_path / 'v.txt'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  learned = len((tmp_path / "v.txt").read_text(encoding="utf-8").splitlines())
+  assert 95 <= learned < 100
+  assert (f"note: {learned} tokens, not --vocab_size=100: the learner stops once it is within 5% "
+          "below the target") in proc.stdout, proc.stdout
+  assert "no K" not in proc.stdout
 
 
 def test_a_bad_vocab_size_is_refused_before_tensorflow_loads(tmp_path):

@@ -244,8 +244,9 @@ def check_vocab_size(vocab_size: int) -> None:
 def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bool = True
                      ) -> list[str]:
   """Learns a WordPiece vocabulary (reserved tokens first, [PAD] = 0) and writes it to `path`, one
-  token per line; returns it. vocab_size is an upper bound: keras_hub's learner keeps only pieces
-  seen at least 10 times. Learning takes minutes on a large corpus: learn once, ship the file."""
+  token per line; returns it. vocab_size is an upper bound: keras_hub's learner keeps the pieces
+  seen at least K times, for a K of 10 or more that gives 95-100% of it where one does (see
+  apps/vocab.py). Learning takes minutes on a large corpus: learn once, ship the file."""
   check_vocab_size(vocab_size)
   texts = [t for t in texts if t.strip()]
   if not texts:
