@@ -8,6 +8,7 @@ import pytest
 import helpers
 from test_text_tasks import VOCAB, mlm_overrides, write_corpus
 from tfdp import config as config_lib
+from tfdp.core import task as tasks
 from tfdp.errors import ConfigError, DataError
 from tfdp.workloads.text import tasks as text_tasks
 
@@ -69,6 +70,9 @@ def test_an_eval_folder_with_other_classes_is_refused(tmp_path):
   config_lib.load_config([], [classify_overrides(train, f",task.eval_data.path={evaluation}")])
 
 
+WARM_START = tasks.SavedRunUse("warm start", "drop task.init_checkpoint", warm_start=True)
+
+
 def test_saved_vocabulary_and_classes_are_compared(tmp_path):
   corpus = write_corpus(tmp_path / "corpus", 1, 5)  # plays, poems
   run = tmp_path / "run"
@@ -77,7 +81,7 @@ def test_saved_vocabulary_and_classes_are_compared(tmp_path):
   (run / text_tasks.VOCABULARY_FILE).write_text(VOCAB.read_text(encoding="utf-8"))
   (run / text_tasks.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "verse"]))
   task = text_tasks.TextClassificationTask
-  context = ("resume", "pass --start_over")
+  context = tasks.SavedRunUse("resume", "pass --start_over")
   config = config_lib.load_config([], [classify_overrides(corpus)]).task
   with pytest.raises(DataError) as excinfo:
     task.check_saved_artifacts(config, str(run), context)
@@ -85,7 +89,7 @@ def test_saved_vocabulary_and_classes_are_compared(tmp_path):
   assert message.startswith("resume: task.eval_data.path") and "lacks 'verse'" in message
   # A warm start restores the encoder only: the head, and its classes, are new.
   warm = config_lib.load_config([], [classify_overrides(corpus, f",task.init_checkpoint={run}")])
-  task.check_saved_artifacts(warm.task, str(run), ("warm start", "drop task.init_checkpoint"))
+  task.check_saved_artifacts(warm.task, str(run), WARM_START)
   (run / text_tasks.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "poems"]))
   task.check_saved_artifacts(config, str(run), context)
   other = swapped_vocabulary(tmp_path / "other_vocab.txt")
@@ -93,7 +97,7 @@ def test_saved_vocabulary_and_classes_are_compared(tmp_path):
       corpus, f",task.init_checkpoint={run},task.text.vocab_path={other}")]).task
   for task_class in (task, text_tasks.MaskedLMTask):  # from a classifier's or a masked-LM run
     with pytest.raises(ConfigError) as excinfo:
-      task_class.check_saved_artifacts(changed, str(run), ("warm start", "drop task.init_checkpoint"))
+      task_class.check_saved_artifacts(changed, str(run), WARM_START)
     message = one_line(excinfo)
     assert f"task.text.vocab_path '{other}' is not the vocabulary that run used" in message
     assert "token id 100" in message and f"task.text.vocab_path={run}" in message, message

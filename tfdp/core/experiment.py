@@ -454,16 +454,18 @@ def _check_saved_artifacts(task_class, task_config: TaskConfig, model_dir: str, 
   written."""
   import os  # pylint: disable=g-import-not-at-top
   if resume_from:
-    context = (("--mode=eval", "evaluate with the mapping it was trained with") if mode == "eval"
-               else ("resume", "pass --start_over or a new --model_dir to train from scratch"))
+    context = (tasks.SavedRunUse("--mode=eval", "evaluate with the files it was trained with")
+               if mode == "eval" else tasks.SavedRunUse(
+                   "resume", "pass --start_over or a new --model_dir to train from scratch"))
     task_class.check_saved_artifacts(task_config, model_dir, context)
   elif init:  # a fresh run: warm start from another run's weights (found by preflight)
     folder = os.path.dirname(init)
     if os.path.basename(folder) == outputs.CHECKPOINT_DIR:  # the run's folder holds its files
       folder = os.path.dirname(folder)
     task_class.check_saved_artifacts(
-        task_config, folder, (f"warm start from task.init_checkpoint '{init}'",
-                              "drop task.init_checkpoint to train from scratch"))
+        task_config, folder, tasks.SavedRunUse(f"warm start from task.init_checkpoint '{init}'",
+                                               "drop task.init_checkpoint to train from scratch",
+                                               warm_start=True))
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,

@@ -27,7 +27,7 @@ on a tensor stops the run with a one-line error naming its line).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from tfdp.errors import ConfigError
 
@@ -67,6 +67,13 @@ def task_class(name: str) -> type:
                       f"{', '.join(registered_tasks())} (a task of your own is registered in the "
                       "process that trains: name its module in task.module).")
   return _REGISTRY[name]
+
+
+class SavedRunUse(NamedTuple):
+  """How a run uses an earlier run's saved files (Task.check_saved_artifacts)."""
+  action: str  # "resume", "--mode=eval", "warm start from task.init_checkpoint '...'"
+  fix: str
+  warm_start: bool = False
 
 
 def built_source(task: "Task", data: DataConfig):
@@ -180,10 +187,11 @@ class Task:
 
   @classmethod
   def check_saved_artifacts(cls, config: TaskConfig, folder: str,
-                            context: tuple[str, str]) -> None:
+                            context: "SavedRunUse") -> None:
     """Before TensorFlow starts and anything is written: refuse (one line) when `folder` (the run
     resumed or evaluated, or the warm start's run) saved artifacts that this task config would
-    contradict. `context`: (the action, its fix) for the message."""
+    contradict. `context`: the action and its fix for the message, and whether it is a warm
+    start (which restores the encoder only: a new head)."""
     del config, folder, context
 
   def finalize_metric(self, name: str, value: float) -> float:

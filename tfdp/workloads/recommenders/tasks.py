@@ -231,13 +231,13 @@ class MatrixFactorizationTask(tasks.Task):
       if not isinstance(saved, dict):
         raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
-      raise DataError(f"{context[0]}: the saved id mapping '{path}' cannot be read ({e}); "
-                      f"restore it, or {context[1]}.") from None
+      raise DataError(f"{context.action}: the saved id mapping '{path}' cannot be read ({e}); "
+                      f"restore it, or {context.fix}.") from None
     now = dict(zip(("user", "item"), (m.to_dict() for m in id_mappings(config))))
     for name in ("user", "item"):
       change = _mapping_change(saved.get(name), now[name])
       if change:
-        action, fix = context
+        action, fix = context.action, context.fix
         raise ConfigError(
             f"{action}: the {name} id mapping differs from the run's '{path}' ({change}), so "
             f"{name}s would silently take other embedding rows; use the {name} vocabulary "

@@ -16,7 +16,6 @@ import os
 from tfdp.core import task as tasks
 from tfdp.workloads.text import inputs as text
 from tfdp import paths
-from tfdp.core import outputs
 from tfdp.core import warm_start
 from tfdp.config import checks
 from tfdp.config.schema import DataConfig, TaskConfig
@@ -152,8 +151,8 @@ def _read_saved(path: str, context: tuple[str, str]) -> str:
   try:
     return text.read_text_file(path)
   except DataError as e:
-    raise DataError(f"{context[0]}: the run's saved '{path}' cannot be read ({e}); restore it, "
-                    f"or {context[1]}.") from None
+    raise DataError(f"{context.action}: the run's saved '{path}' cannot be read ({e}); restore it, "
+                    f"or {context.fix}.") from None
 
 
 def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tuple[str, str]) -> None:
@@ -170,19 +169,9 @@ def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tuple[str,
   changed = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), None)
   difference = (f"token id {changed} is {saved[changed]!r} there, {now[changed]!r} here"
                 if changed is not None else f"{len(saved)} tokens there, {len(now)} here")
-  raise ConfigError(f"{context[0]}: task.text.vocab_path '{path}' is not the vocabulary that run "
+  raise ConfigError(f"{context.action}: task.text.vocab_path '{path}' is not the vocabulary that run "
                     f"used ('{saved_path}': {difference}), so tokens would take other embedding "
-                    f"rows; set task.text.vocab_path={saved_path}, or {context[1]}.")
-
-
-def _warm_start_source(config: TaskConfig, folder: str) -> bool:
-  """Whether `folder` is the run task.init_checkpoint names (its head is not restored)."""
-  if not config.init_checkpoint:
-    return False
-  run = os.path.dirname(warm_start.find_init_checkpoint(config.init_checkpoint))
-  if os.path.basename(run) == outputs.CHECKPOINT_DIR:  # as experiment finds the run's folder
-    run = os.path.dirname(run)
-  return _same_path(run, folder)
+                    f"rows; set task.text.vocab_path={saved_path}, or {context.fix}.")
 
 
 class _BertTask(tasks.Task):
@@ -325,25 +314,25 @@ class TextClassificationTask(_BertTask):
     would score texts as other labels (a warm start restores only the encoder: a new head)."""
     super().check_saved_artifacts(config, folder, context)
     saved_path = os.path.join(folder, CLASS_NAMES_FILE)
-    if _warm_start_source(config, folder) or not os.path.exists(saved_path):
+    if context.warm_start or not os.path.exists(saved_path):
       return
     try:
       saved = json.loads(_read_saved(saved_path, context))
       if not isinstance(saved, list):
         raise ValueError("not a JSON list")
     except ValueError as e:
-      raise DataError(f"{context[0]}: the run's saved '{saved_path}' cannot be read ({e}); "
-                      f"restore it, or {context[1]}.") from None
+      raise DataError(f"{context.action}: the run's saved '{saved_path}' cannot be read ({e}); "
+                      f"restore it, or {context.fix}.") from None
     for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):
       if data.source != "text_folder" or not os.path.isdir(data.path):
         continue  # a split this mode does not read; a missing one is check_source's to report
       found = text.text_folder_classes(data.path)
       if found != saved:
         differences = _class_differences(saved, found, "the folder", "the run")
-        raise DataError(f"{context[0]}: {key}.path '{data.path}' has other class folders than "
+        raise DataError(f"{context.action}: {key}.path '{data.path}' has other class folders than "
                         f"the run trained on ('{saved_path}': {differences}), and labels follow "
                         "the sorted folder names; give the folder the run's class subfolders "
-                        f"(an empty one is fine), or {context[1]}.")
+                        f"(an empty one is fine), or {context.fix}.")
 
   def artifacts(self, source):
     return {**super().artifacts(source),
