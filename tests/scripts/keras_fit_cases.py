@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 import tfdp
+from errors_said import one_line
 
 CASE, OUT = sys.argv[1], sys.argv[2]
 REPLICAS = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -17,14 +18,6 @@ import tensorflow as tf  # noqa: E402
 
 RNG = np.random.default_rng(0)
 RANK = int(os.environ.get("TFDP_WORKER_INDEX", "0"))
-
-
-def one_line(fn) -> str:
-  try:
-    fn()
-  except tfdp.TfdpError as e:
-    return str(e)
-  return "no error"
 
 
 class Positives(keras.metrics.Metric):

@@ -6,6 +6,7 @@ import glob
 import numpy as np
 
 import tfdp
+from errors_said import one_line
 
 TINY = {"task": {"train_data": {"source": "synthetic", "num_examples": 32, "image_size": 8,
                                 "num_classes": 2},
@@ -14,14 +15,6 @@ TINY = {"task": {"train_data": {"source": "synthetic", "num_examples": 32, "imag
                  "model": {"name": "small_cnn"}},
         "trainer": {"global_batch_size": 16, "epochs": 1, "export_model": False},
         "runtime": {"cpu_replicas": 2}}
-
-
-def one_line(fn) -> str:
-  try:
-    fn()
-  except tfdp.TfdpError as e:
-    return str(e)
-  return "no error"
 
 
 out = {}
