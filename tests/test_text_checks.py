@@ -132,3 +132,20 @@ def test_a_run_keeps_its_vocabulary_and_classes_and_refuses_others(tmp_path):
     assert proc.returncode != 0 and len(errors) == 1 and words in errors[0], (name, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
   assert not (tmp_path / "warm").exists()
+
+
+def test_a_run_tokenized_with_other_casing_is_refused_on_resume_and_warm_start(tmp_path):
+  """task.text.lowercase changed: the same vocabulary, the text cut into other tokens."""
+  corpus = write_corpus(tmp_path / "corpus", 1, 5)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / text_tasks.TOKENIZER_FILE).write_text(json.dumps({"lowercase": True}))
+  cased = config_lib.load_config([], [classify_overrides(corpus, ",task.text.lowercase=false")])
+  for context in (tasks.SavedRunUse("resume", "pass --start_over"), WARM_START):
+    for task_class in (text_tasks.TextClassificationTask, text_tasks.MaskedLMTask):
+      with pytest.raises(ConfigError) as excinfo:
+        task_class.check_saved_artifacts(cased.task, str(run), context)
+      message = one_line(excinfo)
+      assert "task.text.lowercase is False" in message and "task.text.lowercase=True" in message
+  same = config_lib.load_config([], [classify_overrides(corpus)])  # lowercase: true, the default
+  text_tasks.MaskedLMTask.check_saved_artifacts(same.task, str(run), WARM_START)

@@ -28,6 +28,7 @@ BERT_KWARGS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dro
 # the run did, or every token takes another embedding row (every text another label) silently.
 VOCABULARY_FILE = "vocabulary.txt"
 CLASS_NAMES_FILE = "class_names.json"
+TOKENIZER_FILE = "tokenizer.json"  # how text became those tokens: {"lowercase": ...}
 
 
 def vocab_path(config: TaskConfig) -> str:
@@ -147,7 +148,7 @@ def _check_eval_classes(train: DataConfig, evaluation: DataConfig) -> None:
                   "(an empty one is fine).")
 
 
-def _read_saved(path: str, context: tuple[str, str]) -> str:
+def _read_saved(path: str, context: tasks.SavedRunUse) -> str:
   try:
     return text.read_text_file(path)
   except DataError as e:
@@ -155,7 +156,25 @@ def _read_saved(path: str, context: tuple[str, str]) -> str:
                     f"or {context.fix}.") from None
 
 
-def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tuple[str, str]) -> None:
+def _check_saved_tokenizer(config: TaskConfig, folder: str, context: tasks.SavedRunUse) -> None:
+  """The same casing as the run that saved it: lowercasing the other way cuts the same text
+  into other tokens, silently."""
+  saved_path = os.path.join(folder, TOKENIZER_FILE)
+  if not os.path.exists(saved_path):  # a run from before tokenizer settings were saved
+    return
+  try:
+    saved = json.loads(_read_saved(saved_path, context))["lowercase"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise DataError(f"{context.action}: the run's saved '{saved_path}' cannot be read ({e}); "
+                    f"restore it, or {context.fix}.") from None
+  if saved != config.text.lowercase:
+    raise ConfigError(f"{context.action}: task.text.lowercase is {config.text.lowercase}, but "
+                      f"that run tokenized with lowercase={saved} ('{saved_path}'), so the same "
+                      f"text would become other tokens; set task.text.lowercase={saved}, or "
+                      f"{context.fix}.")
+
+
+def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tasks.SavedRunUse) -> None:
   """The same tokens, id for id, as the run that saved its vocabulary (one of the same size
   would load without a word, every embedding row then another token's)."""
   saved_path = os.path.join(folder, VOCABULARY_FILE)
@@ -191,11 +210,13 @@ class _BertTask(tasks.Task):
   @classmethod
   def check_saved_artifacts(cls, config, folder, context):
     _check_saved_vocabulary(config, folder, context)
+    _check_saved_tokenizer(config, folder, context)
 
   def artifacts(self, source):
     del source
     tokens = text.read_vocabulary(vocab_path(self.config))
-    return {VOCABULARY_FILE: "".join(t + "\n" for t in tokens)}
+    return {VOCABULARY_FILE: "".join(t + "\n" for t in tokens),
+            TOKENIZER_FILE: json.dumps({"lowercase": self.config.text.lowercase})}
 
   def tokenizer(self):
     return text.load_tokenizer(vocab_path(self.config), lowercase=self.config.text.lowercase)
