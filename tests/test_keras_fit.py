@@ -121,13 +121,14 @@ def assert_one_lines(errors: dict, expected: dict) -> None:
 def test_bad_input_is_one_line_naming_the_fix(forms_result):
   errors = forms_result["errors"]
   expected = {"lengths": "different lengths", "split_with_dataset": "validation_data",
-              "infinite": "steps_per_epoch", "too_small": "smaller batch_size",
+              "infinite": "steps_per_epoch",
               "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks",
               "subclassed_outside": "make_strategy().scope()",
               "ids_categorical": "one-hot labels"}
   assert_one_lines(errors, expected)
   assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]
+  assert forms_result["fewer_than_a_batch"] == 1  # model.fit takes it; tfdp refused it once
   # A softmax output with a from_logits=True loss: one warning (the run goes on).
   warned = [line for line in forms_result["stderr"].splitlines()
             if "from_logits=True but the model's last layer applies softmax" in line]

@@ -254,9 +254,6 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                    "use more data or another fraction")
       validation = _source(dataset.skip(keep), count - keep, {}, "validation_split")
       dataset, count = dataset.take(keep), keep
-  if count < global_batch:
-    raise fail("x", f"has {count} example(s), fewer than one global batch of {global_batch}",
-               "pass a smaller batch_size or more data")
   train = _source(dataset, count, class_weight, "train")
   if validation_data is not None:
     if validation is not None:
