@@ -170,6 +170,11 @@ def test_steps_per_epoch_goes_on_through_the_data_as_model_fit_does(parity_resul
   assert run["tfdp"] == pytest.approx(run["keras"], rel=1e-5)
   for a, b in zip(run["weights"], run["keras_weights"]):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  if case == "steps_stream":  # stopped after epoch 1, resumed for 3: the same run
+    resumed = parity_result["steps_stream_resumed"]
+    assert resumed["step"] == 12
+    for a, b in zip(resumed["weights"], run["weights"]):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
@@ -179,7 +184,7 @@ def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
   expected = {"no_y": "pass y", "dataset_without_y": "(x, y)",
               "generator": "tf.data.Dataset.from_generator", "py_dataset": "PyDataset",
               "per_output_weights": "one weight per example", "input_width": "expected axis -1",
-              "string_labels": "numeric labels",
+              "string_labels": "numeric labels", "empty": "x is empty",
               "label_out_of_range": "which is outside the valid range of [0, 3)"}
   assert_one_lines(errors, expected)
   assert "decoded" not in errors["label_out_of_range"]

@@ -1,5 +1,6 @@
 """model_dir bookkeeping: who writes, what a re-run keeps, what a killed worker leaves."""
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -119,3 +120,18 @@ def test_metrics_png_is_redrawn_after_the_last_epoch_and_otherwise_every_half_mi
   outputs.append_metrics(plan, {"epoch": 1, "step": 1, "loss": 1.0,
                                 "epoch_seconds": plots.PNG_MIN_SECONDS}, last=False)
   assert (long / "metrics.png").exists()  # an epoch that took half a minute is drawn at once
+
+
+def test_start_over_moves_the_run_and_copies_the_tasks_files(tmp_path):
+  """A task's artifacts stay in place as copies: the config may read one as an input
+  (task.text.vocab_path=<model_dir>/vocabulary.txt); moved, the new run could not start."""
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "checkpoints" / "checkpoint").write_text("state\n")
+  for name, text in (("config.yaml", "task: {}\n"), ("vocabulary.txt", "[PAD]\n")):
+    (tmp_path / name).write_text(text)
+  attic = outputs.move_run_aside(str(tmp_path), ["vocabulary.txt"])
+  assert sorted(p.name for p in (tmp_path).iterdir()) == sorted(
+      [os.path.basename(attic), "vocabulary.txt"])
+  assert sorted(p.name for p in Path(attic).iterdir()) == ["checkpoints", "config.yaml",
+                                                           "vocabulary.txt"]
+  assert (Path(attic) / "vocabulary.txt").read_text() == "[PAD]\n"

@@ -360,6 +360,9 @@ def test_holdouts_that_evaluate_training_rows_are_refused_before_tensorflow(tmp_
   with pytest.raises(ConfigError, match="must be equal"):
     config_lib.load_config([], [job(tmp_path, tmp_path / "train-{worker}.csv",
                                     ",task.eval_data.holdout_fraction=0.2")])
+  # Another file's rows: its holdout is its own (this was refused as "50% trained on").
+  config_lib.load_config([], [job(tmp_path, tmp_path / "other.csv",
+                                  ",task.eval_data.holdout_fraction=0.2")])
 
 
 def test_a_holdout_holds_out_only_its_fraction_of_the_rows():

@@ -278,6 +278,16 @@ def parity_case():
     out[name] = {"keras": keras_history.history["loss"], "tfdp": history.history["loss"],
                  "keras_weights": reference.get_weights(), "weights": model.get_weights(),
                  "step": history.final["step"]}
+  # The stream's run again, stopped after epoch 1 and resumed for all 3: its record is the
+  # epoch's, not the run-long pass's (more epochs were refused as "other training data").
+  model = compiled(in_scope=True)
+  tfdp.fit(model, stream, epochs=1, steps_per_epoch=4, verbose=0, model_dir="runs/stream_parts")
+  resumed = tfdp.fit(model, stream, epochs=3, steps_per_epoch=4, verbose=0,
+                     model_dir="runs/stream_parts")
+  out["steps_stream_resumed"] = {"weights": model.get_weights(), "step": resumed.final["step"]}
+  plain_weights = compiled(in_scope=True)
+  tfdp.fit(plain_weights, x, y, batch_size=16, epochs=1, sample_weight=list(np.ones(96)),
+           model_dir="runs/list_weights", verbose=0)  # a list of numbers: one per example
   plain = compiled(in_scope=True)
   with strategy.scope():
     features = keras.Input((6,))
@@ -303,6 +313,7 @@ def parity_case():
           model_dir="runs/bad")),
       "input_width": one_line(lambda: tfdp.fit(plain, x[:, :5], y, model_dir="runs/bad")),
       "string_labels": one_line(lambda: tfdp.fit(plain, x, y.astype(str), model_dir="runs/bad")),
+      "empty": one_line(lambda: tfdp.fit(plain, x[:0], y[:0], model_dir="runs/bad")),
       "label_out_of_range": one_line(lambda: tfdp.fit(plain, x, y + 5, model_dir="runs/range",
                                                       verbose=0)),
   }

@@ -65,8 +65,9 @@ def strategy_for(model, strategy):
   own = strategy_lib.strategy_of(model.weights) if not given else None
   if own is not None:  # built in the scope of one made before the last (tfdp.train makes one)
     return own, model, None
+  users_objects = _users_objects(model)  # outside the try: a changed Keras is said as such
   try:  # clone_model compiles the clone from the compile config: the user's objects by name
-    with strategy.scope(), keras.saving.custom_object_scope(_users_objects(model)):
+    with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
       clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope

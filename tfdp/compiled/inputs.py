@@ -148,7 +148,8 @@ def _from_arrays(x, y, sample_weight, argument: str):
   if sample_weight is not None:
     if y is None:
       raise fail("sample_weight", "was given without y", "pass y too")
-    if isinstance(sample_weight, (dict, list, tuple)) and tf.nest.is_nested(sample_weight):
+    if isinstance(sample_weight, dict) or (isinstance(sample_weight, (list, tuple)) and any(
+        np.ndim(w) > 0 for w in sample_weight)):
       raise fail("sample_weight", "holds one weight array per output",
                  "pass one weight per example (it weighs every output's loss), or weigh the "
                  "outputs with compile(loss_weights=...)")
@@ -224,6 +225,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
+  repeats = False
   if is_dataset(x):
     if y is not None or sample_weight is not None:
       raise fail("y/sample_weight", "were given with a dataset",
@@ -235,6 +237,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     dataset, dataset_batch = _unbatched(x, model_input_ranks)
     global_batch = batch_size or dataset_batch or DEFAULT_BATCH_SIZE
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
+    repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
                             "steps_per_epoch")
     from_arrays, validation = False, None
@@ -254,7 +257,11 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                    "use more data or another fraction")
       validation = _source(dataset.skip(keep), count - keep, {}, "validation_split")
       dataset, count = dataset.take(keep), keep
+  if not count:
+    raise fail("x", "is empty", "pass at least one example")
   train = _source(dataset, count, class_weight, "train")
+  if repeats:  # its epoch, not the run-long pass, is what a resume compares
+    train.info["stream_epoch_examples"] = steps_per_epoch * global_batch
   if validation_data is not None:
     if validation is not None:
       raise fail("validation_data", "was given with validation_split", "pass one of them")

@@ -366,9 +366,11 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
   # the fields preflight compares before the data is planned, under the same names
   decided = resume.config_decided_fields(plan.global_batch, trainer_cfg.seed,
                                          config.task.train_data.shard_policy)
-  return {**decided, "steps_per_epoch": plan.steps_per_epoch,
-          "examples_per_epoch": (sum(plan.counts) if plan.policy == "local"  # each worker's own
-                                 else plan.source.num_examples),
+  stream = plan.source.info.get("stream_epoch_examples")  # tfdp.fit: a run-long pass
+  return {**decided, "steps_per_epoch": epoch_steps(config, plan) if stream else plan.steps_per_epoch,
+          "examples_per_epoch": stream or (sum(plan.counts) if plan.policy == "local"  # own
+                                           else plan.source.num_examples),
+          "epoch_steps": epoch_steps(config, plan),
           "gradient_accumulation_steps": plan.accumulation_steps,
           "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
           **({"shard_counts": list(plan.shard_counts)} if plan.policy == "local" else {}),

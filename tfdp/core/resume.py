@@ -16,6 +16,7 @@ RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside
 # re-solves it for another group, resume_batch_split.)
 RESUME_FIELDS = {"global_batch_size": "trainer.global_batch_size",
                  "steps_per_epoch": "the training data or trainer.global_batch_size",
+                 "epoch_steps": "trainer.steps_per_epoch (its warmup/decay epochs, metrics rows)",
                  "examples_per_epoch": "task.train_data",
                  "data_order_seed": "trainer.seed",
                  "shard_policy": "task.train_data.shard_policy"}

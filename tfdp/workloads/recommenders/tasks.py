@@ -9,6 +9,7 @@ out-of-vocabulary rows, or hashing: tfdp.workloads.recommenders.interactions.IdM
 from __future__ import annotations
 
 import math
+import os
 
 from absl import logging
 
@@ -89,7 +90,10 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
   exactly the rows evaluation takes, also when it reads shards of the file evaluation reads."""
   if evaluation.split != "holdout":
     return
-  if train.split == "train" and train.holdout_fraction != evaluation.holdout_fraction:
+  same_rows = (os.path.realpath(train.path) == os.path.realpath(evaluation.path)
+               or "{worker" in train.path or "{worker" in evaluation.path)  # shards of one file
+  if (train.split == "train" and same_rows
+      and train.holdout_fraction != evaluation.holdout_fraction):
     seen, held = train.holdout_fraction, evaluation.holdout_fraction
     effect = (f"about {(held - seen) / held:.0%} of the evaluated rows are trained on"
               if held > seen else "rows left out of training are never evaluated")
