@@ -287,12 +287,15 @@ CASES = [
          trained=True, override="trainer.seed=7"),
     # What the checkpoint holds beside the weights: was TF's "variable ... has shape ..." (or a
     # 600-character AssertionError) saying "if it is damaged, remove it".
-    Case("resume_with_another_optimizer", ("optimizer was SGD, now Adam",
+    Case("resume_with_another_optimizer", ("optimizer was sgd, now adam",
                                            "trainer.optimizer.name", "--start_over"),
          trained=True, override="trainer.optimizer.name=adam"),
     Case("resume_with_other_epoch_steps", ("epoch_steps was 4, now 2", "trainer.steps_per_epoch",
                                            "--start_over"),
          trained=True, override="trainer.steps_per_epoch=2,trainer.epochs=4"),
+    Case("resume_with_lookahead", ("lookahead was False, now True",
+                                   "trainer.lookahead_every_steps", "--start_over"),
+         trained=True, override="trainer.lookahead_every_steps=2"),
     Case("resume_with_a_weight_average", ("weight_average was False, now True",
                                           "trainer.ema_decay", "--start_over"),
          trained=True, override="trainer.ema_decay=0.9"),

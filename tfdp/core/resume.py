@@ -84,13 +84,15 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
 # where none is kept (or the reverse), cannot be restored; said here, not by TensorFlow's
 # "variable ... has shape ..." from deep inside the restore.
 STATE_FIELDS = {"optimizer": "trainer.optimizer.name (tfdp.fit: compile()'s optimizer)",
-                "weight_average": "trainer.ema_decay"}
+                "weight_average": "trainer.ema_decay", "lookahead": "trainer.lookahead_every_steps"}
 
 
 def check_state_kept(record: dict | None, current: dict, model_dir: str) -> None:
+  def same(a, b) -> bool:  # optimizer names were recorded as Keras's class names at first
+    return a.lower() == b.lower() if isinstance(a, str) and isinstance(b, str) else a == b
   changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
              for field, key in STATE_FIELDS.items()
-             if record and field in record and record[field] != current[field]]
+             if record and field in record and not same(record[field], current[field])]
   if changed:
     raise OutputError(
         f"--model_dir '{model_dir}' holds a run whose checkpoint this config cannot restore: "

@@ -346,8 +346,9 @@ class Trainer:
   def state_fields(self) -> dict:
     """What the checkpoint holds beside the weights (resume.STATE_FIELDS)."""
     optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # loss scaling
-    return {"optimizer": type(optimizer).__name__,
-            "weight_average": bool(getattr(optimizer, "use_ema", False))}
+    return {"optimizer": type(optimizer).__name__.lower(),  # as trainer.optimizer.name spells it
+            "weight_average": bool(getattr(optimizer, "use_ema", False)),
+            "lookahead": self._lookahead is not None}
 
   @property
   def global_step(self) -> int:
