@@ -17,6 +17,7 @@ import re
 from absl import logging
 
 from tfdp import logs
+from tfdp.core import class_folders
 from tfdp import paths
 from tfdp.errors import ConfigError, DataError
 
@@ -60,18 +61,12 @@ def _warn_empty(where: str, texts: list[str], paths: list[str]) -> None:
                     len(paths), empty[0])
 
 
-def text_folder_classes(root: str) -> list[str]:
-  """The class names of root/<class>/ (label i is the i-th), read without opening a file."""
-  return sorted(d for d in os.listdir(root)
-                if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
-
-
 def list_text_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   """Returns (paths, labels, class_names) for root/<class>/*.txt|*.md, sorted; reads every file
   once so a binary or non-UTF-8 file is reported by name before training starts."""
   if not os.path.isdir(root):
     raise DataError(f"text folder '{root}' is not a folder; point it at root/<class>/*.txt.")
-  classes = text_folder_classes(root)
+  classes = class_folders.class_names(root)
   if not classes:
     raise DataError(f"text folder '{root}' has no class subfolders; lay it out as "
                     "root/<class>/*.txt.")

@@ -13,6 +13,7 @@ import glob
 import json
 import os
 
+from tfdp.core import class_folders
 from tfdp.core import task as tasks
 from tfdp.workloads.text import inputs as text
 from tfdp import paths
@@ -118,34 +119,6 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
   raise ConfigError(f"task.train_data.holdout and task.eval_data.holdout differ for the same "
                     f"path '{train.path}' ({differences}); they must be equal: give both the same "
                     "list (configs/shakespeare_mlm.yaml shares it with a YAML anchor).")
-
-
-def _class_differences(expected: list[str], found: list[str], found_in: str, expected_in: str
-                       ) -> str:
-  quoted = lambda names: ", ".join(f"'{n}'" for n in names)
-  missing = [c for c in expected if c not in found]
-  extra = [c for c in found if c not in expected]
-  return "; ".join(([f"{found_in} lacks {quoted(missing)}"] if missing else []) +
-                   ([f"it has {quoted(extra)}, which {expected_in} lacks"] if extra else []) or
-                   ["the same names, in another order"])
-
-
-def _check_eval_classes(train: DataConfig, evaluation: DataConfig) -> None:
-  """Labels number the sorted class folders of each folder on its own: an eval folder without one
-  of training's classes would score its texts as other classes, silently."""
-  if not (train.source == evaluation.source == "text_folder" and os.path.isdir(train.path)
-          and os.path.isdir(evaluation.path)):
-    return  # a folder that is missing is check_source's to report
-  trained = text.text_folder_classes(train.path)
-  evaluated = text.text_folder_classes(evaluation.path)
-  if trained == evaluated:
-    return
-  differences = _class_differences(trained, evaluated, "the eval folder", "training")
-  raise DataError(f"task.eval_data.path '{evaluation.path}' and task.train_data.path "
-                  f"'{train.path}' have different class folders ({differences}), and labels "
-                  "follow the sorted folder names, so eval texts would be scored as other "
-                  "classes; give the eval folder the same class subfolders as the training folder "
-                  "(an empty one is fine).")
 
 
 def _read_saved(path: str, context: tasks.SavedRunUse) -> str:
@@ -327,7 +300,7 @@ class TextClassificationTask(_BertTask):
                           f"{config.name} learns its labels from class subfolders: use "
                           "text_folder, a folder of root/<class>/*.txt|*.md (text_files gives "
                           "every text one label: accuracy 1.0, meaning nothing).")
-    _check_eval_classes(config.train_data, config.eval_data)
+    class_folders.check_eval_classes(config.train_data, config.eval_data, "text_folder", "texts")
 
   @classmethod
   def check_saved_artifacts(cls, config, folder, context):
@@ -347,9 +320,9 @@ class TextClassificationTask(_BertTask):
     for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):
       if data.source != "text_folder" or not os.path.isdir(data.path):
         continue  # a split this mode does not read; a missing one is check_source's to report
-      found = text.text_folder_classes(data.path)
+      found = class_folders.class_names(data.path)
       if found != saved:
-        differences = _class_differences(saved, found, "the folder", "the run")
+        differences = class_folders.differences(saved, found, "the folder", "the run")
         raise DataError(f"{context.action}: {key}.path '{data.path}' has other class folders than "
                         f"the run trained on ('{saved_path}': {differences}), and labels follow "
                         "the sorted folder names; give the folder the run's class subfolders "

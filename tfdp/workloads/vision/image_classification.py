@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 
+from tfdp.core import class_folders
 from tfdp.core import data as data_lib
 from tfdp.core import task as tasks
 from tfdp.errors import ConfigError
@@ -68,7 +69,7 @@ class ImageClassificationTask(tasks.Task):
 
   def build_source(self, data):
     if data == self.config.eval_data:  # before its files are read: the model's classes are train's
-      sources.check_eval_classes(self.config.train_data, data)
+      class_folders.check_eval_classes(self.config.train_data, data, "image_folder", "images")
     source = data_lib.make_source(data)
     self.check_normalization(data, source)
     return source

@@ -9,6 +9,7 @@ import glob
 import os
 
 from tfdp.config import DataConfig
+from tfdp.core import class_folders
 from tfdp.core import data as data_lib
 from tfdp.core.data import Source
 from tfdp.errors import DataError
@@ -45,17 +46,10 @@ def check_source(data: DataConfig, key: str) -> None:
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
 
 
-def image_folder_classes(root: str) -> list[str]:
-  """The class subfolders, sorted (label i is the i-th). Hidden ones are no class: a Jupyter
-  `.ipynb_checkpoints` would be an empty class 0 that shifts every label."""
-  return sorted(d for d in os.listdir(root)
-                if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
-
-
 def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   """Returns (paths, labels, class_names); checks every file's header so a broken image is
   reported by name before training starts."""
-  classes = image_folder_classes(root)
+  classes = class_folders.class_names(root)
   if not classes:
     raise DataError(f"image folder '{root}' has no class subfolders; lay it out as root/<class>/*.jpg.")
   paths, labels = [], []
@@ -180,27 +174,6 @@ def _image_folder_source(data: DataConfig) -> Source:
   return Source([1] * len(paths), read, "image_folder", num_classes=data.num_classes or len(classes),
                 image_shape=(size, size, 3), find_unreadable=find_unreadable,
                 info={"files": _file_list(paths, data.path, sizes=False), "class_names": classes})
-
-
-def check_eval_classes(train: DataConfig, evaluation: DataConfig) -> None:
-  """Image folders label classes by their sorted folder names: an eval folder without one of the
-  training classes (a, c for a, b, c) would score its 'c' as the model's 'b', silently."""
-  if not (train.source == evaluation.source == "image_folder" and os.path.isdir(train.path)
-          and os.path.isdir(evaluation.path)):
-    return  # a folder that is missing is check_source's to report
-  trained, evaluated = image_folder_classes(train.path), image_folder_classes(evaluation.path)
-  if trained == evaluated:
-    return
-  quoted = lambda names: ", ".join(f"'{n}'" for n in names)
-  missing = [c for c in trained if c not in evaluated]
-  extra = [c for c in evaluated if c not in trained]
-  differences = "; ".join(([f"the eval folder lacks {quoted(missing)}"] if missing else []) +
-                          ([f"it has {quoted(extra)}, which training lacks"] if extra else []))
-  raise DataError(f"task.eval_data.path '{evaluation.path}' and task.train_data.path "
-                  f"'{train.path}' have different class folders ({differences}), and labels follow "
-                  "the sorted folder names, so eval images would be scored as other classes; give "
-                  "the eval folder the same class subfolders as the training folder (an empty one "
-                  "is fine).")
 
 
 def _tfrecord_source(data: DataConfig) -> Source:
