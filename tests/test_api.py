@@ -122,7 +122,7 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   2-replica strategy made first (it made a 1-replica default one), so the model built in its
   scope trains there after a tfdp.train in between made a strategy of its own (it was cloned
   into that one, with a warning); tfdp.train takes one config path and start_over; evaluate
-  without labels, predict on a dataset of inputs, and bad arguments."""
+  without labels, predict on a dataset of inputs, and bad arguments, each naming its caller."""
   proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
                         cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
                         timeout=600)
@@ -135,4 +135,7 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   assert out["predict_inputs_dataset"] < 1e-6  # refused before: "x holds no labels"
   assert out["predict_bad_batch"].startswith("tfdp.predict: batch_size is 2.5")
   assert out["predict_nothing"] == "tfdp.predict: x is empty; pass at least one example."
+  # Keras's multi-line ValueError before; then "tfdp.fit: ..." from tfdp.evaluate
+  assert out["predict_wrong_shape"].startswith("tfdp.predict: the model does not take x")
+  assert out["evaluate_uncompiled"].startswith("tfdp.evaluate: the model is not compiled")
   assert "--start_over" in out["resume_another_seed"] and out["moved_aside"] == 1

@@ -43,6 +43,10 @@ predicted = tfdp.predict(model, tf.data.Dataset.from_tensor_slices(x).batch(5))
 out["predict_inputs_dataset"] = float(np.max(np.abs(predicted - model.predict(x, verbose=0))))
 out["predict_bad_batch"] = one_line(lambda: tfdp.predict(model, x, batch_size=2.5))
 out["predict_nothing"] = one_line(lambda: tfdp.predict(model, x[:0]))
+out["predict_wrong_shape"] = one_line(lambda: tfdp.predict(model, x[:, :5]))
+with tfdp.make_strategy().scope():
+  uncompiled = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+out["evaluate_uncompiled"] = one_line(lambda: tfdp.evaluate(uncompiled, x, y))
 out["resume_another_seed"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False))
 tfdp.train("tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False,

@@ -9,18 +9,26 @@ import numpy as np
 from tfdp.compiled import inputs as inputs_lib
 
 
+def _speaking_as(caller: str):
+  """The input and model checks tfdp.fit shares speak as `caller` (tfdp.evaluate, tfdp.predict)."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  def wrap(function):
+    @functools.wraps(function)
+    def called(*args, **kwargs):
+      from tfdp.errors import TfdpError  # pylint: disable=g-import-not-at-top
+      try:
+        return function(*args, **kwargs)
+      except TfdpError as e:
+        if str(e).startswith("tfdp.fit: "):
+          raise type(e)(caller + str(e)[len("tfdp.fit"):]) from None
+        raise
+    return called
+  return wrap
+
+
 def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
-  """`caller` (tfdp.evaluate, which needs labels, or tfdp.predict) names itself in the errors."""
-  from tfdp.errors import TfdpError  # pylint: disable=g-import-not-at-top
-  try:
-    return _setup_checked(model, x, y, sample_weight, batch_size, strategy, caller)
-  except TfdpError as e:  # the shared input checks speak as tfdp.fit
-    if str(e).startswith("tfdp.fit: "):
-      raise type(e)(caller + str(e)[len("tfdp.fit"):]) from None
-    raise
-
-
-def _setup_checked(model, x, y, sample_weight, batch_size, strategy, caller: str):
+  """`caller`: tfdp.evaluate (which needs labels) or tfdp.predict (inputs alone)."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
@@ -48,6 +56,7 @@ def _setup_checked(model, x, y, sample_weight, batch_size, strategy, caller: str
   return strategy, model, source, task, plan, dataset
 
 
+@_speaking_as("tfdp.evaluate")
 def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, strategy=None) -> dict:
   """Keras's `model.evaluate(..., return_dict=True)`, exact across replicas and workers."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -69,14 +78,17 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
   return {**sums.values(), "examples": int(sums.examples)}
 
 
+@_speaking_as("tfdp.predict")
 def predict(model, x, batch_size=None, *, strategy=None):
   """Keras's `model.predict`: the outputs for every real example, in order (numpy, nested as
   the model's outputs), on every worker."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
                                                         "tfdp.predict")
   del task
+  task_lib.outputs_of(model, next(iter(source.read([0]).take(2).batch(2)))["x"])
 
   def replica_outputs(batch):
     return model(batch["x"], training=False), batch["weight"], batch["index"]

@@ -21,6 +21,20 @@ from tfdp.distributed import compat
 from tfdp.errors import ConfigError, DataError
 
 
+def outputs_of(model, x):
+  """The model's outputs on a small batch of x, or one line saying the model does not take it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    return model(x, training=False)
+  except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
+    said = [line.strip() for line in plain.splitlines() if line.strip() and not
+            line.startswith(("Exception encountered", "Arguments received", "•"))]
+    raise DataError(f"tfdp.fit: the model does not take x as given (x: {_spec_of(x)}; "
+                    f"Keras: {(said or [type(e).__name__])[0][:240]}); pass x in the shape and "
+                    "structure of the model's inputs.") from None
+
+
 @tasks.register_task("keras_model")
 class CompiledModelTask(tasks.Task):
   """Made by tfdp.fit (`CompiledModelTask(config).attach(model, inputs)`), never from a config
@@ -54,15 +68,7 @@ class CompiledModelTask(tasks.Task):
       raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
                         "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
     sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
-    try:
-      y_pred = model(sample["x"], training=False)
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-      plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
-      said = [line.strip() for line in plain.splitlines() if line.strip() and not
-              line.startswith(("Exception encountered", "Arguments received", "•"))]
-      raise DataError(f"tfdp.fit: the model does not take x as given (x: {_spec_of(sample['x'])}; "
-                      f"Keras: {(said or [type(e).__name__])[0][:240]}); pass x in the shape and "
-                      "structure of the model's inputs.") from None
+    y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
       raise DataError("tfdp.fit: y holds strings; pass numeric labels (class ids, e.g. from "
                       "keras.layers.StringLookup, or numbers).")
