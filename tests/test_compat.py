@@ -206,6 +206,35 @@ def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
   assert found["skipped"] and found["restored"]
 
 
+MASK_SCRIPT = textwrap.dedent("""
+    import json
+    import keras, numpy as np, tensorflow as tf
+    from tfdp.distributed import compat
+    inputs = keras.Input((3,), dtype="int32")
+    h = keras.layers.Embedding(5, 2, mask_zero=True)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(h))
+    tokens = np.array([[1, 2, 0], [3, 0, 0]])
+    eager = compat.keras_mask(model(tokens))
+    traced = tf.function(lambda t: tf.cast(compat.keras_mask(model(t)), tf.int32))(tokens)
+    plain = compat.keras_mask(keras.layers.Dense(2)(tf.ones((2, 3))))
+    print(json.dumps({"eager": np.asarray(eager).tolist(), "traced": np.asarray(traced).tolist(),
+                      "plain": plain is None}))
+""")
+
+
+def test_the_keras_mask_of_an_output_is_read_eagerly_and_traced():
+  """compat.keras_mask: Keras 3 keeps a layer output's mask (Embedding(mask_zero=True)) in a
+  private attribute read by keras.src.backend.get_keras_mask (no public accessor; Keras's own
+  losses divide by the unmasked steps, keras/src/losses/loss.py apply_mask): tfdp.fit reads it to
+  divide a masked loss as Keras does, eagerly and inside its traced step."""
+  proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT], capture_output=True, text=True,
+                        env=helpers.env(), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  found = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert found["eager"] == [[True, True, False], [True, False, False]]
+  assert found["traced"] == [[1, 1, 0], [1, 0, 0]] and found["plain"]
+
+
 # TensorFlow's default: oneDNN on only where the CPU has one of these (TF 2.9 release notes).
 TF_ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
 ONEDNN_SCRIPT = textwrap.dedent("""

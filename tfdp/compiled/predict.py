@@ -63,7 +63,8 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
                                                         strategy, "tfdp.evaluate")
-  task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False))
+  task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False),
+              steps=("test_step", "compute_loss", "compute_metrics"))
   size = 1 + 2 * len(task.metric_names) + task.metric_state_size
 
   def replica_sums(batch):
@@ -88,6 +89,7 @@ def predict(model, x, batch_size=None, *, strategy=None):
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
                                                         "tfdp.predict")
   del task
+  task_lib.check_not_overridden(model, ("predict_step",), "tfdp.predict")
   task_lib.outputs_of(model, next(iter(source.read([0]).take(2).batch(2)))["x"])
 
   def replica_outputs(batch):

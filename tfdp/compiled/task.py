@@ -57,7 +57,7 @@ class CompiledModelTask(tasks.Task):
 
   # ---- set up once, eagerly, before the trainer traces anything -----------------------------
 
-  def attach(self, model, inputs) -> "CompiledModelTask":
+  def attach(self, model, inputs, steps=None) -> "CompiledModelTask":
     """Resolves the compiled loss and metrics against one real batch (Keras does it on the
     first batch of fit)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -67,6 +67,7 @@ class CompiledModelTask(tasks.Task):
     if compile_loss is None or getattr(model, "optimizer", None) is None:
       raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
                         "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
+    check_not_overridden(model, TRAINING_STEPS if steps is None else steps)
     sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
     y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
@@ -78,9 +79,14 @@ class CompiledModelTask(tasks.Task):
       compile_loss.build(y_true, y_pred)
     self._flat_losses, loss_names = [], []
     for path, loss, weight, name in compile_loss._flat_losses:  # pylint: disable=protected-access
-      unreduced = _unreduced(loss)
-      self._flat_losses.append((tuple(path), unreduced, 1.0 if weight is None else float(weight)))
+      reduction = _reduction(loss, _at(y_pred, path))
+      self._flat_losses.append((tuple(path), _unreduced(loss), 1.0 if weight is None else
+                                float(weight), reduction))
       loss_names.append(f"{name}_loss")
+    # Keras divides a masked loss by the batch's unmasked steps (a sum by nothing, a
+    # mean_with_sample_weight by the weights): over the global batch, which needs its counts.
+    self._global_counts = any(r != "mean" or compat.keras_mask(_at(y_pred, p)) is not None
+                              for p, _, _, r in self._flat_losses)
     # Several losses: each is reported too, as Keras does (before its loss weight).
     self.metric_names = ("loss", *loss_names) if len(loss_names) > 1 else ("loss",)
     self._y_true_structure = compile_loss._y_true_build_structure  # pylint: disable=protected-access
@@ -90,6 +96,8 @@ class CompiledModelTask(tasks.Task):
     if compile_metrics is not None:
       if not compile_metrics.built:
         compile_metrics.build(y_true, y_pred)
+      rows = next(iter(inputs.train.read([0]).take(8).batch(8)))
+      _check_metrics_add_up(model, compile_metrics, rows["x"], self._align(rows["y"], y_pred))
       compile_metrics.reset_state()
       for variable in compile_metrics.variables:
         if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
@@ -132,29 +140,62 @@ class CompiledModelTask(tasks.Task):
   def model_inputs(self, batch):
     return batch["x"]
 
-  def _losses(self, batch, outputs) -> list:
-    """Each compiled loss per example, before its loss weight and the sample weight."""
+  def _losses(self, batch, outputs, rows: str) -> list:
+    """Each compiled loss per example, before its loss weight and the sample weight, scaled so
+    that its sum over a global batch of `rows` ("all": padding included, what the trainer divides
+    by; "real": what a reported mean divides by) is Keras's reduced loss of that batch."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     y_true = self._align(batch["y"], outputs)
-    per_output = []
-    for path, loss, _ in self._flat_losses:
-      values = tf.cast(loss(_at(y_true, path), _at(outputs, path)), tf.float32)
-      if values.shape.rank and values.shape.rank > 1:  # per token, per pixel: their mean, as Keras
-        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-      per_output.append(values)
-    return per_output
+    real, weight = batch["weight"], batch["sample_weight"]
+    per_output, counts = [], []
+    for path, loss, _, reduction in self._flat_losses:
+      y_pred = _at(outputs, path)
+      values = tf.cast(loss(_at(y_true, path), y_pred), tf.float32)  # masked steps are 0
+      axes = list(range(1, values.shape.rank or 1))
+      mask = compat.keras_mask(y_pred)
+      if mask is None and reduction == "mean":  # per token, per pixel: their mean, as Keras
+        per_output.append(tf.reduce_mean(values, axis=axes) if axes else values)
+        counts.append(None)
+        continue
+      per_output.append(tf.reduce_sum(values, axis=axes) if axes else values)
+      if reduction == "sum":
+        counts.append(1.0)  # divided by nothing
+      elif reduction == "mean_with_sample_weight":
+        counts.append(tf.reduce_sum(weight * real))
+      else:  # a masked mean: the batch's unmasked steps of its real rows
+        steps = tf.reshape(tf.cast(mask, tf.float32), [tf.shape(real)[0], -1])
+        counts.append(tf.reduce_sum(tf.reduce_sum(steps, axis=1) * real))
+    if not self._global_counts:
+      return per_output
+    summed = [c for c in counts if c is not None and not isinstance(c, float)]
+    totals = tf.stop_gradient(_summed_over_replicas(tf.stack(
+        [tf.cast(tf.shape(real)[0], tf.float32), tf.reduce_sum(real), *summed])))
+    batch_rows = totals[0] if rows == "all" else totals[1]
+    divisors = iter(tf.unstack(totals[2:]))
+    return [values if count is None else values * (
+        batch_rows if isinstance(count, float) else tf.math.divide_no_nan(batch_rows, next(divisors)))
+            for values, count in zip(per_output, counts)]
 
   def per_example_loss(self, batch, outputs):
-    weighted = [v * w for v, (_, _, w) in zip(self._losses(batch, outputs), self._flat_losses)]
+    weighted = [v * w for v, (_, _, w, _) in zip(self._losses(batch, outputs, "all"),
+                                                   self._flat_losses)]
     return sum(weighted[1:], weighted[0]) * batch["sample_weight"]
 
   def metric_sums(self, batch, outputs, per_example_loss):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     weight = batch["weight"]  # the padding mask; per_example_loss carries the sample weight
     count = tf.reduce_sum(weight)
-    sums = {"loss": (tf.reduce_sum(per_example_loss * weight), count)}
+    losses = self._losses(batch, outputs, "real") if self._global_counts or len(
+        self.metric_names) > 1 else None
+    if self._global_counts:  # reported per real row, not per row of the padded batch
+      per_example_loss = sum(v * w for v, (_, _, w, _) in zip(losses, self._flat_losses)) * (
+          batch["sample_weight"])
+    total = tf.reduce_sum(per_example_loss * weight)
+    if self.model.losses:  # Keras reports the regularization in its loss, once per batch
+      total += tf.cast(tf.add_n(self.model.losses), tf.float32) * count
+    sums = {"loss": (total, count)}
     if len(self.metric_names) > 1:
-      for name, values in zip(self.metric_names[1:], self._losses(batch, outputs)):
+      for name, values in zip(self.metric_names[1:], losses):
         sums[name] = (tf.reduce_sum(values * batch["sample_weight"] * weight), count)
     return sums
 
@@ -172,7 +213,10 @@ class CompiledModelTask(tasks.Task):
                                    (metrics._flat_weighted_metrics, weighted)):  # pylint: disable=protected-access
         for metric_list, y_t, y_p in zip(lists, y_true, y_pred):
           if metric_list:
-            metric_list.update_state(y_t, y_p, sample_weight=sample_weight)
+            mask = compat.keras_mask(y_p)  # per step: the weight broadcasts over the steps
+            rank = mask.shape.rank if mask is not None else 1
+            metric_list.update_state(y_t, y_p, sample_weight=tf.reshape(
+                sample_weight, [-1] + [1] * (rank - 1)))
       updated = [scope.get_current_value(v) for v in self._metric_variables]
     return tf.concat([tf.reshape(tf.cast(new, tf.float32) - tf.cast(old, tf.float32), [-1])
                       for new, old in zip(updated, initial)], axis=0)
@@ -225,10 +269,83 @@ class CompiledModelTask(tasks.Task):
     described["losses"] = [{"output": "/".join(map(str, path)) or None,
                             "loss": type(loss).__name__ if type(loss).__name__ != "LossFunctionWrapper"
                             else loss.name, "weight": weight}
-                           for path, loss, weight in self._flat_losses]
+                           for path, loss, weight, _ in self._flat_losses]
     described["metrics"] = self._metric_names
     described["data"] = self.inputs.describe()
     return described
+
+
+TRAINING_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
+def check_not_overridden(model, steps, caller: str = "tfdp.fit") -> None:
+  """tfdp's own loop runs the model's call, compiled losses and metrics, never Keras's step
+  methods: a model that overrides one would train or score otherwise than it says."""
+  mine = [name for name in steps
+          if next(c for c in type(model).__mro__ if name in vars(c)).__module__.split(".")[0]
+          != "keras"]
+  if mine:
+    raise ConfigError(f"{caller}: {type(model).__name__} overrides {', '.join(mine)}, which "
+                      "tfdp's own training loop never calls (it runs call(), the compiled loss "
+                      "and metrics); move that logic into call(), a loss or a metric, or train "
+                      "with model.fit.")
+
+
+def _reduction(loss, y_pred) -> str:
+  """Keras's reduction of a compiled loss, as tfdp.fit applies it: mean, sum or
+  mean_with_sample_weight; others are refused."""
+  import keras  # pylint: disable=g-import-not-at-top
+  reduction = getattr(loss, "reduction", "sum_over_batch_size") or "none"
+  reduction = {"sum_over_batch_size": "mean"}.get(reduction, reduction)
+  name = getattr(loss, "name", type(loss).__name__)
+  if reduction not in ("mean", "sum", "mean_with_sample_weight"):
+    raise ConfigError(f"tfdp.fit: loss '{name}' has reduction={reduction!r}, which gives no "
+                      "single loss to train; use sum_over_batch_size (the default), sum or "
+                      "mean_with_sample_weight.")
+  if reduction == "mean_with_sample_weight" and len(keras.ops.shape(y_pred)) > 2:
+    raise ConfigError(f"tfdp.fit: loss '{name}' with reduction={reduction!r} on outputs of "
+                      "several values per example is not supported; use sum_over_batch_size "
+                      "(the default).")
+  return reduction
+
+
+def _summed_over_replicas(value):
+  """`value` summed over every replica and worker (from inside a replica's step)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  context = tf.distribute.get_replica_context()
+  if context is None:  # cross-replica context: this is already every replica's value
+    return value
+  return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def _check_metrics_add_up(model, metrics, x, y_true) -> None:
+  """tfdp combines a metric across replicas and steps by summing each step's change to its
+  variables: check that on up to 8 examples, half at a time against all at once. A first update
+  also creates the variables of metrics built lazily (F1Score, R2Score, AUC(multi_label))."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def change(rows):
+    metrics.reset_state()
+    start = [np.asarray(v.numpy(), np.float64) for v in metrics.variables]
+    part = lambda t: t[rows]  # pylint: disable=unnecessary-lambda-assignment
+    metrics.update_state(keras.tree.map_structure(part, y_true),
+                         model(tf.nest.map_structure(part, x), training=False))
+    return [np.asarray(v.numpy(), np.float64) - s if len(start) == len(metrics.variables) else
+            None for v, s in zip(metrics.variables, start)]
+
+  change(slice(0, 1))  # creates lazily built variables
+  count = int(tf.nest.flatten(x)[0].shape[0])
+  if count < 2:
+    return
+  first, second, both = (change(slice(0, count // 2)), change(slice(count // 2, count)),
+                         change(slice(0, count)))
+  for variable, a, b, ab in zip(metrics.variables, first, second, both):
+    if not (np.all(np.isfinite(ab)) and np.allclose(a + b, ab, rtol=1e-4, atol=1e-5)):
+      raise ConfigError(f"tfdp.fit: metric variable '{variable.path}' does not add up over "
+                        "batches (its update is not a sum of per-example parts, e.g. a running "
+                        "maximum), so tfdp cannot combine it across replicas; drop that metric or "
+                        "compute it after training with tfdp.predict.")
 
 
 def _plain(value):

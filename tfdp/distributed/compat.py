@@ -198,6 +198,15 @@ def compiled_loss_and_metrics(model):
   return loss, metrics
 
 
+def keras_mask(tensor):
+  """The mask Keras attaches to a layer's output (Embedding(mask_zero=True), Masking), or None:
+  Keras 3 has no public accessor (keras.src.backend.get_keras_mask); Keras's own losses divide
+  a masked loss by the batch's unmasked steps, which tfdp.fit does across replicas. Tested in
+  test_compat.py."""
+  from keras.src import backend  # pylint: disable=g-import-not-at-top
+  return backend.get_keras_mask(tensor)
+
+
 def created_in_scope(strategy, variable) -> bool:
   """Whether a Keras 3 variable was created under `strategy.scope()` (its TF variable is then
   the strategy's distributed variable)."""

@@ -1,0 +1,47 @@
+"""tfdp.fit reduces a compiled loss as Keras does and reports what Keras reports, on 2 replicas
+against single-device model.fit, or refuses in one line what its own loop cannot honour (cases in
+tests/scripts/keras_fit_loss_cases.py, one process)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "keras_fit_loss_cases.py")],
+                        cwd=tmp_path_factory.mktemp("loss_cases"), env=helpers.env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["masked_steps", "summed_and_regularized", "weighted_mean"])
+def test_losses_and_metrics_are_keras_own_with_a_last_batch_of_other_size(cases, case):
+  """Every history value and the final weights equal model.fit's (60 examples in batches of 16).
+  Seen failing on the old tfdp/compiled/task.py: a masked per-step loss was averaged over the
+  padded steps too (loss 0.61 for Keras's 1.01) and an accuracy on it crashed; reduction="sum"
+  trained a mean (gradients 16x smaller); the regularization was missing from loss and val_loss;
+  F1Score and R2Score, whose variables a first update creates, were missing from the history."""
+  result = cases[case]
+  assert set(result["tfdp"]) == set(result["keras"]), result
+  assert len(result["keras"]) >= 4, result  # loss, a metric, and their val_ forms
+  for name, expected in result["keras"].items():
+    assert result["tfdp"][name] == pytest.approx(expected, rel=1e-5, abs=1e-6), name
+  assert result["weights"] < 1e-5
+
+
+@pytest.mark.parametrize("case, said", [
+    ("own_train_step", "tfdp.fit: OwnTrainStep overrides train_step"),
+    ("own_compute_loss", "tfdp.fit: OwnComputeLoss overrides compute_loss"),
+    ("own_predict_step", "tfdp.predict: OwnPredictStep overrides predict_step"),
+    ("running_max", "tfdp.fit: metric variable 'running_max/largest' does not add up"),
+    ("no_reduction", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction='none'")])
+def test_what_tfdp_cannot_honour_is_refused_in_one_line(cases, case, said):
+  """Each was trained or scored silently otherwise before (an override ignored, a running
+  maximum summed over batches)."""
+  assert cases[case].startswith(said), cases[case]
+  assert "\n" not in cases[case]
