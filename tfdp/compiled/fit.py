@@ -150,7 +150,11 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                       "drop it (pass the same model_dir to resume).")
   logs.start_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.core import optim  # pylint: disable=g-import-not-at-top
+  if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
+    optim.check_compiled_optimizer(getattr(model, "optimizer", None))
   strategy, trained, users_model = strategy_for(model, strategy)
+  optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
   inputs = inputs_lib.make_inputs(
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,

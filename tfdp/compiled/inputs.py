@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from absl import logging
 import numpy as np
 
 from tfdp.core import data as data_lib
@@ -91,18 +92,24 @@ def _as_arrays(value):
 
 
 def _class_weights(y, class_weight: dict):
-  """Each example's class weight, from integer or one-hot labels (Keras's class_weight)."""
+  """Each example's class weight, as Keras's fit maps it (data_adapter_utils.
+  class_weight_to_sample_weights): one-hot labels by their argmax, others rounded (a soft 0.7 is
+  class 1), and a class that class_weight does not name weighs 1.0."""
   tf = _tf()
   if tf.nest.is_nested(y):
     raise fail("class_weight", "works with a single output only",
                "use sample_weight for a model with several outputs")
-  table = np.ones(max(int(k) for k in class_weight) + 1, np.float32)
+  size = max(max(int(k) for k in class_weight) + 1, 1)
+  table = np.ones(size, np.float32)
   for label, weight in class_weight.items():
-    table[int(label)] = float(weight)
+    if int(label) >= 0:
+      table[int(label)] = float(weight)
   y = tf.convert_to_tensor(y)
   one_hot = y.shape.rank and y.shape[-1] > 1
-  label = tf.cast(tf.argmax(y, -1) if one_hot else tf.reshape(y, [-1])[0], tf.int64)
-  return tf.gather(tf.constant(table), tf.minimum(label, len(table) - 1))
+  label = tf.cast(tf.argmax(y, -1) if one_hot else
+                  tf.round(tf.cast(tf.reshape(y, [-1])[0], tf.float64)), tf.int64)
+  named = tf.logical_and(label >= 0, label < size)
+  return tf.where(named, tf.gather(tf.constant(table), tf.clip_by_value(label, 0, size - 1)), 1.0)
 
 
 def _examples(dataset, class_weight):
@@ -225,6 +232,11 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
+  weighed = sample_weight is not None or (
+      is_dataset(x) and isinstance(x.element_spec, tuple) and len(x.element_spec) == 3)
+  if class_weight and weighed:  # model.fit refuses the pair; said, never silently different
+    logging.warning("tfdp.fit: class_weight and sample_weight are both given; model.fit refuses "
+                    "the pair, tfdp weighs each example by their product")
   repeats = False
   if is_dataset(x):
     if y is not None or sample_weight is not None:

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tfdp.config.schema import LearningRateConfig, OptimizerConfig
 from tfdp.distributed import compat
+from tfdp.errors import ConfigError
 
 
 class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -101,10 +102,34 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
   return optimizer
 
 
+def check_compiled_optimizer(optimizer) -> None:
+  """A compiled optimizer's settings that Keras applies inside a cond holding a merge_call,
+  which tf.distribute refuses while tracing ("merge_call called while defining a new graph"):
+  one line up front instead, naming what does the same."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+  steps = getattr(optimizer, "gradient_accumulation_steps", None)
+  if steps:
+    raise ConfigError(
+        f"tfdp.fit: the optimizer's gradient_accumulation_steps={steps} cannot run under "
+        "tf.distribute (Keras applies it in a cond that needs a merge_call); drop it from the "
+        f"optimizer and pass a batch_size {steps}x larger with params={{'trainer': "
+        f"{{'gradient_accumulation_steps': {steps}}}}}: each step then takes the mean gradient "
+        f"of {steps} batches, as Keras's (a learning-rate schedule counts those steps, where "
+        "Keras's counts batches).")
+  every = getattr(optimizer, "ema_overwrite_frequency", None)
+  if getattr(optimizer, "use_ema", False) and every:
+    raise ConfigError(
+        f"tfdp.fit: the optimizer's ema_overwrite_frequency={every} cannot run under "
+        "tf.distribute (Keras overwrites the weights in a cond that needs a merge_call); drop "
+        "it: use_ema=True alone still ends fit with the weights' moving average, as model.fit "
+        "does.")
+
+
 def adopt_optimizer(optimizer, model):
   """A user's compiled optimizer (tfdp.fit), used as it is: built for the model's variables and
   with its own all-reduce off while tfdp trains (compat.restore_optimizer_all_reduce gives it
   back afterwards). Call inside strategy.scope()."""
+  check_compiled_optimizer(optimizer)
   optimizer.build(model.trainable_variables)
   compat.skip_optimizer_all_reduce(optimizer)
   return optimizer

@@ -1,0 +1,92 @@
+"""tfdp.fit cases for tests/test_keras_fit_setup.py, several per process: `python
+keras_fit_setup_cases.py GROUP OUT_JSON`. Each case compares tfdp.fit on 2 CPU replicas with
+single-device model.fit (shuffle off, batches that split evenly) or records the one line tfdp
+said; the test judges the JSON."""
+import contextlib
+import json
+import os
+import sys
+
+import numpy as np
+
+import tfdp
+from errors_said import one_line
+
+GROUP, OUT = sys.argv[1], sys.argv[2]
+strategy = tfdp.make_strategy(cpu_replicas=2)
+import keras  # noqa: E402  (after the strategy: logical devices first)
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(128, 8)).astype("float32")
+Y = RNG.integers(0, 3, size=(128,))
+ARGS = dict(batch_size=32, shuffle=False, verbose=0)
+
+
+def dense(outputs=3, activation=None, with_input=True):
+  layers = [keras.Input((8,))] if with_input else []
+  return keras.Sequential([*layers, keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(outputs, activation=activation)])
+
+
+def compiled(optimizer, loss=None, outputs=3, activation=None, in_scope=True, with_input=True,
+             seed=0, **compile_args):
+  keras.utils.set_random_seed(seed)
+  with strategy.scope() if in_scope else contextlib.nullcontext():
+    model = dense(outputs, activation, with_input)
+    model.compile(optimizer(), loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  **compile_args)
+  return model
+
+
+def against_keras(make, x=X, y=Y, name="run", **fit_args):
+  """(Keras's history, tfdp's history, the largest weight difference) for the same model."""
+  reference, ours = make(in_scope=False), make(in_scope=True)
+  keras_history = reference.fit(x, y, **ARGS, **fit_args)
+  history = tfdp.fit(ours, x, y, model_dir=f"runs/{name}", **ARGS, **fit_args)
+  return keras_history.history, history.history, difference(reference, ours)
+
+
+def difference(a, b) -> float:
+  return max(float(np.abs(p - q).max()) for p, q in zip(a.get_weights(), b.get_weights()))
+
+
+def weights_case() -> dict:
+  """class_weight as Keras maps it; the optimizer settings tf.distribute cannot run."""
+  out = {}
+  sgd = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
+  # A class class_weight does not name weighs 1.0 (tfdp gave it the last named class's weight).
+  make = lambda in_scope: compiled(sgd, in_scope=in_scope, weighted_metrics=["accuracy"])  # noqa: E731
+  out["missing_class"] = against_keras(make, epochs=1, class_weight={0: 1.0, 1: 5.0},
+                                       name="missing")
+  # Soft binary labels pick their class rounded, as Keras does (tfdp truncated 0.7 to 0).
+  soft = np.where(RNG.uniform(size=(128, 1)) > 0.5, 0.7, 0.3).astype("float32")
+  make = lambda in_scope: compiled(sgd, "binary_crossentropy", outputs=1,  # noqa: E731
+                                   activation="sigmoid", in_scope=in_scope)
+  out["soft_labels"] = against_keras(make, y=soft, epochs=1, class_weight={0: 1.0, 1: 5.0},
+                                     name="soft")
+  # Both weights: model.fit refuses the pair; tfdp multiplies, and says so.
+  tfdp.fit(make(in_scope=True), X, soft, epochs=1, class_weight={0: 1.0, 1: 2.0},
+           sample_weight=np.ones(128), model_dir="runs/both", **ARGS)
+  accumulating = compiled(lambda: keras.optimizers.SGD(0.5, gradient_accumulation_steps=2))
+  overwriting = compiled(lambda: keras.optimizers.Adam(0.05, use_ema=True,
+                                                       ema_overwrite_frequency=3))
+  out["errors"] = {
+      "accumulation": one_line(lambda: tfdp.fit(accumulating, X, Y, model_dir="runs/bad_1")),
+      "ema_overwrite": one_line(lambda: tfdp.fit(overwriting, X, Y, model_dir="runs/bad_2"))}
+  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in (1, 2))
+  # What the accumulation line names instead: the same weights as Keras's accumulation.
+  reference = compiled(lambda: keras.optimizers.SGD(0.5, gradient_accumulation_steps=2),
+                       in_scope=False)
+  reference.fit(X, Y, epochs=2, **ARGS)
+  ours = compiled(lambda: keras.optimizers.SGD(0.5))
+  tfdp.fit(ours, X, Y, epochs=2, model_dir="runs/accumulated",
+           params={"trainer": {"gradient_accumulation_steps": 2}},
+           **{**ARGS, "batch_size": 64})
+  out["accumulation_instead"] = difference(reference, ours)
+  return out
+
+
+result = {"weights": weights_case}[GROUP]()
+with open(OUT, "w") as f:
+  json.dump(result, f, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
+os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown)
