@@ -1,7 +1,8 @@
-"""tfdp.fit with the model and optimizer as model.fit has them: class_weight, and the optimizer
-settings tf.distribute cannot run.
+"""tfdp.fit with the model and optimizer as model.fit has them: a model compiled outside the
+strategy's scope (fitted twice, or unbuilt), class_weight, use_ema, the optimizer settings
+tf.distribute cannot run, run_eagerly, a pure dtype policy, and History as Keras's.
 
-The cases run in tests/scripts/keras_fit_setup_cases.py, one process of several cases a group,
+The cases run in tests/scripts/keras_fit_setup_cases.py, two processes of several cases each,
 on 2 CPU replicas against single-device model.fit; these tests judge what they report."""
 import json
 import subprocess
@@ -29,6 +30,11 @@ def run_group(tmp_path, group: str) -> dict:
 @pytest.fixture(scope="module")
 def weights_result(tmp_path_factory):
   return run_group(tmp_path_factory.mktemp("weights"), "weights")
+
+
+@pytest.fixture(scope="module")
+def model_result(tmp_path_factory):
+  return run_group(tmp_path_factory.mktemp("model"), "model")
 
 
 def assert_same_run(compared, tolerance=1e-5) -> None:
@@ -69,3 +75,62 @@ def test_optimizer_settings_tf_distribute_cannot_run_are_one_line(weights_result
   assert_one_line(errors["ema_overwrite"], "ema_overwrite_frequency", "drop it")
   assert weights_result["bad_dir_untouched"]
   assert weights_result["accumulation_instead"] < 1e-5
+
+
+def test_a_model_compiled_outside_the_scope_fits_twice_as_model_fit_does(model_result):
+  """Two 1-epoch calls on a model compiled outside the scope (Adam, ExponentialDecay): the
+  second goes on with the optimizer's state. Seen failing: a fresh optimizer each call (second
+  loss 1.18 against Keras's 1.06 in the probe) and the user's optimizer.iterations left at 0."""
+  run = model_result["fit_twice"]
+  assert run["tfdp"] == pytest.approx(run["keras"], rel=1e-5)
+  assert run["iterations"] == [8, 8]
+  assert run["difference"] < 1e-5
+
+
+def test_history_and_logs_say_what_model_fit_says(model_result):
+  """No learning_rate in History unless a callback logs it (test_keras_fit's ReduceLROnPlateau
+  case has it), Keras's params, and a second fit without model_dir says in tfdp.fit's terms
+  that the earlier run was moved. Seen failing: learning_rate in every History, and the log
+  naming --start_over, a flag the library user never passed."""
+  run = model_result["fit_twice"]
+  assert run["history_keys"] == ["loss"]
+  assert set(run["keras_params"]) <= set(run["params"])
+  stderr = model_result["stderr"]
+  assert "--start_over" not in stderr
+  moved = [l for l in stderr.splitlines() if "model_dir=None trains a fresh run" in l]
+  assert len(moved) == 1, stderr[-3000:]
+
+
+def test_an_unbuilt_model_compiled_outside_the_scope(model_result):
+  """A Sequential without Input is built on a batch and cloned, as a built one; an unbuilt
+  subclassed model is one line. Seen failing: a raw RuntimeError ("Mixing different
+  tf.distribute.Strategy objects") from optimizer.build."""
+  assert_same_run(model_result["unbuilt_outside"])
+  assert_one_line(model_result["errors"]["subclassed_unbuilt"], "make_strategy().scope()")
+
+
+def test_use_ema_validates_raw_weights_and_ends_with_their_average(model_result):
+  """As Keras's fit: validation on the raw weights, then the weights become their moving
+  average, in memory and in model_dir/model.keras. Seen failing: val_loss of the averages
+  (0.971 against Keras's 1.002 in the probe) and raw weights left in memory."""
+  run = model_result["ema"]
+  assert run["tfdp"] == pytest.approx(run["keras"], rel=1e-5)
+  assert run["difference"] < 1e-5 and run["exported_difference"] < 1e-5
+
+
+def test_run_eagerly_trains_compiled_and_says_so(model_result):
+  """Seen failing: a call() that needs eager execution crashed deep in the traced loop with a
+  raw NotImplementedError; a model that traces fine still trains, with one warning."""
+  assert_same_run(model_result["eager"])
+  assert_one_line(model_result["errors"]["eager_only"], "run_eagerly=True", "model.fit")
+  assert model_result["bad_dir_untouched"]
+  warned = [l for l in model_result["stderr"].splitlines()
+            if "compiled with run_eagerly=True; tfdp runs it compiled" in l]
+  assert len(warned) == 2  # the model that trains, and the one refused
+
+
+def test_a_pure_dtype_policy_is_kept_and_recorded(model_result):
+  """Seen failing: after keras.config.set_dtype_policy("bfloat16") fit left the global policy
+  float32 and config.yaml recorded mixed_precision: float32."""
+  assert model_result["policy_after"] == "bfloat16"
+  assert model_result["policy_recorded"] == "bfloat16"

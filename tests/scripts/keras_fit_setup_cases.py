@@ -55,7 +55,8 @@ def weights_case() -> dict:
   out = {}
   sgd = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
   # A class class_weight does not name weighs 1.0 (tfdp gave it the last named class's weight).
-  make = lambda in_scope: compiled(sgd, in_scope=in_scope, weighted_metrics=["accuracy"])  # noqa: E731
+  def make(in_scope):
+    return compiled(sgd, in_scope=in_scope, weighted_metrics=["accuracy"])
   out["missing_class"] = against_keras(make, epochs=1, class_weight={0: 1.0, 1: 5.0},
                                        name="missing")
   # Soft binary labels pick their class rounded, as Keras does (tfdp truncated 0.7 to 0).
@@ -86,7 +87,84 @@ def weights_case() -> dict:
   return out
 
 
-result = {"weights": weights_case}[GROUP]()
+def model_case() -> dict:
+  """A model compiled outside the scope, fitted twice or unbuilt; use_ema; run_eagerly; a
+  pure global dtype policy; History as Keras's."""
+  out = {}
+  adam = lambda: keras.optimizers.Adam(  # noqa: E731
+      keras.optimizers.schedules.ExponentialDecay(0.05, 4, 0.5))
+  reference, ours = compiled(adam, in_scope=False), compiled(adam, in_scope=False)
+  keras_losses = [reference.fit(X, Y, epochs=1, **ARGS).history["loss"][0] for _ in range(2)]
+  histories = [tfdp.fit(ours, X, Y, epochs=1, **ARGS) for _ in range(2)]  # model_dir=None
+  out["fit_twice"] = {"keras": keras_losses, "tfdp": [h.history["loss"][0] for h in histories],
+                      "iterations": [int(reference.optimizer.iterations.numpy()),
+                                     int(ours.optimizer.iterations.numpy())],
+                      "difference": difference(reference, ours),
+                      "history_keys": sorted(histories[0].history),
+                      "keras_params": sorted(reference.history.params),
+                      "params": histories[0].params}
+  # Unbuilt (a Sequential without Input) and compiled outside the scope: Adam's slots are made
+  # from the weights' (SGD has none to make).
+  def make(in_scope):  # noqa: F811
+    del in_scope  # Keras's and tfdp's both outside
+    return compiled(lambda: keras.optimizers.Adam(0.01), in_scope=False, with_input=False)
+  out["unbuilt_outside"] = against_keras(make, epochs=1, name="unbuilt")
+
+  class Subclassed(keras.Model):
+    def __init__(self):
+      super().__init__()
+      self.dense = keras.layers.Dense(3)
+
+    def call(self, inputs):
+      return self.dense(inputs)
+
+  subclassed = Subclassed()
+  subclassed.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  out["errors"] = {"subclassed_unbuilt": one_line(lambda: tfdp.fit(subclassed, X, Y,
+                                                                   model_dir="runs/bad_1"))}
+  # use_ema: validation on the raw weights, the weights' average at the end (and exported).
+  ema = lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.5)  # noqa: E731
+  reference, model = compiled(ema, in_scope=False), compiled(ema)
+  validation = (X[:64], Y[:64])
+  keras_history = reference.fit(X, Y, epochs=2, validation_data=validation, **ARGS)
+  history = tfdp.fit(model, X, Y, epochs=2, validation_data=validation, model_dir="runs/ema",
+                     **ARGS)
+  exported = keras.models.load_model("runs/ema/model.keras")
+  out["ema"] = {"keras": keras_history.history["val_loss"], "tfdp": history.history["val_loss"],
+                "difference": difference(reference, model),
+                "exported_difference": difference(reference, exported)}
+
+  # run_eagerly=True: trained compiled, with a warning; a call() that needs eager: one line.
+  class PythonIf(keras.layers.Layer):
+    def call(self, inputs):
+      if float(keras.ops.convert_to_numpy(keras.ops.mean(inputs))) > 100.0:
+        return inputs * 0.0
+      return inputs
+
+  sgd = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
+  make = lambda in_scope: compiled(sgd, in_scope=in_scope, run_eagerly=True)  # noqa: E731
+  out["eager"] = against_keras(make, epochs=1, name="eager")
+  with strategy.scope():
+    eager_only = keras.Sequential([keras.Input((8,)), PythonIf(), keras.layers.Dense(3)])
+    eager_only.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                       run_eagerly=True)
+  out["errors"]["eager_only"] = one_line(lambda: tfdp.fit(eager_only, X, Y,
+                                                         model_dir="runs/bad_2"))
+  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in (1, 2))
+  # A pure global policy is the user's again afterwards, and config.yaml says what ran.
+  keras.config.set_dtype_policy("bfloat16")
+  try:
+    tfdp.fit(compiled(sgd), X, Y, epochs=1, model_dir="runs/bfloat16", **ARGS)
+    out["policy_after"] = keras.config.dtype_policy().name
+  finally:
+    keras.config.set_dtype_policy("float32")
+  import yaml  # pylint: disable=g-import-not-at-top
+  with open("runs/bfloat16/config.yaml") as f:
+    out["policy_recorded"] = yaml.safe_load(f)["runtime"]["mixed_precision"]
+  return out
+
+
+result = {"weights": weights_case, "model": model_case}[GROUP]()
 with open(OUT, "w") as f:
   json.dump(result, f, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
 os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown)

@@ -49,14 +49,16 @@ def keras_logs(row: dict) -> dict:
 class KerasCallbacks:
   """The controller's hooks around a keras CallbackList and a History."""
 
-  def __init__(self, callbacks, model, epochs: int, steps_per_epoch: int):
+  def __init__(self, callbacks, model, epochs: int, steps_per_epoch: int, verbose="auto",
+               finalize=None):
     import keras  # pylint: disable=g-import-not-at-top
     self.model, self.steps_per_epoch = model, steps_per_epoch
     self.history = keras.callbacks.History()
-    self.callbacks = keras.callbacks.CallbackList(
+    self.callbacks = keras.callbacks.CallbackList(  # Keras's params, as model.fit sets them
         [*callbacks, self.history], add_history=False, add_progbar=False, model=model,
-        epochs=epochs, steps=steps_per_epoch, verbose=0)
+        verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     self.started = False
+    self.finalize = finalize  # model.fit's optimizer.finalize_variable_values, before train_end
 
   def _begin(self) -> None:
     if not self.started:
@@ -73,5 +75,7 @@ class KerasCallbacks:
     return bool(getattr(self.model, "stop_training", False))
 
   def train_end(self, row: dict) -> None:
+    if self.finalize is not None:
+      self.finalize()
     if self.started:
       self.callbacks.on_train_end(keras_logs(row))

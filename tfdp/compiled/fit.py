@@ -14,6 +14,7 @@ Keras model afterwards (`model.evaluate`, `model.predict`, `model.save` in the s
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from absl import logging
@@ -77,9 +78,38 @@ def strategy_for(model, strategy):
         f"into it ({type(e).__name__}); build and compile it under `with "
         "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
     ) from None
+  with strategy.scope():  # the user's optimizer state goes on in the clone (a second fit)
+    copy_optimizer_state(model.optimizer, clone.optimizer, clone.trainable_variables)
   logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "
-                  "made inside it; its weights are copied back into your model afterwards")
+                  "made inside it; its weights and optimizer state are copied back into your "
+                  "model afterwards")
   return strategy, clone, model
+
+
+def copy_optimizer_state(source, target, variables) -> None:
+  """`source`'s state (iterations, slots, weight averages, a changed learning rate) into
+  `target`, built for `variables` first: a clone trains on from where the user's optimizer was,
+  and the user's goes on from the clone's, as one model.fit after another would."""
+  if source is None or target is None or not source.built:
+    return
+  if not target.built:
+    target.build(variables)
+  pairs = list(zip(source.variables, target.variables))
+  if len(source.variables) != len(target.variables) or any(
+      tuple(a.shape) != tuple(b.shape) for a, b in pairs):
+    logging.warning("tfdp.fit: the optimizer of the clone and of your model hold different "
+                    "variables; its state was not copied (only the weights)")
+    return
+  for a, b in pairs:
+    b.assign(a.numpy())
+
+
+def compiled_outside(model, strategy) -> bool:
+  """An unbuilt model compiled outside the strategy's scope: its optimizer cannot build in it
+  ("Mixing different tf.distribute.Strategy objects")."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  variables = getattr(getattr(model, "optimizer", None), "variables", None)
+  return bool(variables) and not compat.created_in_scope(strategy, variables[0])
 
 
 def _users_objects(model) -> dict:
@@ -150,10 +180,24 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                       "drop it (pass the same model_dir to resume).")
   logs.start_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
+  users_policy = keras.config.dtype_policy()
+  try:
+    return _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
+                validation_data, shuffle, class_weight, sample_weight, steps_per_epoch,
+                validation_steps, validation_batch_size, validation_freq, model_dir, strategy,
+                params, config_files)
+  finally:  # the trainer sets its precision as the global policy: the user's again
+    keras.config.set_dtype_policy(users_policy)
+
+
+def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
+         shuffle, class_weight, sample_weight, steps_per_epoch, validation_steps,
+         validation_batch_size, validation_freq, model_dir, given_strategy, params, config_files):
+  import keras  # pylint: disable=g-import-not-at-top
   from tfdp.core import optim  # pylint: disable=g-import-not-at-top
   if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
     optim.check_compiled_optimizer(getattr(model, "optimizer", None))
-  strategy, trained, users_model = strategy_for(model, strategy)
+  strategy, trained, users_model = strategy_for(model, given_strategy)
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
   inputs = inputs_lib.make_inputs(
@@ -161,44 +205,115 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
       validation_batch_size=validation_batch_size, epochs=epochs, model_input_ranks=inputs_lib.input_ranks(trained))
-  if not trained.weights:  # as keras.Model.fit builds it: on a batch, in the strategy's scope
+  if not trained.weights:  # as keras.Model.fit builds it: on a batch, where it lives
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
-    with strategy.scope():
+    if compiled_outside(trained, strategy):  # built outside, then cloned as any model built so
       trained(first["x"])
-  precision = keras.mixed_precision.dtype_policy().name
-  if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
-    precision = "float32"
+      strategy, trained, users_model = strategy_for(model, given_strategy)
+    else:
+      with strategy.scope():
+        trained(first["x"])
+  policy = keras.config.dtype_policy().name
+  precision = policy if policy in ("float32", "mixed_bfloat16", "mixed_float16") else "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)
   config.trainer.eval_every_epochs = validation_freq
   config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
+  if getattr(trained, "run_eagerly", False):
+    _check_traces(trained, inputs)
+  if policy != precision:  # a pure policy ("bfloat16"): the layers compute in it, say so
+    recorded_config = task.recorded_config
+    task.recorded_config = lambda c: _with_precision(recorded_config(c), policy)
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   quiet = verbose == 0
-  built = experiment.build(
-      config, model_dir, "train" if inputs.validation is None else "train_and_eval",
-      train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
-      strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
+  with _said_in_library_terms():
+    built = experiment.build(
+        config, model_dir, "train" if inputs.validation is None else "train_and_eval",
+        train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
+        strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
+  # As Keras's fit with a use_ema optimizer: validation sees the raw weights, and the weights
+  # become their moving average when training ends (also the export and the user's model).
+  built.trainer.raw_weights_evaluated = True
+  finalized = []
+
+  def finalize():
+    if not finalized:
+      finalized.append(True)
+      with strategy.scope():  # cross-replica: every copy of a mirrored weight
+        trained.optimizer.finalize_variable_values(trained.trainable_variables)
   # The callbacks act on the model that trains (a learning-rate change, restored best weights),
   # as in model.fit; a clone's weights go back to the user's model afterwards.
-  hooks = callbacks_lib.KerasCallbacks(callbacks, trained, epochs, built.trainer.steps_per_epoch)
+  hooks = callbacks_lib.KerasCallbacks(callbacks, trained, epochs, built.trainer.steps_per_epoch,
+                                       verbose, finalize)
   built.hooks = hooks
   try:
     result = built.run()
+    finalize()  # a finished run, trained before: its weights as its fit left them
   finally:
     compat.restore_optimizer_all_reduce(trained.optimizer)
     if users_model is not None:
       users_model.set_weights(trained.get_weights())
+      copy_optimizer_state(trained.optimizer, users_model.optimizer,
+                           users_model.trainable_variables)
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
-  return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs)
+  return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
 
 
-def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs):
+def _with_precision(recorded: dict, policy: str) -> dict:
+  recorded.get("runtime", {})["mixed_precision"] = policy
+  return recorded
+
+
+def _check_traces(model, inputs) -> None:
+  """compile(run_eagerly=True): tfdp traces its steps all the same; a call() that needs eager
+  execution is said in one line before anything runs, not deep in the traced loop."""
+  import re  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  logging.warning("tfdp.fit: the model is compiled with run_eagerly=True; tfdp runs it compiled "
+                  "(its steps traced, as model.fit does without run_eagerly)")
+  sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
+  try:
+    tf.function(lambda x: model(x, training=True), autograph=False).get_concrete_function(
+        sample["x"])
+  except Exception as e:  # pylint: disable=broad-except  (whatever call() does eagerly only)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
+    said = [line.strip() for line in plain.splitlines() if line.strip() and not
+            line.startswith(("Exception encountered", "Arguments received", "•"))]
+    raise ConfigError(
+        f"tfdp.fit: the model is compiled with run_eagerly=True and its call() fails when traced "
+        f"({type(e).__name__}: {(said or [''])[0][:200]}); tfdp trains compiled: make call() "
+        "graph-friendly (keras.ops or tf.cond, no Python on tensor values), or debug it eagerly "
+        "with model.fit.") from None
+
+
+class _LibraryTerms:
+  """tfdp's run folder logs in the CLI's words ("--start_over: ..."); tfdp.fit's user passed no
+  flag: the same line in tfdp.fit's terms."""
+
+  def filter(self, record) -> bool:
+    if isinstance(record.msg, str) and record.msg.startswith("--start_over: the earlier run"):
+      record.msg = ("tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: the "
+                    "earlier run in %s was moved to %s (pass model_dir to resume a run instead)")
+    return True
+
+
+@contextlib.contextmanager
+def _said_in_library_terms():
+  absl_logger, terms = logging.get_absl_logger(), _LibraryTerms()
+  absl_logger.addFilter(terms)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(terms)
+
+
+def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, verbose):
   """Keras's History: from this call's epochs, or for a run that had finished already (nothing
   trained now) from its metrics.csv, so a re-run returns its final metrics, never nothing."""
   history = hooks.history
@@ -211,8 +326,9 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs):
     if rows:
       result.update({k: v for k, v in rows[-1].items() if k.startswith(("train_", "eval_"))})
   history.set_model(model)
-  history.params = {"epochs": epochs, "steps": hooks.steps_per_epoch,
-                    "batch_size": inputs.global_batch, "verbose": 0}
+  # Keras's params; batch_size is tfdp's own (the global batch it decided)
+  history.params = {"verbose": verbose, "epochs": epochs, "steps": hooks.steps_per_epoch,
+                    "batch_size": inputs.global_batch}
   history.final = {k: v for k, v in result.items() if k != "trainer"}
   history.model_dir = model_dir
   return history

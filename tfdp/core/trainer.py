@@ -424,13 +424,17 @@ class Trainer:
 
   # ---- the weights evaluation and export see ------------------------------------------------
 
+  # tfdp.fit sets it for a compiled optimizer with use_ema, as Keras's fit: evaluation and export
+  # see the weights as they are, and fit overwrites them with their average when it ends.
+  raw_weights_evaluated = False
+
   @contextlib.contextmanager
   def evaluation_weights(self):
     """With trainer.ema_decay, the moving average of the weights is swapped in (on every replica
     and worker alike) for evaluation, PreciseBN and export, and the weights are put back after,
     so training goes on from its own weights; without it, the weights as they are."""
     averages = compat.weight_averages(self.optimizer)
-    if not averages:
+    if not averages or self.raw_weights_evaluated:
       yield
       return
     variables = self.model.trainable_variables
