@@ -222,9 +222,6 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
   if getattr(trained, "run_eagerly", False):
     _check_traces(trained, inputs)
-  if policy != precision:  # a pure policy ("bfloat16"): the layers compute in it, say so
-    recorded_config = task.recorded_config
-    task.recorded_config = lambda c: _with_precision(recorded_config(c), policy)
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
@@ -263,11 +260,6 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
-
-
-def _with_precision(recorded: dict, policy: str) -> dict:
-  recorded.get("runtime", {})["mixed_precision"] = policy
-  return recorded
 
 
 def _check_traces(model, inputs) -> None:

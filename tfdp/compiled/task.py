@@ -249,8 +249,9 @@ class CompiledModelTask(tasks.Task):
     task = {"name": "keras_model",
             "train_data": {k: config["task"]["train_data"][k] for k in data_keys},
             "eval_data": {k: config["task"]["eval_data"][k] for k in data_keys}}
-    return {"task": task, "trainer": trainer, "runtime": config["runtime"],
-            "keras": self.describe()}
+    # the precision the layers computed in (a pure "bfloat16" policy is not a config value)
+    runtime = {**config["runtime"], "mixed_precision": self.model.dtype_policy.name}
+    return {"task": task, "trainer": trainer, "runtime": runtime, "keras": self.describe()}
 
   def describe(self) -> dict:
     import keras  # pylint: disable=g-import-not-at-top
