@@ -175,6 +175,52 @@ def test_a_worker_that_lost_its_peer_is_not_blamed(tmp_path):
                                            ["[w1] size 2", "[w0] size 2"])
 
 
+def test_a_real_failure_is_blamed_over_a_lost_peer_seen_with_it_or_just_before(tmp_path):
+  """The probe's `kill -9` of slot 2: its peer's 203 (lost a peer) can reach the launcher in
+  the same poll as the SIGKILL, or before it. Here slot 1 exits 203 first and slot 2 dies once
+  slot 1 is gone; slot 2 is to blame, so it is dropped after two attempts (the old launcher
+  blamed slot 1's 203: no strike, and the group never shrank)."""
+  worker = """
+      import os, pathlib, signal, sys, time
+      import psutil
+      out = pathlib.Path(sys.argv[1])
+      slot, size = os.environ["TFDP_WORKER_SLOT"], os.environ["TFDP_NUM_WORKERS"]
+      restart = os.environ["TFDP_RESTART_COUNT"]
+      (out / f"pid-{restart}-{slot}").write_text(str(os.getpid()))
+      if size == "2":
+        print("done", slot, flush=True)
+        sys.exit(0)
+      while len(list(out.glob(f"pid-{restart}-*"))) < 3:
+        time.sleep(0.01)
+      if slot == "1":
+        sys.exit(203)
+      if slot == "2":
+        while True:  # until slot 1 has exited (a zombie until the launcher reaps it)
+          try:
+            pid = int((out / f"pid-{restart}-1").read_text())
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+              break
+          except psutil.NoSuchProcess:
+            break
+          except ValueError:
+            pass  # the pid file is being written
+          time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+      time.sleep(60)
+  """
+  proc = _launch("--num_workers=3", "--min_workers=2", "--max_restarts=2",
+                 "--stop_grace_seconds=5", "--", sys.executable, "-c", textwrap.dedent(worker),
+                 str(tmp_path))
+  restarts = [line for line in proc.stderr.splitlines() if " restart " in line]
+  assert restarts == [
+      "tfdp-launch: restart 1 of 2: 3 workers (worker slot 2 was killed by signal SIGKILL).",
+      "tfdp-launch: restart 2 of 2: 2 workers (was 3; worker slot 2 failed first in 2 attempts "
+      "in a row (was killed by signal SIGKILL))."], proc.stderr
+  assert proc.returncode == 0, proc.stderr
+  assert sorted(proc.stdout.splitlines()) == ["[w0] done 0", "[w1] done 1"]
+  _assert_all_gone(_pids(tmp_path))
+
+
 @pytest.mark.parametrize("args, words", [
     (["--num_workers=2", "--min_workers=3"], "--min_workers must be from 1 to --num_workers (2)"),
     (["--num_workers=2", "--slots_file=slots"], "--slots_file needs --min_workers"),

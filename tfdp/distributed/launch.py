@@ -51,6 +51,7 @@ DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
 # After a worker died its peers cannot finish a step (the all-reduce lacks a member), so there is
 # no checkpoint to wait for; TF may take its heartbeat timeout to notice. Do not wait that long.
 PEER_FAILURE_GRACE_SECONDS = 3.0
+LOST_PEER_WAIT_SECONDS = 1.0  # how long a 203 waits for the failure that caused it
 # A worker stopped (SIGSTOP, a debugger, job control) this long counts as failed. The process
 # state says "stopped" only then, never for a busy or slow worker, so a short wait is safe.
 FROZEN_WORKER_SECONDS = 5.0
@@ -108,13 +109,13 @@ class GroupResult:
     returncodes: Per worker, as Popen reports it (negative = killed by signal).
     pids: Per worker process id (each is also its process group id).
     ports: The ports the workers were given.
-    first_failed: Index of the first worker seen failing, or None.
+    first_failed: Index of the worker blamed: the first seen failing, a real failure before a
+      203 (lost a peer) seen with it or just before it; or None.
     last_lines: Per worker, its last TAIL_LINES output lines.
     interrupted_by: Signal number if the launcher itself was told to stop.
     duration_seconds: From starting the workers until the last one exited.
     stop_seconds: From the first failure (or interrupt) to all workers gone.
-    gpus: Per worker CUDA_VISIBLE_DEVICES, or None if the workers inherited
-      the launcher's.
+    gpus: Per worker CUDA_VISIBLE_DEVICES, or None if the workers inherited the launcher's.
   """
 
   returncodes: list[int | None]
@@ -212,16 +213,15 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
   base_env.setdefault("PYTHONUNBUFFERED", "1")
   try:
     for index, tf_config in enumerate(tf_configs):
-      worker_env = dict(base_env, TF_CONFIG=tf_config,
-                        TFDP_WORKER_INDEX=str(index),
+      worker_env = dict(base_env, TF_CONFIG=tf_config, TFDP_WORKER_INDEX=str(index),
                         TFDP_NUM_WORKERS=str(len(tf_configs)),
                         TFDP_WORKER_SLOT=str(index if slots is None else slots[index]))
       if gpus is not None:
         worker_env.update({"CUDA_VISIBLE_DEVICES": gpus[index],
                            gpus_lib.ASSIGNED_BY_VAR: "tfdp-launch"})
       popen = subprocess.Popen(  # the shim joins `network` and sets PDEATHSIG, then execs
-          isolation.worker_command(command, network), env=worker_env,
-          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          isolation.worker_command(command, network), env=worker_env, stdin=subprocess.DEVNULL,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
           start_new_session=True)  # Own group: we can kill its children too.
       workers.append(_Worker(index, popen))
   except OSError as error:
@@ -239,8 +239,7 @@ def _emit_lines(worker: _Worker, data: bytes, output: TextIO,
   worker.partial += data
   *lines, worker.partial = worker.partial.split(b"\n")
   if (final and worker.partial) or len(worker.partial) > _MAX_PARTIAL_LINE:
-    lines.append(worker.partial)
-    worker.partial = b""
+    lines, worker.partial = lines + [worker.partial], b""
   for raw in lines:
     line = raw.decode("utf-8", errors="replace").rstrip("\r")
     worker.tail.append(line)
@@ -266,17 +265,16 @@ def run_group(command: Sequence[str], num_workers: int,
               slots: Sequence[int] | None = None) -> GroupResult:
   """Runs `num_workers` copies of `command` until all exit or one fails.
 
-  Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on
-  `host`), TFDP_WORKER_INDEX, TFDP_NUM_WORKERS, TFDP_WORKER_SLOT, its own GPUs in
-  CUDA_VISIBLE_DEVICES (gpus.plan_worker_gpus; one stderr line says which),
-  and runs in its own process group. Its merged stdout/stderr is printed line
-  by line as `[wI] line`.
+  Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on `host`),
+  TFDP_WORKER_INDEX, TFDP_NUM_WORKERS, TFDP_WORKER_SLOT, its own GPUs in CUDA_VISIBLE_DEVICES
+  (gpus.plan_worker_gpus; one stderr line says which), and runs in its own process group. Its
+  merged stdout/stderr is printed line by line as `[wI] line`.
 
-  When a worker exits non-zero or dies by a signal, or this process gets
-  SIGINT/SIGTERM, every other worker group gets SIGTERM, then SIGKILL after
-  `stop_grace_seconds` (a second SIGINT/SIGTERM skips the wait). Before
-  returning, every worker's process group is SIGKILLed so that nothing the
-  workers spawned outlives the launcher.
+  When a worker exits non-zero or dies by a signal (an exit 203, lost a peer, waits up to
+  LOST_PEER_WAIT_SECONDS for the failure that caused it, which is then `first_failed`), or this
+  process gets SIGINT/SIGTERM, every other worker group gets SIGTERM, then SIGKILL after
+  `stop_grace_seconds` (a second SIGINT/SIGTERM skips the wait). Before returning, every
+  worker's process group is SIGKILLed so that nothing the workers spawned outlives the launcher.
 
   Args:
     command: The worker command, e.g. [sys.executable, "apps/train.py", ...].
@@ -285,18 +283,18 @@ def run_group(command: Sequence[str], num_workers: int,
     env: Base environment for the workers; defaults to os.environ.
     stop_grace_seconds: Time between SIGTERM and SIGKILL when stopping.
     output: Where prefixed lines go; defaults to sys.stdout at call time.
-    gpus_per_worker: 'auto'/-1 (split the visible GPUs evenly; without GPUs
-      the env is left as it is), 0 (CPU only) or N GPUs per worker.
-    private_network: run the group in a private network namespace, loopback
-      only (isolation.py), where the kernel allows it; else one warning line.
+    gpus_per_worker: 'auto'/-1 (split the visible GPUs evenly; without GPUs the env is left
+      as it is), 0 (CPU only) or N GPUs per worker.
+    private_network: run the group in a private network namespace, loopback only
+      (isolation.py), where the kernel allows it; else one warning line.
     slots: per worker, its index in the full group (TFDP_WORKER_SLOT), default the index.
 
   Returns:
     A GroupResult; `.ok` is True only if every worker exited 0.
 
   Raises:
-    TfdpError: bad arguments, too few GPUs for the workers (ClusterError), or
-      a command that cannot be started.
+    TfdpError: bad arguments, too few GPUs for the workers (ClusterError), or a command that
+      cannot be started.
   """
   if num_workers < 1:
     raise TfdpError(f"num_workers must be at least 1, got {num_workers}.")
@@ -305,17 +303,15 @@ def run_group(command: Sequence[str], num_workers: int,
   check_stop_grace_seconds(stop_grace_seconds)
   output = output or sys.stdout
   base_env = os.environ if env is None else env
-  gpu_plan = gpus_lib.plan_worker_gpus(
-      num_workers, gpus_per_worker, base_env,
-      gpus_lib.count_nvidia_device_files())
+  gpu_plan = gpus_lib.plan_worker_gpus(num_workers, gpus_per_worker, base_env,
+                                       gpus_lib.count_nvidia_device_files())
   if gpu_plan.describe():
     _log(gpu_plan.describe())
   _check_command(command, base_env)
   ports = pick_free_ports(num_workers, host)
   network = isolation.open_network(num_workers, ports, private_network)
   stop_request = _StopRequest()
-  # Handlers can only be installed from the main thread; elsewhere the
-  # caller owns signal handling.
+  # Handlers can only be installed from the main thread; elsewhere the caller owns signals.
   in_main_thread = threading.current_thread() is threading.main_thread()
   previous_handlers = {}
   if in_main_thread:
@@ -324,8 +320,7 @@ def run_group(command: Sequence[str], num_workers: int,
   started = time.monotonic()
   workers = []
   try:
-    workers = _start_workers(command, worker_tf_configs(num_workers, host,
-                                                        ports), base_env,
+    workers = _start_workers(command, worker_tf_configs(num_workers, host, ports), base_env,
                              gpu_plan.devices, network, slots)
     result = _supervise(workers, ports, stop_request, stop_grace_seconds,
                         output, started)
@@ -365,6 +360,7 @@ def _supervise(workers: list[_Worker], ports: list[int],
   kill_at: float | None = None
   all_exited_at: float | None = None
   killed = False  # SIGKILL was sent after the grace period (or a 2nd signal).
+  lost_peer_until: float | None = None
   next_state_check = time.monotonic() + _STATE_POLL_SECONDS
 
   def begin_stop(now: float, grace_seconds: float) -> None:
@@ -398,22 +394,26 @@ def _supervise(workers: list[_Worker], ports: list[int],
         begin_stop(now, stop_grace_seconds)
         if len(stop_request.signals) > 1 and not killed:
           kill_at = now  # Asked twice: do not wait for the grace period.
+      failed = []
       for worker in workers:
-        if worker.returncode is not None:
-          continue
-        worker.returncode = worker.popen.poll()
-        result.returncodes[worker.index] = worker.returncode
-        if worker.returncode not in (None, 0) and stop_started is None:
-          result.first_failed = worker.index
-          begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
+        if worker.returncode is None:
+          worker.returncode = result.returncodes[worker.index] = worker.popen.poll()
+          failed += [worker.index] * (worker.returncode not in (None, 0))
+      # A peer's 203 (lost a peer) can come in the same poll as, or just before, the exit that
+      # caused it: a real failure within LOST_PEER_WAIT_SECONDS of the first 203 is to blame.
+      real = [i for i in failed if result.returncodes[i] != EXIT_RESTART_GROUP]
+      if stop_started is None and (real or failed and lost_peer_until is None):
+        result.first_failed = (real or failed)[0]
+        lost_peer_until = now if real else now + LOST_PEER_WAIT_SECONDS
+      if stop_started is None and lost_peer_until is not None and now >= lost_peer_until:
+        begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
       if stop_started is None and now >= next_state_check:
         next_state_check = now + _STATE_POLL_SECONDS
         for worker in _stopped_workers(workers, now):
           if now - worker.stopped_since >= FROZEN_WORKER_SECONDS:
             _log(f"worker {worker.index} has been stopped (frozen, e.g. by SIGSTOP) for "
                  f"{now - worker.stopped_since:.0f}s; stopping the group.")
-            result.first_failed = worker.index
-            result.frozen = worker.index
+            result.first_failed = result.frozen = worker.index
             begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
             break
       if kill_at is not None and now >= kill_at and not killed:
@@ -462,21 +462,21 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            slots_file: str | None = None) -> int:
   """Runs the worker group, rerunning it up to `max_restarts` times.
 
-  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The
-  workers are expected to resume from their checkpoint by themselves. Each
-  worker gets its own GPUs, `gpus_per_worker` each (see run_group).
+  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The workers are expected
+  to resume from their checkpoint by themselves. Each worker gets its own GPUs,
+  `gpus_per_worker` each (see run_group).
 
   With `min_workers`, a rerun may have fewer workers, down to min_workers (elastic.py has the
   rules, `slots_file` lists the slots that may start); one line per restart gives the size.
 
   Returns:
-    0 if a run succeeded; 128 + signal number if the launcher was
-    interrupted; 2 (tfdp.errors.EXIT_PERMANENT) at once, without a restart,
-    if a worker exited 2; 1 if the last allowed run failed or < min_workers can start.
+    0 if a run succeeded; 128 + signal number if the launcher was interrupted; 2
+    (tfdp.errors.EXIT_PERMANENT) at once, without a restart, if a worker exited 2; 1 if the
+    last allowed run failed or < min_workers can start.
 
   Raises:
-    TfdpError: bad arguments, a non-loopback host without allow_remote, too
-      few GPUs for the workers, or a command that cannot be started.
+    TfdpError: bad arguments, a non-loopback host without allow_remote, too few GPUs for the
+      workers, or a command that cannot be started.
   """
   if num_workers < 1:
     raise TfdpError(f"--num_workers must be at least 1, got {num_workers}.")
