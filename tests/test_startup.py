@@ -34,3 +34,62 @@ def test_a_worker_whose_peer_never_comes_back_names_it_and_exits_to_be_restarted
   assert f"worker 1 at 127.0.0.1:{ports[1]} (connection refused)" in lines[0], lines[0]
   assert "runtime.startup_timeout_seconds" in lines[0]
   assert time.monotonic() - started < 200
+
+
+def test_a_signal_while_a_peer_is_late_ends_the_worker_at_once(tmp_path):
+  """Worker 0 of 2 waits for worker 1, which never starts; the operator's SIGTERM must end it at
+  once (143, one line), not when runtime.startup_timeout_seconds runs out. Seen failing before
+  tfdp/distributed/rendezvous.py: TensorFlow's start-up waited inside C++ holding the GIL, and the
+  worker ran on 48 s after the SIGTERM, until the start-up watcher's SIGKILL (137)."""
+  ports = launcher.pick_free_ports(2)
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
+  proc = subprocess.Popen(
+      [sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}", "--mode=train",
+       "--params_override=runtime.startup_timeout_seconds=120"],
+      env=helpers.env(TF_CONFIG=configs[0]), cwd=str(helpers.REPO), stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 120
+    while not _listening(ports[0]):  # worker 0 holds its port: it waits for worker 1
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+      time.sleep(0.2)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    print(f"SIGTERM while waiting for a peer -> exit in {time.monotonic() - signalled:.1f} s")
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  assert time.monotonic() - signalled < 20  # the watcher's deadline is 120 s
+  lines = [l for l in stderr.splitlines() if l.startswith("tfdp-train: error:")]
+  assert lines == ["tfdp-train: error: SIGTERM (not training): exiting now; the last checkpoint "
+                   "is kept, re-run to resume"], stderr[-3000:]
+
+
+def test_a_worker_whose_port_is_taken_says_so_in_one_line(tmp_path):
+  """Seen failing without the rendezvous: a 40-line traceback ending in TensorFlow's 'Could not
+  start gRPC server' (exit 1)."""
+  import socket  # pylint: disable=g-import-not-at-top
+  ports = launcher.pick_free_ports(2)
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
+  holder = socket.socket()
+  holder.bind(("127.0.0.1", ports[0]))
+  holder.listen()
+  try:
+    proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", "--mode=train",
+                             "--params_override=runtime.startup_timeout_seconds=60",
+                             timeout=240, TF_CONFIG=configs[0])
+  finally:
+    holder.close()
+  lines = helpers.error_lines(proc)
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  assert f"port {ports[0]} of its address 127.0.0.1:{ports[0]} is in use" in lines[0], lines[0]
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _listening(port: int) -> bool:
+  import psutil  # pylint: disable=g-import-not-at-top
+  return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+             for c in psutil.net_connections("tcp"))

@@ -17,6 +17,7 @@ from tfdp.config.schema import RuntimeConfig
 from tfdp.distributed import compat
 from tfdp.distributed import cpus
 from tfdp.distributed import gpus
+from tfdp.distributed import rendezvous
 from tfdp.errors import ConfigError
 
 
@@ -286,6 +287,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
         compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
     with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds):
+      rendezvous.wait_for_peers(cluster)  # in Python: a signal while a peer is late acts at once
       strategy = tf.distribute.MultiWorkerMirroredStrategy(
           cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
           else None,
