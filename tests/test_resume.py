@@ -110,3 +110,23 @@ def test_a_restarted_group_resumes_despite_start_over(tmp_path):
   assert sorted(p.name for p in attic.iterdir()) == ["metrics.csv"]  # and only that
   assert sorted(p.name for p in (model_dir / "checkpoints").glob("ckpt-*.index")) == [
       "ckpt-4.index", "ckpt-8.index"]
+
+
+def test_a_resume_with_other_settings_says_which_apply_from_now_on(tmp_path, caplog):
+  """A probe resumed a run with another learning-rate schedule and shuffling off: accepted
+  without a word (the earlier config.yaml was kept aside, silently). Now one warning names each
+  changed key with its old and new value. Seen failing: no warning on the old outputs.py."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from tfdp.core import outputs  # pylint: disable=g-import-not-at-top
+  plan = outputs.write_plan(str(tmp_path), True, 0)
+  outputs.write_config(plan, "trainer:\n  epochs: 3\n  learning_rate: {schedule: linear}\n"
+                             "task:\n  train_data: {shuffle: true}\n")
+  with caplog.at_level(logging.WARNING):
+    outputs.write_config(plan, "trainer:\n  epochs: 3\n  learning_rate: {schedule: cosine}\n"
+                               "task:\n  train_data: {shuffle: false}\n")
+  said = [r.getMessage() for r in caplog.records if "apply from now on" in r.getMessage()]
+  assert len(said) == 1, caplog.text
+  assert ("trainer.learning_rate.schedule 'linear' → 'cosine', task.train_data.shuffle True → "
+          "False") in said[0]
+  assert "epochs" not in said[0]
+  assert len(list(tmp_path.glob("config.*.yaml"))) == 1  # the earlier one, kept

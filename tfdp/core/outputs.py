@@ -325,8 +325,30 @@ def write_config(plan: WritePlan, text: str) -> None:
     with open(path) as f:
       old = f.read()
     if old != text:
-      os.replace(path, plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
+      kept = plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+      os.replace(path, kept)
+      changed = changed_settings(old, text)
+      if changed:  # a resume with other settings: they apply from here on, said once
+        logging.warning("config.yaml: settings differ from the earlier run's (kept as %s) and "
+                        "apply from now on: %s", os.path.basename(kept), changed)
   atomic_write_text(path, text)
+
+
+def changed_settings(old_text: str, new_text: str, shown: int = 6) -> str:
+  """`trainer.learning_rate.schedule linear → cosine, ...` between two config.yaml texts."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  from tfdp.config import loader  # pylint: disable=g-import-not-at-top
+  try:
+    old, new = yaml.safe_load(old_text) or {}, yaml.safe_load(new_text) or {}
+  except yaml.YAMLError:
+    return ""
+  if not isinstance(old, dict) or not isinstance(new, dict):
+    return ""
+  paths = list(dict.fromkeys(loader.leaf_paths(new) + loader.leaf_paths(old)))
+  changes = [f"{'.'.join(p)} {loader.get_path(old, p)!r} → {loader.get_path(new, p)!r}"
+             for p in paths if loader.get_path(old, p) != loader.get_path(new, p)]
+  more = f" (and {len(changes) - shown} more)" if len(changes) > shown else ""
+  return ", ".join(changes[:shown]) + more
 
 
 def keep_config(plan: WritePlan, text: str) -> None:
