@@ -6,6 +6,7 @@ import time
 
 import helpers
 from tfdp import errors
+from tfdp.distributed import isolation
 from tfdp.distributed import launch as launcher
 
 
@@ -85,7 +86,11 @@ def test_a_worker_whose_port_is_taken_says_so_in_one_line(tmp_path):
     holder.close()
   lines = helpers.error_lines(proc)
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-  assert f"port {ports[0]} of its address 127.0.0.1:{ports[0]} is in use" in lines[0], lines[0]
+  assert lines[0] == (
+      f"tfdp-train: error: worker 0 cannot listen on 127.0.0.1:{ports[0]} (port {ports[0]}: "
+      "Address already in use); give it another free port in TF_CONFIG's cluster.worker[0], or "
+      f"stop what holds port {ports[0]} (`ss -ltnp 'sport = :{ports[0]}'` names it).")
+  assert isolation.bind_failure([[lines[0]]], 0)  # tfdp-launch reruns with fresh ports
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -46,13 +46,14 @@ def _listen(address: str, where: str) -> socket.socket:
       return listener
     except OSError as e:
       listener.close()
-      if e.errno == errno.EADDRINUSE:
-        raise ConfigError(f"{where}: port {port} of its address {address} is in use by another "
-                          "process; stop that process or give this worker another port in TF_CONFIG "
-                          "(tfdp-launch picks free ones).") from None
+      if e.errno == errno.EADDRINUSE:  # the words tfdp-launch reruns with fresh ports on
+        raise ConfigError(f"{where} cannot listen on {address} (port {port}: {e.strerror}); give "
+                          f"it another free port in TF_CONFIG's cluster.{where.replace(' ', '[')}], "
+                          f"or stop what holds port {port} (`ss -ltnp 'sport = :{port}'` names "
+                          "it).") from None
       if family == socket.AF_INET:
-        raise ConfigError(f"{where}: cannot listen on {address} ({e.strerror}); give this "
-                          "worker an address of this host.") from None
+        raise ConfigError(f"{where} cannot listen on {address} ({e.strerror}); give it an "
+                          "address of this host in TF_CONFIG.") from None
   raise AssertionError("unreachable")
 
 
