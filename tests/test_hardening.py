@@ -60,7 +60,7 @@ def write(name: str, content: str | bytes):
   return setup
 
 
-_HELD = []  # run locks this test process holds, as a live run in another process would
+_HELD = []  # run locks (and ports) this test process holds, as another process would
 
 
 def held_by_another_run(folder: Path) -> None:
@@ -69,6 +69,23 @@ def held_by_another_run(folder: Path) -> None:
   fcntl.flock(fd, fcntl.LOCK_EX)
   os.write(fd, f"pid={os.getpid()} host={socket.gethostname()} since=now\n".encode())
   _HELD.append(fd)
+
+
+HELD_PORT = "{held_port}"  # replaced by the port hold_a_port bound for the case
+
+
+def hold_a_port(folder: Path) -> None:
+  """A free port on 127.0.0.1 this test process listens on, as another program would."""
+  holder = socket.socket()
+  holder.bind(("127.0.0.1", 0))
+  holder.listen()
+  _HELD.append(holder)
+  (folder / "held_port").write_text(str(holder.getsockname()[1]))
+
+
+def held_port(folder: Path) -> str:
+  path = folder / "held_port"
+  return path.read_text() if path.exists() else HELD_PORT
 
 
 IN_USE = ("in use by another tfdp run", f"pid {os.getpid()} on host {socket.gethostname()}",
@@ -130,6 +147,10 @@ CASES = [
          env={"TF_CONFIG": json.dumps({"cluster": TWO_WORKERS, "rpc_layer": "grpc+verbs",
                                        "task": {"type": "worker", "index": 0}})}),
     Case("tf_config_chief_missing", ("cluster.chief",), env=tf_config({"type": "chief", "index": 0})),
+    # Was a 40-line traceback ending in TF's "UnknownError: Could not start gRPC server".
+    Case("tf_config_port_in_use", ("127.0.0.1:{held_port}", "in use", "another", "TF_CONFIG", "stop"),
+         env=tf_config({"type": "worker", "index": 0},
+                       {"worker": ["127.0.0.1:{held_port}", "127.0.0.1:1"]}), setup=hold_a_port),
     # ---- Slurm -------------------------------------------------------------------------------
     Case("slurm_superscript_ntasks", ("SLURM_NTASKS", "srun"), env=dict(SLURM, SLURM_NTASKS="²")),
     Case("slurm_procid_out_of_range", ("SLURM_PROCID 7", "srun"), env=dict(SLURM, SLURM_PROCID="7")),
@@ -389,7 +410,7 @@ def test_checks_that_need_no_tensorflow_refuse_before_it_is_imported(case_id, tm
 
 def check_refused(case: Case, tmp_path: Path, request) -> None:
   """Runs `case`: one `error:` line naming its words, no traceback, model_dir untouched."""
-  fill = lambda text: text.replace(FOLDER, str(tmp_path))  # noqa: E731
+  fill = lambda text: text.replace(FOLDER, str(tmp_path)).replace(HELD_PORT, held_port(tmp_path))  # noqa: E731
   model_dir = tmp_path / "run"
   if case.trained:
     shutil.copytree(request.getfixturevalue("trained_run"), model_dir)

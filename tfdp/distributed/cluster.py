@@ -411,6 +411,28 @@ def unanswered_peers(cluster: Cluster, seconds: float = 2.0) -> list[str]:
   return silent
 
 
+def port_taken_error(cluster: Cluster) -> ClusterError:
+  """The one line for TF's bare 'Could not start gRPC server' (it says neither port nor why).
+  TF listens on every interface (launch.py's docstring), so a test bind on '' tells whether
+  the port is taken. The line keeps both isolation.BIND_FAILURE_MARKERS: tfdp-launch then
+  retries with fresh ports."""
+  address = cluster.cluster[cluster.task_type][cluster.task_index]
+  port = int(address.rpartition(":")[2])
+  try:
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+      probe.bind(("", port))
+    why = "it is free now, so something held it while TensorFlow started"
+  except OSError as error:
+    why = error.strerror or str(error)
+  where = (f"TF_CONFIG's cluster.{cluster.task_type}[{cluster.task_index}]"
+           if cluster.source == "TF_CONFIG" else f"{slurm.PORT_BASE_VAR} (Slurm)")
+  return ClusterError(
+      f"{cluster.task_type} {cluster.task_index} cannot listen on {address} (port {port}: "
+      f"{why}; TensorFlow: Could not start gRPC server); give it another free port in {where}, or "
+      f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'` names it).")
+
+
 class StartupDeadline:
   """Bounds the wait for the other workers while the strategy is made. TF's
   MultiWorkerMirroredStrategy waits for every worker for ever, inside C++ that holds the GIL
@@ -419,7 +441,8 @@ class StartupDeadline:
   could act. So a small watcher *process* waits instead: past runtime.startup_timeout_seconds it
   names, in one line, the workers whose ports take no connection, and kills this worker
   (SIGKILL: a retryable death for tfdp-launch --max_restarts/--min_workers and Kubeflow alike).
-  Leaving the block (or this process dying) ends the watcher."""
+  Leaving the block (or this process dying) ends the watcher; TF's 'Could not start gRPC server'
+  leaves it as one line (port_taken_error)."""
 
   def __init__(self, cluster: Cluster, seconds: float):
     self.cluster, self.seconds = cluster, seconds
@@ -436,10 +459,14 @@ class StartupDeadline:
           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, kind, error, traceback) -> None:
     if self._watcher is not None:
       self._watcher.stdin.close()  # end of input: the watcher leaves
       self._watcher.wait()
+    # TF's bare UnknownError when this task's port cannot be bound (it names neither port nor why)
+    if (kind is not None and kind.__name__ == "UnknownError" and self.cluster.is_multi_worker
+        and "Could not start gRPC server" in str(error)):
+      raise port_taken_error(self.cluster) from None
 
 
 def watch_startup(spec_json: str) -> None:
