@@ -274,15 +274,26 @@ CASES = [
          spoil=lambda d: (d / "checkpoints" / "checkpoint").write_bytes(b"\x00garbage\xff")),
     Case("checkpoint_state_unparsable", ("checkpoints/checkpoint", "model_checkpoint_path", "--start_over"),
          trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").write_text("hello\n")),
-    Case("checkpoint_index_missing", ("ckpt-8.index", "missing", "--start_over"), trained=True,
-         spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").unlink()),
+    # Each names the way on: the line that points the state at the newest whole checkpoint (the
+    # only fix once the newest was removed; each said "fix or remove it").
+    Case("checkpoint_index_missing", ("ckpt-8.index", "missing", "--start_over", "resume from ckpt-4",
+                                      """echo 'model_checkpoint_path: "ckpt-4"' > {folder}/run/"""),
+         trained=True, spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").unlink()),
+    Case("checkpoint_newest_removed", ("names 'ckpt-8'", "ckpt-8.index' is missing", "--start_over",
+                                       """'model_checkpoint_path: "ckpt-4"' > {folder}/run/"""),
+         trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-8.*")]),
+    Case("checkpoint_every_one_removed", ("names 'ckpt-8'", "fix or remove it", "--start_over"),
+         trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-*")]),
     # A `[` in model_dir once made the checkpoint glob match nothing: this guard was skipped.
-    Case("checkpoint_state_file_missing_bracket_dir", ("no 'checkpoint' state file", "--start_over"),
+    Case("checkpoint_state_file_missing_bracket_dir", ("no 'checkpoint' state file", "--start_over",
+                                                       """'model_checkpoint_path: "ckpt-8"'"""),
          args=("--model_dir={folder}/lr[0.1]",),
          setup=lambda folder: (write("lr[0.1]/checkpoints/ckpt-8.index", "x")(folder),
                                write("lr[0.1]/checkpoints/ckpt-8.data-00000-of-00001", "x")(folder))),
-    Case("checkpoint_state_file_missing", ("no 'checkpoint' state file", "--start_over"), trained=True,
-         spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
+    Case("checkpoint_state_file_missing", ("no 'checkpoint' state file", "(ckpt-8.index)",
+                                           "--start_over", "resume from ckpt-8",
+                                           """'model_checkpoint_path: "ckpt-8"' > {folder}/run/"""),
+         trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
     Case("checkpoint_index_garbage", ("ckpt-8", "damaged", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").write_bytes(os.urandom(300))),
     Case("checkpoint_data_truncated", ("ckpt-8", "damaged", "--start_over"), trained=True,
@@ -469,6 +480,30 @@ def test_start_over_moves_an_unreadable_run_aside_and_trains_from_step_zero(trai
   assert (model_dir / "config.yaml").exists() and not list(model_dir.glob("config.*.yaml"))
   assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index",
                                                                                  "ckpt-8.index"]
+
+
+def test_a_damaged_newest_checkpoint_is_left_by_the_steps_the_errors_name(trained_run, tmp_path):
+  """Damaged ckpt-8: remove it, as that error says; the next names the line that points the state
+  at ckpt-4; run as given, the run resumes from step 4 and finishes. Seen failing: the second
+  error said only "fix or remove it", and removing the state file led to another such error."""
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  truncate_data(model_dir)
+  train = lambda: helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY}",  # noqa: E731
+                                    "--mode=train", timeout=300)
+  damaged = train()
+  assert damaged.returncode == 2 and "remove it" in damaged.stderr, damaged.stderr[-3000:]
+  for path in (model_dir / "checkpoints").glob("ckpt-8.*"):
+    path.unlink()
+  pointed = train()
+  (line,) = helpers.error_lines(pointed)
+  command = re.search(r"run: (echo .*?) \(older checkpoints stay\)", line)
+  assert pointed.returncode == 2 and command, line
+  subprocess.run(command.group(1), shell=True, check=True)
+  resumed = train()
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed from" in resumed.stderr and "ckpt-4" in resumed.stderr, resumed.stderr[-3000:]
+  assert (model_dir / "checkpoints" / "ckpt-8.index").exists()
 
 
 def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_is_stale(

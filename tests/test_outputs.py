@@ -135,3 +135,29 @@ def test_start_over_moves_the_run_and_copies_the_tasks_files(tmp_path):
   assert sorted(p.name for p in Path(attic).iterdir()) == ["checkpoints", "config.yaml",
                                                            "vocabulary.txt"]
   assert (Path(attic) / "vocabulary.txt").read_text() == "[PAD]\n"
+
+
+def test_a_lost_newest_checkpoint_names_the_newest_whole_one_by_step_not_by_spelling(tmp_path):
+  """ckpt-100 is newer than ckpt-34 (the old message named the last by spelling, ckpt-34); a
+  checkpoint whose data shard is missing is not one to resume from."""
+  directory = tmp_path / "checkpoints"
+  directory.mkdir()
+  for name in ("ckpt-34", "ckpt-100", "ckpt-200"):
+    (directory / f"{name}.index").write_text("x")
+  for name in ("ckpt-34", "ckpt-100"):
+    (directory / f"{name}.data-00000-of-00001").write_text("x")
+  (directory / "ckpt-200.data-00000-of-00002").write_text("x")  # its second shard is lost
+  with pytest.raises(OutputError) as raised:
+    outputs.latest_checkpoint(str(tmp_path))
+  assert "holds checkpoints (ckpt-200.index) but no 'checkpoint' state file" in str(raised.value)
+  assert str(raised.value).endswith(
+      f"""to resume from ckpt-100, the newest checkpoint whose files are all there, run: echo """
+      f"""'model_checkpoint_path: "ckpt-100"' > {directory / 'checkpoint'} (older checkpoints """
+      "stay); or pass --start_over to move the earlier run aside (nothing is deleted) and train "
+      "from step 0.")
+  (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-200"\n')
+  with pytest.raises(OutputError, match=r"names 'ckpt-200' but '.*ckpt-200.data-\*' is missing; "
+                     r"to resume from ckpt-100"):
+    outputs.latest_checkpoint(str(tmp_path))
+  (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+  assert outputs.latest_checkpoint(str(tmp_path)) == str(directory / "ckpt-100")

@@ -8,6 +8,7 @@ import errno
 import glob
 import os
 import re
+import shlex
 import shutil
 import stat
 import tempfile
@@ -93,11 +94,12 @@ def latest_checkpoint(model_dir: str) -> str | None:
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
   directory = os.path.join(model_dir, CHECKPOINT_DIR)
   state = os.path.join(directory, "checkpoint")
-  indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))  # `[` in paths
   if not os.path.exists(state):
+    indexes = glob.glob(os.path.join(glob.escape(directory), "*.index"))  # `[` in paths
     if indexes:
-      raise OutputError(f"'{directory}' holds checkpoints ({os.path.basename(indexes[-1])}) but "
-                        f"no 'checkpoint' state file naming the latest; {START_OVER_HINT}.")
+      newest = os.path.basename(max(indexes, key=_step))
+      raise OutputError(f"'{directory}' holds checkpoints ({newest}) but no 'checkpoint' state "
+                        f"file naming the latest; {_resume_fix(state)}.")
     return None
   try:
     with open(state, "rb") as f:
@@ -111,11 +113,41 @@ def latest_checkpoint(model_dir: str) -> str | None:
                       f"model_checkpoint_path line); {START_OVER_HINT}.")
   prefix = os.path.join(directory, match.group(1))
   missing = (f"{prefix}.index" if not os.path.isfile(f"{prefix}.index")
-             else f"{prefix}.data-*" if not glob.glob(glob.escape(prefix) + ".data-*") else None)
+             else f"{prefix}.data-*" if not _whole(prefix) else None)
   if missing:
     raise OutputError(f"checkpoint state '{state}' names '{match.group(1)}' but "
-                      f"'{missing}' is missing; {START_OVER_HINT}.")
+                      f"'{missing}' is missing; {_resume_fix(state)}.")
   return prefix
+
+
+def _step(path: str) -> int:
+  """ckpt-34.index → 34 (-1 for a name without one): ckpt-100 is newer than ckpt-34."""
+  number = os.path.basename(path).split(".", 1)[0].rpartition("-")[2]
+  return int(number) if number.isascii() and number.isdigit() else -1
+
+
+def _whole(prefix: str) -> bool:
+  """Its index and every data shard (ckpt-8.data-00000-of-00001) are there; not that they are
+  undamaged: only restoring tells."""
+  shards = glob.glob(glob.escape(prefix) + ".data-*-of-*")
+  total = shards[0].rpartition("-of-")[2] if shards else ""
+  return (os.path.isfile(f"{prefix}.index") and total.isdigit()
+          and len(shards) == int(total))
+
+
+def _resume_fix(state: str) -> str:
+  """The concrete way on after the state file names a checkpoint that is gone (or is gone
+  itself): point it at the newest checkpoint whose files are all there. Never done for the user:
+  which checkpoint to resume from is theirs to choose."""
+  indexes = glob.glob(os.path.join(glob.escape(os.path.dirname(state)), "*.index"))
+  whole = [p[:-len(".index")] for p in indexes if _step(p) >= 0 and _whole(p[:-len(".index")])]
+  if not whole:
+    return START_OVER_HINT
+  name = os.path.basename(max(whole, key=_step))
+  return (f"to resume from {name}, the newest checkpoint whose files are all there, run: echo "
+          f"'model_checkpoint_path: \"{name}\"' > {shlex.quote(state)} (older checkpoints stay); "
+          "or pass --start_over to move the earlier run aside (nothing is deleted) and train from "
+          "step 0")
 
 
 # What only a tfdp run writes into model_dir: --start_over moves these aside, and refuses a folder
