@@ -1,4 +1,5 @@
 """MultiWorkerMirroredStrategy with real worker processes on loopback, through tfdp-launch."""
+import json
 import os
 import re
 import shutil
@@ -180,7 +181,11 @@ def test_workers_started_with_different_configs_refuse_before_training(tmp_path)
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode != 0
   errors = [l for l in out.splitlines() if "tfdp-train: error: workers disagree" in l]
-  assert errors and "worker 1 has config=" in errors[0], out[-3000:]
+  # The key, not two hashes (was "worker 1 has config='27e2fbd379562842' but worker 0 has ...").
+  assert errors and errors[0].endswith(
+      "workers disagree before training on their config: worker 1 has "
+      "trainer.global_batch_size=64 (worker 0: 32); start every worker with the same config "
+      "files, overrides and --model_dir."), out[-3000:]
   assert "Traceback" not in out
   assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -317,3 +322,25 @@ def test_data_that_differs_on_a_worker_is_refused_before_training(tmp_path):
   lines = disagree_line(out)
   assert lines and "worker 1 has train" in lines[0] and "same data" in lines[0], out[-3000:]
   assert "Traceback" not in out and not (tmp_path / "run" / "checkpoints").exists(), out[-3000:]
+
+
+def test_the_config_check_names_the_keys_both_values_and_at_most_four():
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  plan = strategy_lib.StrategyPlan("multi_worker_mirrored")
+  first = {"trainer": {"epochs": 2, "tag": "a" * 100}, "task": {"a": 1, "b": 1, "c": 1}}
+  other = {"trainer": {"epochs": 3, "tag": "a" * 99 + "b"}, "task": {"a": 2, "b": 2, "c": 2}}
+  plans = [strategy_lib.worker_plan(plan, 1, strategy_lib.config_fields(json.dumps(c), d))
+           for c, d in ((first, "/m"), (other, "/m"))]
+  with pytest.raises(ConfigError) as raised:
+    strategy_lib.check_workers_agree(plans)
+  assert str(raised.value) == (
+      "workers disagree before training on their config: worker 1 has task.a=2 (worker 0: 1), "
+      "task.b=2 (worker 0: 1), task.c=2 (worker 0: 1), trainer.epochs=3 (worker 0: 2) and 1 more "
+      "key; start every worker with the same config files, overrides and --model_dir.")
+  del other["trainer"]["epochs"], other["task"]
+  other["trainer"]["tag"] = first["trainer"]["tag"]
+  plans[1] = strategy_lib.worker_plan(plan, 1, strategy_lib.config_fields(json.dumps(other), "/n"))
+  with pytest.raises(ConfigError, match=r"worker 1 has --model_dir=/n \(worker 0: /m\), task.a="
+                     r"\(unset\) \(worker 0: 1\), task.b=\(unset\)"):
+    strategy_lib.check_workers_agree(plans)

@@ -490,8 +490,8 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
   """Before the first collective: every worker has the same device count, all-reduce and config
   (one small exchange through the coordination service)."""
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  digest = hashlib.sha256(f"{config_lib.config_to_json(config)}|{model_dir}".encode()).hexdigest()[:16]
-  mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), digest)
+  fields = strategy_lib.config_fields(config_lib.config_to_json(config), model_dir)
+  mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), fields)
   timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
   plans = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]

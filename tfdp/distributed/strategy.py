@@ -341,16 +341,45 @@ def describe(plan: StrategyPlan, num_replicas: int) -> str:
           f"all_reduce={reduce}{why}{precision}")
 
 
-def worker_plan(plan: StrategyPlan, local_replicas: int, config_digest: str) -> dict:
-  """What every worker must agree on before the first collective."""
+def config_fields(config_json: str, model_dir: str) -> dict[str, str]:
+  """The config as flat `key: value` pairs (JSON; a long value as its hash) and --model_dir, for
+  the start-up exchange: workers that differ are told which keys differ, not two hashes."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  fields = {"--model_dir": model_dir}
+
+  def add(prefix: str, node) -> None:
+    if isinstance(node, dict) and node:
+      for key, value in node.items():
+        add(f"{prefix}{key}.", value)
+      return
+    text = json.dumps(node, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    fields[prefix[:-1]] = text if len(text) <= 64 else f"{text[:40]}... (sha256 {digest})"
+
+  add("", json.loads(config_json))
+  return fields
+
+
+def worker_plan(plan: StrategyPlan, local_replicas: int, config: dict[str, str] | str) -> dict:
+  """What every worker must agree on before the first collective (`config`: config_fields)."""
   return {"local_replicas": local_replicas, "kind": plan.kind, "all_reduce": plan.all_reduce,
-          "precision": plan.precision, "config": config_digest}
+          "precision": plan.precision, "config": config}
+
+
+def _config_difference(rank: int, mine: dict, first: dict, shown: int = 4) -> str:
+  keys = [k for k in sorted(set(mine) | set(first)) if mine.get(k) != first.get(k)]
+  said = ", ".join(f"{k}={mine.get(k, '(unset)')} (worker 0: {first.get(k, '(unset)')})"
+                   for k in keys[:shown])
+  more = len(keys) - shown
+  more = f" and {more} more key{'s' if more != 1 else ''}" if more > 0 else ""
+  return f"worker {rank} has {said}{more}"
 
 
 def check_workers_agree(plans: Sequence[dict]) -> None:
-  """One line naming the first worker and field that differs from worker 0. TF calls unequal
-  device counts across workers undefined (they hang or sum wrongly), and workers that read
-  different configs train nonsense together."""
+  """One line naming the first worker and field (for the config, the keys) that differs from
+  worker 0. TF calls unequal device counts across workers undefined (they hang or sum wrongly),
+  and workers that read different configs train nonsense together."""
   for rank, plan in enumerate(plans[1:], start=1):
     for key, value in plan.items():
       if value != plans[0].get(key):
@@ -359,5 +388,8 @@ def check_workers_agree(plans: Sequence[dict]) -> None:
         else:
           fix = ("give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
                  "CUDA_VISIBLE_DEVICES) and the same runtime settings")
+        if key == "config" and isinstance(value, dict) and isinstance(plans[0].get(key), dict):
+          raise ConfigError(f"workers disagree before training on their config: "
+                            f"{_config_difference(rank, value, plans[0][key])}; {fix}.")
         raise ConfigError(f"workers disagree before training: worker {rank} has {key}={value!r} "
                           f"but worker 0 has {plans[0].get(key)!r}; {fix}.")
