@@ -480,7 +480,11 @@ def watch_startup(spec_json: str) -> None:
   silent = unanswered_peers(cluster)
   who = ("no answer from " + ", ".join(silent) if silent else
          "every other worker's port answers, so one of them is stuck in its own start-up")
-  print(f"{spec['prog']}: error: worker {cluster.rank}: the cluster did not assemble in "
-        f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this worker "
-        "(SIGKILL) so that the group restarts", file=sys.stderr, flush=True)
+  line = (f"{spec['prog']}: error: worker {cluster.rank}: the cluster did not assemble in "
+          f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this worker "
+          "(SIGKILL) so that the group restarts\n")
+  try:  # one unbuffered write, newline included, done before the kill: the shell's "Killed"
+    os.write(sys.stderr.fileno(), line.encode())  # (or a launcher's next line) starts a line
+  except (OSError, ValueError):
+    pass  # no stderr to say it on: the kill still restarts the group
   os.kill(spec["pid"], signal.SIGKILL)
