@@ -130,3 +130,43 @@ def test_a_resume_with_other_settings_says_which_apply_from_now_on(tmp_path, cap
           "False") in said[0]
   assert "epochs" not in said[0]
   assert len(list(tmp_path.glob("config.*.yaml"))) == 1  # the earlier one, kept
+
+
+def test_one_row_of_padding_is_singular_in_both_lines():
+  """Was '128 over 3 replicas: 1 rows of padding per step'."""
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  assert data_lib.describe_split(128, 3) == (
+      "per-replica batch 43 (128 over 3 replicas: 1 row of padding per step)")
+  assert data_lib.describe_split(16, 3) == (
+      "per-replica batch 6 (16 over 3 replicas: 2 rows of padding per step)")
+  split = resume.BatchSplit(global_batch=128, workers=3, replicas=3, accumulation=1,
+                            was_workers=2, was_replicas=2, was_accumulation=1)
+  assert split.line(16) == ("resumed at step 16 on 3 workers (was 2): accumulation 1 kept, "
+                            "per-replica batch 43 (128 over 3 replicas: 1 row of padding per "
+                            "step), global batch 128 kept")
+
+
+def test_a_finished_run_on_another_group_says_nothing_trains_and_a_resume_says_its_split_once(
+    tmp_path):
+  """Seen failing on the old experiment.py: a finished 2-replica run run again on 4 said
+  'resumed at step 4 on 4 replicas (was 2)' and 'done: ... replicas=4' as if it had trained; a
+  resume on 1 replica logged 'resume: gradient_accumulation_steps 2 ...' twice (once from the
+  checks before TensorFlow, once from the build)."""
+  model_dir = tmp_path / "run"
+  train = lambda *extra: helpers.run_train(  # noqa: E731
+      f"--model_dir={model_dir}", "--mode=train",
+      f"--params_override={CONSTANT},{','.join(extra)}", timeout=300)
+  first = train("trainer.epochs=1")
+  assert first.returncode == 0, first.stderr[-3000:]
+  again = train("trainer.epochs=1", "runtime.cpu_replicas=4")
+  out = again.stdout + again.stderr
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "the run had finished at step 4: nothing trains on 4 replicas (was 2)" in out, out[-3000:]
+  assert "resumed at step" not in out
+  assert "trained=nothing (the run had finished at step 4)" in again.stdout, again.stdout
+  resumed = train("trainer.epochs=2", "runtime.cpu_replicas=1")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed at step 4 on 1 replica (was 2): accumulation 1 → 2" in resumed.stdout
+  said = [l for l in resumed.stderr.splitlines() if "resume: gradient_accumulation_steps 2" in l]
+  assert len(said) == 1, resumed.stderr[-3000:]

@@ -148,8 +148,9 @@ def describe_split(batch: int, num_replicas: int, accumulation: int = 1) -> str:
     return f"per-replica batch {per_replica}"
   over = f"{num_replicas} replica{'s' * (num_replicas != 1)}" + (
       f" x {accumulation} accumulation steps" if accumulation > 1 else "")
+  padding = per_replica * slots - batch
   return (f"per-replica batch {per_replica} ({batch} over {over}: "
-          f"{per_replica * slots - batch} rows of padding per step)")
+          f"{padding} row{'s' * (padding != 1)} of padding per step)")
 
 
 # An uneven split gives pipelines unequal real shares of each step's block of the one global

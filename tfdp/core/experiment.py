@@ -59,7 +59,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
         config.task.train_data.shard_policy), model_dir)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
-    split = _batch_split(config, model_dir, prior, replicas, cluster, None)
+    split = _batch_split(config, model_dir, prior, replicas, cluster, None, say=False)
     data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
   return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior
 
@@ -152,6 +152,8 @@ class Experiment:
         else:
           from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
           start = trainer.global_step
+          if start >= trainer.total_steps:  # replicas= is this group's: it trained nothing
+            result["trained"] = f"nothing (the run had finished at step {start})"
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
               self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
@@ -301,16 +303,18 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     trainer.run_record = run_record and {**run_record, **trainer.state_fields()}
     trainer.run_record_from_step = restored_step
     trainer.prior_record = prior.record
+    finished = mode != "eval" and restored_step >= trainer.total_steps  # nothing will train
     if split and restored_step and split.changed:
-      logging.info("%s", split.line(restored_step))
+      line = split.line(restored_step, finished)
+      logging.info("%s", line)
       if verbose and cluster.is_chief:  # beside the summary line: what the new group changed
-        print(split.line(restored_step), flush=True)
+        print(line, flush=True)
     if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
       init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
       task.warm_start(init)
       logging.info("warm start: encoder restored from %s", init)
     config_text = config_lib.dump_yaml(config, task.recorded_config)
-    if mode != "eval" and restored_step >= trainer.total_steps:  # finished: nothing will train
+    if finished:
       outputs.keep_config(write_plan, config_text)
     elif mode != "eval":  # every check passed: now the run may write (an evaluation leaves
       outputs.write_config(write_plan, config_text)
@@ -404,8 +408,10 @@ def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.Strate
 
 
 def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, replicas: int,
-                 cluster: cluster_lib.Cluster, sharding: str | None) -> resume.BatchSplit | None:
-  """How a resume splits the recorded run's global batch on this group (None: no record).
+                 cluster: cluster_lib.Cluster, sharding: str | None,
+                 say: bool = True) -> resume.BatchSplit | None:
+  """How a resume splits the recorded run's global batch on this group (None: no record);
+  `say`: log the accumulation it takes (the build does; the checks before TF run it too).
 
   Why another worker count trains on the same examples in every step: under shard_policy
   data (or off, one pipeline) every pipeline shuffles the same source with the same seed, and
@@ -434,7 +440,7 @@ def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, 
         f"does not split evenly over {replicas} replicas, and its shard policy {sharding} cannot "
         f"split it unevenly (each worker reads its own shard, not its share of one order); "
         f"resume on a replica count that divides {split.global_batch}, or pass --start_over.")
-  if split and split.accumulation != config_accumulation:
+  if say and split and split.accumulation != config_accumulation:
     logging.info("resume: gradient_accumulation_steps %d (the recorded run's split on %d "
                  "replicas), not the config's %d, which is for a fresh run", split.accumulation,
                  replicas, config_accumulation)

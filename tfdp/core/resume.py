@@ -152,8 +152,9 @@ class BatchSplit:
     return (self.workers, self.replicas, self.accumulation) != (
         self.was_workers, self.was_replicas, self.was_accumulation)
 
-  def line(self, step: int) -> str:
-    """The chief's start-up line for a resume on another group."""
+  def line(self, step: int, finished: bool = False) -> str:
+    """The chief's start-up line for a resume on another group (`finished`: the run had
+    reached its last step, so nothing trains)."""
     def group(workers: int, replicas: int, was: bool = False) -> str:
       if self.workers == self.was_workers:
         return str(replicas) if was else f"{replicas} replica{'s' * (replicas != 1)}"
@@ -165,6 +166,8 @@ class BatchSplit:
     where = (f" on {group(self.workers, self.replicas)} "
              f"(was {group(self.was_workers, self.was_replicas, was=True)})"
              if (self.workers, self.replicas) != (self.was_workers, self.was_replicas) else "")
+    if finished:
+      return f"the run had finished at step {step}: nothing trains{where}"
     accumulation = (f"accumulation {self.was_accumulation} → {self.accumulation}"
                     if self.accumulation != self.was_accumulation
                     else f"accumulation {self.accumulation} kept")
@@ -172,7 +175,7 @@ class BatchSplit:
     padding = self.per_replica_batch * slots - self.global_batch
     uneven = (f" ({self.global_batch} over {self.replicas} replica{'s' * (self.replicas != 1)}"
               f"{f' x {self.accumulation} accumulation steps' if self.accumulation > 1 else ''}"
-              f": {padding} rows of padding per step)" if padding else "")
+              f": {padding} row{'s' * (padding != 1)} of padding per step)" if padding else "")
     return (f"resumed at step {step}{where}: {accumulation}, per-replica batch "
             f"{self.per_replica_batch}{uneven}, global batch {self.global_batch} kept")
 
