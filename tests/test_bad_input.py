@@ -1,4 +1,5 @@
 """Every user mistake: one line naming the fix, a non-zero exit, no traceback, nothing lost."""
+import json
 import time
 
 import pytest
@@ -65,6 +66,30 @@ def test_eval_folder_missing_a_training_class(tmp_path):
                            timeout=120)
   assert_one_line_error(proc, "lacks 'b'", "same class subfolders")
   assert not (tmp_path / "run").exists()
+
+
+def test_a_renamed_class_folder_is_refused_on_eval_and_resume(tmp_path):
+  """Image labels follow the sorted class folders: a probe renamed 'fish' to 'ant' and its
+  --mode=eval scored 0.0000 (every label shifted), silently; a resume trained on the shifted
+  labels. The run now saves class_names.json and compares it, as text runs do. Seen failing:
+  on the old code the eval ran (exit 0) and no class_names.json was written."""
+  helpers.write_image_folder(tmp_path / "images", per_class=4, classes=("cat", "dog", "fish"))
+  folder = (f"task.train_data.source=image_folder,task.train_data.path={tmp_path / 'images'},"
+            f"task.eval_data.source=image_folder,task.eval_data.path={tmp_path / 'images'},"
+            "trainer.global_batch_size=4,task.model.name=small_cnn,task.model.kwargs={},"
+            "runtime.cpu_replicas=2,trainer.epochs=1,task.eval_flip=false")
+  run = tmp_path / "run"
+  first = helpers.run_train(f"--model_dir={run}", f"--params_override={folder}", timeout=240)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert json.loads((run / "class_names.json").read_text()) == ["cat", "dog", "fish"]
+  (tmp_path / "images" / "fish").rename(tmp_path / "images" / "ant")
+  before = sorted(p.name for p in run.iterdir())
+  for mode, more in (("eval", ""), ("train_and_eval", ",trainer.epochs=2")):
+    proc = helpers.run_train(f"--model_dir={run}", f"--mode={mode}",
+                             f"--params_override={folder}{more}", timeout=120)
+    assert_one_line_error(proc, "has other class folders than the run trained on",
+                          "lacks 'fish'", "has 'ant'")
+  assert sorted(p.name for p in run.iterdir()) == before
 
 
 def test_unwritable_model_dir(tmp_path):

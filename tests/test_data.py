@@ -168,6 +168,29 @@ def test_image_folder_ignores_hidden_folders_and_files(tmp_path):
   assert source.num_classes == 2 and source.num_examples == 4
 
 
+def test_image_folder_says_what_it_skips_and_which_classes_are_empty(tmp_path, caplog):
+  """A probe's folder: __pycache__ and an empty folder became classes 0 and 3, and a .webp, a
+  .tiff, a nested folder and a file beside the classes were skipped without a word."""
+  import logging  # pylint: disable=g-import-not-at-top
+  helpers.write_image_folder(tmp_path, per_class=2, classes=("cat", "dog"))
+  helpers.write_image_folder(tmp_path / "dog" / "more", per_class=3, classes=("x",))
+  (tmp_path / "__pycache__").mkdir()
+  (tmp_path / "__pycache__" / "m.pyc").write_bytes(b"code")
+  (tmp_path / "empty_class").mkdir()
+  (tmp_path / "cat" / "photo.webp").write_bytes(b"RIFF")
+  (tmp_path / "cat" / "scan.tiff").write_bytes(b"II*")
+  (tmp_path / "stray.png").write_bytes(helpers.encode_png(helpers.id_image(99)))
+  with caplog.at_level(logging.WARNING):
+    source = data_lib.make_source(data_config(source="image_folder", path=str(tmp_path)))
+  assert source.info["class_names"] == ["cat", "dog", "empty_class"]  # no __pycache__
+  said = [r.getMessage() for r in caplog.records if "image folder" in r.getMessage()]
+  assert len(said) == 1, caplog.text
+  for words in ("classes cat, dog, empty_class", "'empty_class' hold no images",
+                "1 beside the class folders", "3 in nested folders", "1 '.webp' files",
+                "1 '.tiff' files"):
+    assert words in said[0], said[0]
+
+
 @pytest.mark.parametrize("eval_classes, words", [
     (("a", "c"), ["lacks 'b'"]),
     (("a", "b", "d"), ["lacks 'c'", "has 'd'"]),

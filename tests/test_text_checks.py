@@ -8,6 +8,7 @@ import pytest
 import helpers
 from test_text_tasks import VOCAB, mlm_overrides, write_corpus
 from tfdp import config as config_lib
+from tfdp.core import class_folders
 from tfdp.core import task as tasks
 from tfdp.errors import ConfigError, DataError
 from tfdp.workloads.text import tasks as text_tasks
@@ -79,7 +80,7 @@ def test_saved_vocabulary_and_classes_are_compared(tmp_path):
   (run / "checkpoints").mkdir(parents=True)
   (run / "checkpoints" / "ckpt-1.index").write_bytes(b"")
   (run / text_tasks.VOCABULARY_FILE).write_text(VOCAB.read_text(encoding="utf-8"))
-  (run / text_tasks.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "verse"]))
+  (run / class_folders.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "verse"]))
   task = text_tasks.TextClassificationTask
   context = tasks.SavedRunUse("resume", "pass --start_over")
   config = config_lib.load_config([], [classify_overrides(corpus)]).task
@@ -90,7 +91,7 @@ def test_saved_vocabulary_and_classes_are_compared(tmp_path):
   # A warm start restores the encoder only: the head, and its classes, are new.
   warm = config_lib.load_config([], [classify_overrides(corpus, f",task.init_checkpoint={run}")])
   task.check_saved_artifacts(warm.task, str(run), WARM_START)
-  (run / text_tasks.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "poems"]))
+  (run / class_folders.CLASS_NAMES_FILE).write_text(json.dumps(["plays", "poems"]))
   task.check_saved_artifacts(config, str(run), context)
   other = swapped_vocabulary(tmp_path / "other_vocab.txt")
   changed = config_lib.load_config([], [classify_overrides(

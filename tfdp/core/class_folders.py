@@ -2,17 +2,53 @@
 folder in sorted order, so two folders with other classes would label alike names differently."""
 from __future__ import annotations
 
+import json
 import os
 
 from tfdp.config.schema import DataConfig
 from tfdp.errors import DataError
 
+CLASS_NAMES_FILE = "class_names.json"  # a run's classes, in label order, saved in model_dir
+NOT_CLASSES = ("__pycache__",)  # beside code, never a class
+
 
 def class_names(root: str) -> list[str]:
   """The class subfolders, sorted. Hidden ones are no class: a Jupyter `.ipynb_checkpoints`
   would be an empty class 0 that shifts every label."""
-  return sorted(d for d in os.listdir(root)
-                if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
+  return sorted(d for d in os.listdir(root) if not d.startswith(".") and d not in NOT_CLASSES
+                and os.path.isdir(os.path.join(root, d)))
+
+
+def saved_classes(source) -> dict:
+  """Task.artifacts: the classes a folder source labelled, for a resume or eval to compare."""
+  names = source.info.get("class_names")
+  return {CLASS_NAMES_FILE: json.dumps(list(names))} if names else {}
+
+
+def check_saved_classes(config, folder: str, context, source: str, read_text) -> None:
+  """Task.check_saved_artifacts: a folder with other class folders than the run saved (one
+  renamed, added or removed) would relabel every example after it, silently. `source`: the
+  folder source (image_folder, text_folder); `read_text(path, context)` reads the saved file."""
+  saved_path = os.path.join(folder, CLASS_NAMES_FILE)
+  if context.warm_start or not os.path.exists(saved_path):
+    return
+  try:
+    saved = json.loads(read_text(saved_path, context))
+    if not isinstance(saved, list):
+      raise ValueError("not a JSON list")
+  except ValueError as e:
+    raise DataError(f"{context.action}: the run's saved '{saved_path}' cannot be read ({e}); "
+                    f"restore it, or {context.fix}.") from None
+  for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):
+    if data.source != source or not os.path.isdir(data.path):
+      continue  # a split this mode does not read; a missing one is check_source's to report
+    found = class_names(data.path)
+    if found != saved:
+      raise DataError(f"{context.action}: {key}.path '{data.path}' has other class folders than "
+                      f"the run trained on ('{saved_path}': "
+                      f"{differences(saved, found, 'the folder', 'the run')}), and labels follow "
+                      "the sorted folder names; give the folder the run's class subfolders "
+                      f"(an empty one is fine), or {context.fix}.")
 
 
 def differences(expected: list[str], found: list[str], found_in: str, expected_in: str) -> str:

@@ -28,7 +28,6 @@ BERT_KWARGS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dro
 # Saved beside the model: a resume, --mode=eval or warm start must read tokens (and classes) as
 # the run did, or every token takes another embedding row (every text another label) silently.
 VOCABULARY_FILE = "vocabulary.txt"
-CLASS_NAMES_FILE = "class_names.json"
 TOKENIZER_FILE = "tokenizer.json"  # how text became those tokens: {"lowercase": ...}
 
 
@@ -307,30 +306,10 @@ class TextClassificationTask(_BertTask):
     """Also the classes: labels number the sorted class folders, so a folder with other classes
     would score texts as other labels (a warm start restores only the encoder: a new head)."""
     super().check_saved_artifacts(config, folder, context)
-    saved_path = os.path.join(folder, CLASS_NAMES_FILE)
-    if context.warm_start or not os.path.exists(saved_path):
-      return
-    try:
-      saved = json.loads(_read_saved(saved_path, context))
-      if not isinstance(saved, list):
-        raise ValueError("not a JSON list")
-    except ValueError as e:
-      raise DataError(f"{context.action}: the run's saved '{saved_path}' cannot be read ({e}); "
-                      f"restore it, or {context.fix}.") from None
-    for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):
-      if data.source != "text_folder" or not os.path.isdir(data.path):
-        continue  # a split this mode does not read; a missing one is check_source's to report
-      found = class_folders.class_names(data.path)
-      if found != saved:
-        differences = class_folders.differences(saved, found, "the folder", "the run")
-        raise DataError(f"{context.action}: {key}.path '{data.path}' has other class folders than "
-                        f"the run trained on ('{saved_path}': {differences}), and labels follow "
-                        "the sorted folder names; give the folder the run's class subfolders "
-                        f"(an empty one is fine), or {context.fix}.")
+    class_folders.check_saved_classes(config, folder, context, "text_folder", _read_saved)
 
   def artifacts(self, source):
-    return {**super().artifacts(source),
-            CLASS_NAMES_FILE: json.dumps(list(source.info["class_names"]))}
+    return {**super().artifacts(source), **class_folders.saved_classes(source)}
 
   def build_source(self, data):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -11,7 +11,7 @@ import difflib
 from tfdp.core import class_folders
 from tfdp.core import data as data_lib
 from tfdp.core import task as tasks
-from tfdp.errors import ConfigError
+from tfdp.errors import ConfigError, DataError
 from tfdp.workloads.vision import models
 from tfdp.workloads.vision import sources
 
@@ -41,6 +41,15 @@ def _augment(image, seed, padding: int = 4, flip: str = "random"):
   return tf.cond(flipped, lambda: tf.reverse(cropped, axis=[1]), lambda: cropped)
 
 
+def _read_saved(path: str, context) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise DataError(f"{context.action}: the run's saved '{path}' cannot be read ({e}); restore "
+                    f"it, or {context.fix}.") from None
+
+
 @tasks.register_task("image_classification")
 class ImageClassificationTask(tasks.Task):
   """Images → one of num_classes: cross-entropy on logits, accuracy."""
@@ -66,6 +75,15 @@ class ImageClassificationTask(tasks.Task):
               "tfdp.launch_notebook, register it inside train_fn).")
       raise ConfigError(f"config key 'task.model.name' is '{config.model.name}'; use one of "
                         f"{', '.join(models.registered_models())}.{hint}")
+
+  @classmethod
+  def check_saved_artifacts(cls, config, folder, context):
+    """An image folder's classes against the run's: a renamed folder relabels every image
+    after it (a warm start may fine-tune on other classes)."""
+    class_folders.check_saved_classes(config, folder, context, "image_folder", _read_saved)
+
+  def artifacts(self, source):
+    return class_folders.saved_classes(source)
 
   def build_source(self, data):
     if data == self.config.eval_data:  # before its files are read: the model's classes are train's

@@ -8,6 +8,8 @@ from __future__ import annotations
 import glob
 import os
 
+from absl import logging
+
 from tfdp.config import DataConfig
 from tfdp.core import class_folders
 from tfdp.core import data as data_lib
@@ -53,11 +55,16 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   if not classes:
     raise DataError(f"image folder '{root}' has no class subfolders; lay it out as root/<class>/*.jpg.")
   paths, labels = [], []
+  skipped = _Skipped(root)
   for label, name in enumerate(classes):
+    found = len(paths)
     for file in sorted(os.listdir(os.path.join(root, name))):
-      if file.startswith(".") or not file.lower().endswith(IMAGE_EXTENSIONS):
-        continue  # hidden: e.g. macOS's "._cat.jpg" metadata, which is no image
       path = os.path.join(root, name, file)
+      if file.startswith("."):
+        continue  # hidden: e.g. macOS's "._cat.jpg" metadata, which is no image
+      if os.path.isdir(path) or not file.lower().endswith(IMAGE_EXTENSIONS):
+        skipped.add(path)
+        continue
       try:
         with open(path, "rb") as f:
           head = f.read(8)
@@ -67,9 +74,43 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
         raise DataError(f"image '{path}' is not a readable JPEG/PNG/GIF/BMP file; replace or remove it.")
       paths.append(path)
       labels.append(label)
+    if len(paths) == found:
+      skipped.empty.append(name)
   if not paths:
     raise DataError(f"image folder '{root}' holds no {'/'.join(IMAGE_EXTENSIONS)} files.")
+  skipped.say(classes)
   return paths, labels, classes
+
+
+class _Skipped:
+  """What an image folder holds that trains nothing, said in one warning: a class folder without
+  images (its label never trained), files tfdp does not decode, nested folders (only a class
+  folder's own files are read) and files beside the class folders."""
+
+  def __init__(self, root: str):
+    self.root, self.empty, self.kinds = root, [], {}
+    for entry in os.listdir(root):
+      if not entry.startswith(".") and os.path.isfile(os.path.join(root, entry)):
+        self.kinds["beside the class folders"] = self.kinds.get("beside the class folders", 0) + 1
+
+  def add(self, path: str) -> None:
+    if os.path.isdir(path):
+      kind, count = "in nested folders", sum(len(files) for _, _, files in os.walk(path))
+    else:
+      kind, count = f"'{os.path.splitext(path)[1].lower() or 'no extension'}' files", 1
+    self.kinds[kind] = self.kinds.get(kind, 0) + count
+
+  def say(self, classes: list[str]) -> None:
+    said = []
+    if self.empty:
+      said.append(f"class folder(s) {', '.join(repr(n) for n in self.empty)} hold no images, so "
+                  "their labels are never trained")
+    if self.kinds:
+      said.append("skipped " + ", ".join(f"{n} {k}" for k, n in self.kinds.items()) +
+                  f" (read: {'/'.join(IMAGE_EXTENSIONS)} directly in a class folder)")
+    if said:
+      logging.warning("image folder '%s' (classes %s): %s", self.root, ", ".join(classes),
+                      "; ".join(said))
 
 
 def _resize(image, size: int):
