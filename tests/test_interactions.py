@@ -1,6 +1,7 @@
 """Recommender data: per-worker shard files and their one-line errors, CSV and TFRecord reading,
 splitting by user (and the app that writes the shards), planted low-rank data whose best RMSE is
 the noise, id mappings every worker builds alike, and exact ranking metrics as sums."""
+import gzip
 import json
 import subprocess
 import sys
@@ -178,11 +179,11 @@ def test_tfrecord_errors_name_the_record(tmp_path):
 CSV_ERRORS = [
     # (file content, columns user/item/label/weight, message after "<where> ")
     ("uid,iid,rating\n1,2,3\n", ("user_id", "iid", "rating", ""),
-     "has no user column 'user_id'; its columns are uid, iid, rating: set user_column to one of "
-     "them."),
+     "has no user column 'user_id'; its columns are 'uid', 'iid', 'rating': set user_column to "
+     "one of them."),
     ("uid,iid,rating\n1,2,3\n", ("uid", "iid", "stars", ""),
-     "has no label column 'stars'; its columns are uid, iid, rating: set label_column to one of "
-     "them."),
+     "has no label column 'stars'; its columns are 'uid', 'iid', 'rating': set label_column to "
+     "one of them."),
     ("uid,iid,rating\n1,2,4\n1,3,five\n", ("uid", "iid", "rating", ""),
      "column 'rating' (label) holds 'five' in row 2 (line 3), not a number; fix or remove that "
      "row."),
@@ -213,6 +214,69 @@ def test_csv_one_line_errors(tmp_path, content, columns, expected):
   with pytest.raises(DataError) as excinfo:
     interactions.read_interactions(str(tmp_path / "clicks-{worker}.csv"), *columns, worker=2)
   assert one_line_error(excinfo) == f"worker 2: interactions file '{path}' {expected}"
+
+
+def test_string_ids_say_ids_are_integers_and_how_to_map_them(tmp_path):
+  # Once "not a number; fix or remove that row": no row of a file of string ids can be fixed.
+  path = tmp_path / "ratings.csv"
+  path.write_text("customer_id,product,stars\nu_m,movie-12,4\nu_b,movie-4,5\n")
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "customer_id", "product", "stars")
+  assert one_line_error(excinfo) == (
+      f"interactions file '{path}' column 'customer_id' (user) holds 'u_m' in row 1 (line 2), "
+      "and no row holds a number: ids must be integers >= 0, and neither "
+      "apps/split_interactions.py nor a vocabulary file maps string ids; replace each distinct "
+      "user id by an integer first (e.g. its position in a list of all the ids), the same in "
+      "every file, train and eval.")
+  # The fix works: integer ids (the same map for both columns' every file) read.
+  frame = pd.read_csv(path)
+  for column in ("customer_id", "product"):
+    frame[column] = pd.factorize(frame[column])[0]
+  frame.to_csv(path, index=False)
+  read = interactions.read_interactions(path, "customer_id", "product", "stars")
+  assert read["user"].tolist() == [0, 1] and read["item"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_csv_errors_count_physical_lines(tmp_path, compressed):
+  # Once "row 2 (line 3)" here: pandas skips blank lines, and the line was counted from rows.
+  content = "\nuid,iid,rating\n1,2,4\n\n   \n\"1\",3,5\n1,4,\n"
+  path = tmp_path / ("r.csv.gz" if compressed else "r.csv")
+  if compressed:
+    with gzip.open(path, "wt") as f:
+      f.write(content)
+  else:
+    path.write_text(content)
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "uid", "iid", "rating")
+  assert one_line_error(excinfo) == (
+      f"interactions file '{path}' column 'rating' (label) has no value in row 3 (line 7), not a "
+      "number; fix or remove that row.")
+
+
+def test_csv_errors_count_a_quoted_line_break_as_a_line(tmp_path):
+  path = tmp_path / "r.csv"
+  path.write_text('uid,iid,note,rating\n1,2,"two\nlines",4\n1,3,x,\n')
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "uid", "iid", "rating")
+  assert "has no value in row 2 (line 4), not a number" in one_line_error(excinfo)
+
+
+def test_a_header_with_spaces_after_its_commas_is_named_and_the_fix_works(tmp_path):
+  # Once "has no item column 'product'; its columns are customer_id, product, ...": the
+  # leading space of ' product' was invisible.
+  path = tmp_path / "ratings.csv"
+  path.write_text("customer_id, product, stars, timestamp\n12, 12, 4, 1600000000\n1,4,5,1\n")
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "customer_id", "product", "stars")
+  assert one_line_error(excinfo) == (
+      f"interactions file '{path}' has no item column 'product', but ' product': its columns are "
+      "'customer_id', ' product', ' stars', ' timestamp', with spaces next to the commas of its "
+      f"header line; remove them: sed -i '1s/ *, */,/g' {path}")
+  command = one_line_error(excinfo).split("remove them: ")[1]
+  subprocess.run(command, shell=True, check=True)
+  read = interactions.read_interactions(path, "customer_id", "product", "stars")
+  assert read["item"].tolist() == [12, 4] and read["label"].tolist() == [4.0, 5.0]
 
 
 @pytest.mark.parametrize("text", ["100000000000000000000", "1e300", "10000000000000000000",
@@ -457,7 +521,7 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--item_column=dd"], "interactions file '{tmp}/in.csv' has no item column 'dd'; its columns "
-                           "are s, d, y: set item_column to one of them."),
+                           "are 's', 'd', 'y': set item_column to one of them."),
     (["--fractions=0.5,x"], "--fractions '0.5,x' must be numbers separated by commas, e.g. "
                             "0.5,0.3,0.2."),
     (["--output={tmp}/all.csv"], "output path '{tmp}/all.csv' has no {worker} placeholder; write "

@@ -4,8 +4,15 @@ line naming the file, column and row. TensorFlow is imported only by the TFRecor
 """
 from __future__ import annotations
 
+import bz2
+import csv
+import gzip
+import io
+import lzma
 import os
 import re
+import shlex
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -109,7 +116,7 @@ def read_interactions(path: str, user_column: str, item_column: str, label_colum
                                                          weight_column)) if name}
   lower = path.lower()
   if lower.endswith(CSV_SUFFIXES):
-    raw, row_name = _read_csv(path, columns, where), _csv_row
+    raw, row_name = _read_csv(path, columns, where), _csv_rows(path)
   elif lower.endswith(TFRECORD_SUFFIXES):
     raw, row_name = _read_tfrecord(path, columns, where), _record_row
   else:
@@ -129,18 +136,59 @@ def check_not_empty(frame: pd.DataFrame, path: str, worker: int | None = None) -
   return frame
 
 
-def _csv_row(index: int) -> str:
-  return f"row {index + 1} (line {index + 2})"  # line 1 is the header
+def _csv_rows(path: str):
+  """Names a data row with its physical line, found only for an error: pandas skips blank lines
+  and a quoted field may span lines, so the line is not the row + 2."""
+  def row_name(index: int) -> str:
+    line = _csv_line(path, index)
+    return f"row {index + 1}" + (f" (line {line})" if line else "")
+  return row_name
+
+
+def _open_text(path: str):
+  lower = path.lower()
+  if lower.endswith(".zip"):  # pandas reads the one file in it
+    archive = zipfile.ZipFile(path)
+    return io.TextIOWrapper(archive.open(archive.namelist()[0]), encoding="utf-8", newline="")
+  opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(lower)[1],
+                                                                      open)
+  return opener(path, "rt", encoding="utf-8", newline="")
+
+
+def _csv_line(path: str, index: int) -> int | None:
+  """The physical line where data row `index` starts, skipping the lines pandas skips (blank or
+  only spaces and tabs, also before the header); None if the file cannot be scanned."""
+  try:
+    with _open_text(path) as f:
+      reader, end, rows = csv.reader(f), 0, -2  # the header is row -1
+      for record in reader:
+        start, end = end + 1, reader.line_num
+        if start == end and not "".join(record).strip(" \t") and len(record) <= 1:
+          continue
+        rows += 1
+        if rows == index:
+          return start
+  except (OSError, ValueError, csv.Error, zipfile.BadZipFile, EOFError):
+    pass
+  return None
 
 
 def _record_row(index: int) -> str:
   return f"record {index + 1}"
 
 
-def _check_columns(available: list, columns: dict, where: str) -> None:
+def _check_columns(available: list, columns: dict, where: str, path: str = "") -> None:
   for role, name in columns.items():
     if name not in available:
-      listed = ", ".join(map(str, available)) or "(none)"
+      # Quoted, so that a name's leading or trailing space shows.
+      listed = ", ".join(repr(str(a)) for a in available) or "(none)"
+      spaced = [a for a in available if isinstance(a, str) and a != name and a.strip() == name]
+      if path and spaced:  # "uid, iid" names ' iid': a header with spaces after its commas
+        fix = (f"sed -i '1s/ *, */,/g' {shlex.quote(path)}" if path.lower().endswith(".csv")
+               else "write its header line again without them")
+        raise DataError(f"{where} has no {role} column '{name}', but {spaced[0]!r}: its columns "
+                        f"are {listed}, with spaces next to the commas of its header line; "
+                        f"remove them: {fix}")
       raise DataError(f"{where} has no {role} column '{name}'; its columns are {listed}: set "
                       f"{role}_column to one of them.")
 
@@ -148,7 +196,7 @@ def _check_columns(available: list, columns: dict, where: str) -> None:
 def _read_csv(path: str, columns: dict, where: str) -> dict | None:
   try:
     header = list(pd.read_csv(path, nrows=0).columns)
-    _check_columns(header, columns, where)
+    _check_columns(header, columns, where, path)
     # Every column, not usecols: with usecols pandas accepts a row with too many fields (an
     # unquoted comma shifting the columns) without a word.
     frame = pd.read_csv(path, low_memory=False)
@@ -247,6 +295,13 @@ def _numbers(raw: pd.Series, role: str, name: str, where: str, row_name) -> np.n
   """float64 values; the first that is not a finite number is named with its row."""
   values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
   bad = np.flatnonzero(~np.isfinite(values))
+  if bad.size and role in ("user", "item") and bad.size == len(values) and isinstance(
+      raw.iloc[bad[0]], str):  # string ids (u_m, movie-12): no row can be fixed alone
+    raise DataError(f"{_value_problem(where, role, name, raw, bad[0], row_name)}, and no row holds "
+                    f"a number: ids must be integers >= 0, and neither {SPLIT_COMMAND} nor a "
+                    f"vocabulary file maps string ids; replace each distinct {role} id by an "
+                    "integer first (e.g. its position in a list of all the ids), the same in every "
+                    "file, train and eval.")
   if bad.size:
     raise DataError(f"{_value_problem(where, role, name, raw, bad[0], row_name)}, not a number; "
                     "fix or remove that row.")
