@@ -39,7 +39,8 @@ class DataConfig:
   # holdout, left out of split train; all: every row
   image_key: str = "image"  # tfrecord feature names
   label_key: str = "label"
-  image_size: int = 0  # resize to this square size; 0 keeps the source size
+  image_size: int = 0  # resize to this square size; 0: tfds and tfrecord keep the source size,
+  # image_folder resizes every image to its first image's size (which must be square)
   num_classes: int = 0  # 0: read from the source
   num_examples: int = 0  # synthetic only
   augment: bool = False  # random crop (crop_padding-pixel pad) + horizontal flip
@@ -202,7 +203,8 @@ class RuntimeConfig:
   checkpoint_on_preemption: bool = True  # SIGTERM: save a checkpoint and exit
   watchdog_seconds: float = 120.0  # a training loop running longer than max(10 x the median
   # loop time, this) (the first loop: 5 x this) dumps the worker's Python stacks and exits with
-  # code 75, so that tfdp-launch --max_restarts restarts the group; 0: no watchdog
+  # code 203 (errors.EXIT_RESTART_GROUP), so that tfdp-launch --max_restarts restarts the group;
+  # 0: no watchdog
   profile_steps: int = 0  # >0: profiler trace of this many steps (from the 2nd loop) in model_dir/train
 
 

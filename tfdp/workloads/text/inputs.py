@@ -13,6 +13,7 @@ import glob
 import math
 import os
 import re
+import shlex
 
 from absl import logging
 
@@ -46,8 +47,11 @@ def read_text_file(path: str) -> str:
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start}); convert it, e.g. "
-                    f"`iconv -t UTF-8`, or remove it.") from None
+    # iconv needs the source encoding (-f); latin1 decodes any bytes, so the command never fails.
+    q = shlex.quote(path)
+    raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start}); remove it, or convert it "
+                    "(latin1 is a guess: put its real encoding after -f): iconv -f latin1 -t "
+                    f"UTF-8 {q} > {q}.tmp && mv {q}.tmp {q}") from None
 
 
 def _is_text_file(name: str) -> bool:

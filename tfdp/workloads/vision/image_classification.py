@@ -70,9 +70,10 @@ class ImageClassificationTask(tasks.Task):
                           f"'image_classification' reads images: use one of {', '.join(cls.SOURCES)}.")
     if config.model.name not in models.registered_models():
       close = difflib.get_close_matches(config.model.name, models.registered_models(), n=1)
-      hint = (f" Did you mean '{close[0]}'?" if close else " A model of your own is registered "
-              "in the process that trains: name its module in task.model.module (under "
-              "tfdp.launch_notebook, register it inside train_fn).")
+      # Both: a name close to a built-in one may still be the user's own model.
+      hint = ((f" Did you mean '{close[0]}'?" if close else "") + " A model of your own is "
+              "registered in the process that trains: name its module in task.model.module "
+              "(under tfdp.launch_notebook, register it inside train_fn).")
       raise ConfigError(f"config key 'task.model.name' is '{config.model.name}'; use one of "
                         f"{', '.join(models.registered_models())}.{hint}")
 
