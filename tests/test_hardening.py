@@ -296,9 +296,13 @@ CASES = [
          trained=True, spoil=lambda d: (d / "checkpoints" / "checkpoint").unlink()),
     Case("checkpoint_index_garbage", ("ckpt-8", "damaged", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "ckpt-8.index").write_bytes(os.urandom(300))),
-    Case("checkpoint_data_truncated", ("ckpt-8", "damaged", "--start_over"), trained=True,
+    Case("checkpoint_data_truncated", ("ckpt-8", "damaged", "to resume from ckpt-4",
+                                       "model_checkpoint_path", "--start_over"), trained=True,
          spoil=truncate_data),
-    Case("checkpoint_of_another_model", ("ckpt-8", "variable", "shape", "another --model_dir"),
+    # A probe's --mode=eval without the run's config: the fix is that config, not removing a
+    # good checkpoint (the line said only that).
+    Case("checkpoint_of_another_model", ("ckpt-8", "variable", "shape", "another --model_dir",
+                                         "--config_file={folder}/run/config.yaml"),
          trained=True, override="task.model.name=resnet8"),
     Case("checkpoint_of_another_width", ("ckpt-8", "(8,)", "(32,)"), trained=True,
          override="task.model.kwargs.filters=8"),
@@ -483,27 +487,36 @@ def test_start_over_moves_an_unreadable_run_aside_and_trains_from_step_zero(trai
 
 
 def test_a_damaged_newest_checkpoint_is_left_by_the_steps_the_errors_name(trained_run, tmp_path):
-  """Damaged ckpt-8: remove it, as that error says; the next names the line that points the state
-  at ckpt-4; run as given, the run resumes from step 4 and finishes. Seen failing: the second
-  error said only "fix or remove it", and removing the state file led to another such error."""
+  """Damaged ckpt-8: the error names the command that points the state at ckpt-4 (before, it said
+  "remove it"; once removed, the next error said "fix or remove it" again); run as given, the run
+  resumes from step 4 and finishes. The same once ckpt-8's files are gone. Seen failing: the
+  first error named no older checkpoint, and the second said only "fix or remove it"."""
   model_dir = tmp_path / "run"
   shutil.copytree(trained_run, model_dir)
   truncate_data(model_dir)
   train = lambda: helpers.run_train(f"--model_dir={model_dir}", f"--params_override={TINY}",  # noqa: E731
                                     "--mode=train", timeout=300)
-  damaged = train()
-  assert damaged.returncode == 2 and "remove it" in damaged.stderr, damaged.stderr[-3000:]
-  for path in (model_dir / "checkpoints").glob("ckpt-8.*"):
-    path.unlink()
-  pointed = train()
-  (line,) = helpers.error_lines(pointed)
-  command = re.search(r"run: (echo .*?) \(older checkpoints stay\)", line)
-  assert pointed.returncode == 2 and command, line
-  subprocess.run(command.group(1), shell=True, check=True)
+
+  def follow(proc, kept: str) -> None:
+    (line,) = helpers.error_lines(proc)
+    command = re.search(rf"run: (echo .*?) \({kept}\)", line)
+    assert proc.returncode == 2 and command, line
+    subprocess.run(command.group(1), shell=True, check=True)
+
+  state = (model_dir / "checkpoints" / "checkpoint").read_text()
+  follow(train(), "nothing is deleted")
   resumed = train()
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stderr and "ckpt-4" in resumed.stderr, resumed.stderr[-3000:]
   assert (model_dir / "checkpoints" / "ckpt-8.index").exists()
+  shutil.rmtree(model_dir)  # again, this time removing the damaged files first
+  shutil.copytree(trained_run, model_dir)
+  truncate_data(model_dir)
+  for path in (model_dir / "checkpoints").glob("ckpt-8.*"):
+    path.unlink()
+  follow(train(), "older checkpoints stay")
+  assert train().returncode == 0
+  assert state
 
 
 def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_is_stale(

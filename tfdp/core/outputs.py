@@ -150,6 +150,22 @@ def _resume_fix(state: str) -> str:
           "step 0")
 
 
+def older_checkpoint_fix(latest: str) -> str:
+  """The way on when `latest` is damaged: the newest whole checkpoint before it, and the command
+  that points the state file at it (never done for the user), or --start_over."""
+  directory = os.path.dirname(latest)
+  newest = _step(latest + ".index")
+  older = [p[:-len(".index")] for p in glob.glob(os.path.join(glob.escape(directory), "*.index"))
+           if 0 <= _step(p) < newest and _whole(p[:-len(".index")])]
+  if not older:
+    return START_OVER_HINT
+  name = os.path.basename(max(older, key=_step))
+  state = shlex.quote(os.path.join(directory, "checkpoint"))
+  return (f"to resume from {name}, the newest whole checkpoint before it, run: echo "
+          f"'model_checkpoint_path: \"{name}\"' > {state} (nothing is deleted); or pass "
+          "--start_over to move the earlier run aside and train from step 0")
+
+
 # What only a tfdp run writes into model_dir: --start_over moves these aside, and refuses a folder
 # that holds some of them but no tfdp run.
 RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, "train", "eval", "eval.json", EXPORT_FILE, WEIGHTS_FILE,

@@ -12,6 +12,7 @@ functions cost ~1.5 CPU s of every process's start-up (about a fifth of a small 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 import traceback
@@ -361,11 +362,14 @@ class Trainer:
       try:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
+        config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
+        own = (f"give this run the config it trained with (--config_file={config}) or "
+               if os.path.exists(config) else "")
         raise OutputError(
             f"checkpoint '{latest}' cannot be resumed by this run "
-            f"({describe_restore_error(e)}); if it is another model's or config's, use "
-            "another --model_dir; if it is damaged, remove it (older ones stay in checkpoints/) "
-            "or pass --start_over to move the earlier run aside.") from None
+            f"({describe_restore_error(e)}); if it is another model's or config's, {own}use "
+            f"another --model_dir; if it is damaged, {outputs.older_checkpoint_fix(latest)}."
+        ) from None
       logging.info("resumed from %s at step %d", latest, self.global_step)
     return self.global_step
 
