@@ -49,13 +49,17 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({e}); fix "
                       "task.model.kwargs.") from None
   try:
-    return builder(input_shape, num_classes, **kwargs)
+    model = builder(input_shape, num_classes, **kwargs)
   except (TypeError, ValueError) as e:  # Keras rejects e.g. filters=-4 with a ValueError
     if not given:
       raise  # nothing of the config's: the builder's own error, with its traceback
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({first_line}); fix "
                       "task.model.kwargs.") from None
+  # What it returned, before anything trains: a user's builder could return logits of another
+  # width, a softmax, an unbuilt model or None (one line each; an unbuilt one is built here).
+  from tfdp.workloads.vision import model_checks  # pylint: disable=g-import-not-at-top
+  return model_checks.check_classifier(model, name, builder, input_shape, num_classes)
 
 
 def _cifar_resnet(input_shape, num_classes, depth=20, width=16, l2=0.0):
