@@ -168,6 +168,15 @@ def test_image_folder_ignores_hidden_folders_and_files(tmp_path):
   assert source.num_classes == 2 and source.num_examples == 4
 
 
+def test_an_image_folder_with_more_classes_than_num_classes_is_refused(tmp_path):
+  """A probe's num_classes=2 over 3 class folders failed in the first step on a label of 2
+  (with a hint to resume from a checkpoint that did not exist). Seen failing on the old
+  sources.py: the source was built."""
+  helpers.write_image_folder(tmp_path, per_class=1, classes=("a", "b", "c"))
+  with pytest.raises(DataError, match="has 3 class folders .a, b, c. but num_classes is 2"):
+    data_lib.make_source(data_config(source="image_folder", path=str(tmp_path), num_classes=2))
+
+
 def test_image_folder_says_what_it_skips_and_which_classes_are_empty(tmp_path, caplog):
   """A probe's folder: __pycache__ and an empty folder became classes 0 and 3, and a .webp, a
   .tiff, a nested folder and a file beside the classes were skipped without a word."""

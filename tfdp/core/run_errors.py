@@ -46,7 +46,7 @@ def bad_data(error, culprit: str | None) -> DataError:
   said = f"{type(error).__name__}: {op_error_line(error.message)}"
   if culprit or _DECODING.search(said) or type(error).__name__ == "DataLossError":
     return DataError(f"an input example could not be decoded: {culprit or said}; replace or "
-                     "remove it, then re-run to resume from the last checkpoint.")
+                     "remove it, then re-run (it resumes from the last checkpoint, if any).")
   return DataError(f"a batch was rejected by the model or its loss ({said}); check the data "
                    "against the model (labels within its classes, input shapes), then re-run "
-                   "to resume from the last checkpoint.")
+                   "(it resumes from the last checkpoint, if any).")

@@ -185,6 +185,10 @@ def _decode_file(path, size: int):
 def _image_folder_source(data: DataConfig) -> Source:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   paths, labels, classes = list_image_folder(data.path)
+  if data.num_classes and data.num_classes < len(classes):  # labels past it: a mid-run failure
+    raise DataError(f"image folder '{data.path}' has {len(classes)} class folders "
+                    f"({', '.join(classes)}) but num_classes is {data.num_classes}; set "
+                    f"task.*_data.num_classes to {len(classes)} (or 0: the folders decide).")
   size = data.image_size
   if not size:
     try:
