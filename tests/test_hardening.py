@@ -503,7 +503,6 @@ def test_a_damaged_newest_checkpoint_is_left_by_the_steps_the_errors_name(traine
     assert proc.returncode == 2 and command, line
     subprocess.run(command.group(1), shell=True, check=True)
 
-  state = (model_dir / "checkpoints" / "checkpoint").read_text()
   follow(train(), "nothing is deleted")
   resumed = train()
   assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -516,7 +515,6 @@ def test_a_damaged_newest_checkpoint_is_left_by_the_steps_the_errors_name(traine
     path.unlink()
   follow(train(), "older checkpoints stay")
   assert train().returncode == 0
-  assert state
 
 
 def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_is_stale(
