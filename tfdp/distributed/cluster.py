@@ -393,44 +393,53 @@ def summary_line(cluster: Cluster, replicas_in_sync: int,
 # --------------------------------------------------------------------------
 
 
+def split_address(address: str) -> tuple[str, int]:
+  """'host:port' or '[::1]:port' → (host, port)."""
+  host, _, port = address.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
+def peers(cluster: Cluster) -> list[tuple[str, str]]:
+  """(`worker 2`, its address) for every other training task."""
+  mine = (cluster.task_type, cluster.task_index)
+  return [(f"{kind} {index}", address) for kind in _TRAINING_TASK_TYPES
+          for index, address in enumerate(cluster.cluster.get(kind, [])) if (kind, index) != mine]
+
+
 def unanswered_peers(cluster: Cluster, seconds: float = 2.0) -> list[str]:
   """`worker 2 at host:port (why)` for each other training task whose port takes no connection:
   a host that is gone, or a worker that never started."""
-  mine = (cluster.task_type, cluster.task_index)
   silent = []
-  for kind in _TRAINING_TASK_TYPES:
-    for index, address in enumerate(cluster.cluster.get(kind, [])):
-      if (kind, index) == mine:
-        continue
-      host, _, port = address.rpartition(":")
-      try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
-      except (OSError, ValueError) as error:
-        why = type(error).__name__ if not getattr(error, "strerror", None) else error.strerror
-        silent.append(f"{kind} {index} at {address} ({why.lower()})")
+  for name, address in peers(cluster):
+    try:
+      socket.create_connection(split_address(address), timeout=seconds).close()
+    except (OSError, ValueError) as error:
+      why = type(error).__name__ if not getattr(error, "strerror", None) else error.strerror
+      silent.append(f"{name} at {address} ({why.lower()})")
   return silent
 
 
-def port_taken_error(cluster: Cluster) -> ClusterError:
-  """The one line for TF's bare 'Could not start gRPC server' (it says neither port nor why).
-  TF listens on every interface (launch.py's docstring), so a test bind on '' tells whether
-  the port is taken. The line keeps both isolation.BIND_FAILURE_MARKERS: tfdp-launch then
-  retries with fresh ports."""
+def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "") -> ClusterError:
+  """The one line for this task's port that cannot be bound: `why` (the bind's strerror), or,
+  for TF's bare 'Could not start gRPC server' (`said`: it names neither port nor why), a test
+  bind on '' (TF listens on every interface, launch.py's docstring). The line keeps
+  isolation.BIND_FAILURE_MARKERS' "Address already in use": tfdp-launch retries with fresh ports."""
   address = cluster.cluster[cluster.task_type][cluster.task_index]
-  port = int(address.rpartition(":")[2])
-  try:
-    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
-      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
-      probe.bind(("", port))
-    why = "it is free now, so something held it while TensorFlow started"
-  except OSError as error:
-    why = error.strerror or str(error)
+  port = split_address(address)[1]
+  if why is None:
+    try:
+      with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        probe.bind(("", port))
+      why = "it is free now, so something held it while TensorFlow started"
+    except OSError as error:
+      why = error.strerror or str(error)
   where = (f"TF_CONFIG's cluster.{cluster.task_type}[{cluster.task_index}]"
            if cluster.source == "TF_CONFIG" else f"{slurm.PORT_BASE_VAR} (Slurm)")
   return ClusterError(
       f"{cluster.task_type} {cluster.task_index} cannot listen on {address} (port {port}: "
-      f"{why}; TensorFlow: Could not start gRPC server); give it another free port in {where}, or "
-      f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'` names it).")
+      f"{why}{said}); give it another free port in {where}, or stop what holds port {port} "
+      f"(`ss -ltnp 'sport = :{port}'` names it).")
 
 
 class StartupDeadline:
@@ -466,7 +475,7 @@ class StartupDeadline:
     # TF's bare UnknownError when this task's port cannot be bound (it names neither port nor why)
     if (kind is not None and kind.__name__ == "UnknownError" and self.cluster.is_multi_worker
         and "Could not start gRPC server" in str(error)):
-      raise port_taken_error(self.cluster) from None
+      raise port_taken_error(self.cluster, said="; TensorFlow: Could not start gRPC server") from None
 
 
 def watch_startup(spec_json: str) -> None:

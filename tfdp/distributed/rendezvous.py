@@ -23,14 +23,10 @@ POLL_SECONDS = 0.2
 SAY_EVERY_SECONDS = 30.0
 
 
-def _split(address: str) -> tuple[str, int]:
-  host, _, port = address.rpartition(":")
-  return host.strip("[]"), int(port)
-
-
-def _listen(address: str, where: str) -> socket.socket:
+def _listen(cluster: cluster_lib.Cluster) -> socket.socket:
   """A listener on this task's port, on every interface as TensorFlow's server binds it."""
-  _, port = _split(address)
+  address = cluster.cluster[cluster.task_type][cluster.task_index]
+  port = cluster_lib.split_address(address)[1]
   for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
     try:
       listener = socket.socket(family, socket.SOCK_STREAM)
@@ -47,19 +43,16 @@ def _listen(address: str, where: str) -> socket.socket:
     except OSError as e:
       listener.close()
       if e.errno == errno.EADDRINUSE:  # the words tfdp-launch reruns with fresh ports on
-        raise ConfigError(f"{where} cannot listen on {address} (port {port}: {e.strerror}); give "
-                          f"it another free port in TF_CONFIG's cluster.{where.replace(' ', '[')}], "
-                          f"or stop what holds port {port} (`ss -ltnp 'sport = :{port}'` names "
-                          "it).") from None
+        raise cluster_lib.port_taken_error(cluster, e.strerror) from None
       if family == socket.AF_INET:
-        raise ConfigError(f"{where} cannot listen on {address} ({e.strerror}); give it an "
-                          "address of this host in TF_CONFIG.") from None
+        raise ConfigError(f"{cluster.task_type} {cluster.task_index} cannot listen on {address} "
+                          f"({e.strerror}); give it an address of this host in TF_CONFIG.") from None
   raise AssertionError("unreachable")
 
 
 def _answers(address: str) -> bool:
   try:
-    socket.create_connection(_split(address), timeout=1.0).close()
+    socket.create_connection(cluster_lib.split_address(address), timeout=1.0).close()
     return True
   except (OSError, ValueError):
     return False
@@ -75,23 +68,15 @@ def _drain(listener: socket.socket) -> None:
     connection.close()
 
 
-def peers(cluster: cluster_lib.Cluster) -> list[tuple[str, str]]:
-  """(`worker 1`, its address) for every other training task."""
-  mine = (cluster.task_type, cluster.task_index)
-  return [(f"{kind} {index}", address) for kind in ("chief", "worker")
-          for index, address in enumerate(cluster.cluster.get(kind, [])) if (kind, index) != mine]
-
-
 def wait_for_peers(cluster: cluster_lib.Cluster) -> float:
   """Returns once every other training task's port has answered; the seconds it took. The
   caller bounds it (cluster.StartupDeadline)."""
   if not cluster.is_multi_worker or cluster.task_type not in ("chief", "worker"):
     return 0.0
-  own = cluster.cluster[cluster.task_type][cluster.task_index]
   where = f"{cluster.task_type} {cluster.task_index}"
-  listener = _listen(own, where)
+  listener = _listen(cluster)
   started = said = time.monotonic()
-  waiting = dict(peers(cluster))
+  waiting = dict(cluster_lib.peers(cluster))
   try:
     while waiting:
       for name, address in list(waiting.items()):
