@@ -503,7 +503,7 @@ def test_a_damaged_newest_checkpoint_is_left_by_the_steps_the_errors_name(traine
     assert proc.returncode == 2 and command, line
     subprocess.run(command.group(1), shell=True, check=True)
 
-  follow(train(), "nothing is deleted")
+  follow(train(), "older checkpoints stay")
   resumed = train()
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stderr and "ckpt-4" in resumed.stderr, resumed.stderr[-3000:]

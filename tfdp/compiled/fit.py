@@ -221,7 +221,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
   if getattr(trained, "run_eagerly", False):
-    _check_traces(trained, inputs)
+    _check_traces(trained, task.sample["x"])
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
@@ -262,24 +262,20 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
 
 
-def _check_traces(model, inputs) -> None:
+def _check_traces(model, x) -> None:
   """compile(run_eagerly=True): tfdp traces its steps all the same; a call() that needs eager
   execution is said in one line before anything runs, not deep in the traced loop."""
-  import re  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   logging.warning("tfdp.fit: the model is compiled with run_eagerly=True; tfdp runs it compiled "
                   "(its steps traced, as model.fit does without run_eagerly)")
-  sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
   try:
-    tf.function(lambda x: model(x, training=True), autograph=False).get_concrete_function(
-        sample["x"])
+    tf.function(lambda x: model(x, training=True), autograph=False).get_concrete_function(x)
   except Exception as e:  # pylint: disable=broad-except  (whatever call() does eagerly only)
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
-    said = [line.strip() for line in plain.splitlines() if line.strip() and not
-            line.startswith(("Exception encountered", "Arguments received", "•"))]
+    said = task_lib.keras_error_line(e) if str(e).strip() else ""
     raise ConfigError(
         f"tfdp.fit: the model is compiled with run_eagerly=True and its call() fails when traced "
-        f"({type(e).__name__}: {(said or [''])[0][:200]}); tfdp trains compiled: make call() "
+        f"({type(e).__name__}: {said[:200]}); tfdp trains compiled: make call() "
         "graph-friendly (keras.ops or tf.cond, no Python on tensor values), or debug it eagerly "
         "with model.fit.") from None
 

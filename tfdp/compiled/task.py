@@ -21,17 +21,26 @@ from tfdp.distributed import compat
 from tfdp.errors import ConfigError, DataError
 
 
+TRAINING_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
+def keras_error_line(error) -> str:
+  """The line of a Keras layer's error that says what is wrong, without its call report and
+  terminal escapes."""
+  plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold: terminal escapes
+  said = [line.strip() for line in plain.splitlines() if line.strip() and not
+          line.startswith(("Exception encountered", "Arguments received", "•"))]
+  return (said or [type(error).__name__])[0]
+
+
 def outputs_of(model, x):
   """The model's outputs on a small batch of x, or one line saying the model does not take it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     return model(x, training=False)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold: terminal escapes
-    said = [line.strip() for line in plain.splitlines() if line.strip() and not
-            line.startswith(("Exception encountered", "Arguments received", "•"))]
     raise DataError(f"tfdp.fit: the model does not take x as given (x: {_spec_of(x)}; "
-                    f"Keras: {(said or [type(e).__name__])[0][:240]}); pass x in the shape and "
+                    f"Keras: {keras_error_line(e)[:240]}); pass x in the shape and "
                     "structure of the model's inputs.") from None
 
 
@@ -46,6 +55,7 @@ class CompiledModelTask(tasks.Task):
     super().__init__(config)
     self.model = None
     self.inputs = None
+    self.sample = None  # attach's batch of up to 8 training examples
 
   def build_source(self, data):
     raise ConfigError("task 'keras_model' trains the compiled model given to tfdp.fit; a config "
@@ -57,9 +67,10 @@ class CompiledModelTask(tasks.Task):
 
   # ---- set up once, eagerly, before the trainer traces anything -----------------------------
 
-  def attach(self, model, inputs, steps=None) -> "CompiledModelTask":
+  def attach(self, model, inputs, steps=TRAINING_STEPS) -> "CompiledModelTask":
     """Resolves the compiled loss and metrics against one real batch (Keras does it on the
-    first batch of fit)."""
+    first batch of fit); `steps`: the Keras step methods the caller's loop stands in for. Keeps
+    that batch (`sample`: up to 8 examples) for the checks that follow."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import keras  # pylint: disable=g-import-not-at-top
     self.model, self.inputs = model, inputs
@@ -67,8 +78,8 @@ class CompiledModelTask(tasks.Task):
     if compile_loss is None or getattr(model, "optimizer", None) is None:
       raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
                         "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
-    check_not_overridden(model, TRAINING_STEPS if steps is None else steps)
-    sample = next(iter(inputs.train.read([0]).take(2).batch(2)))
+    check_not_overridden(model, steps)
+    self.sample = sample = next(iter(inputs.train.read([0]).take(8).batch(8)))
     y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
       raise DataError("tfdp.fit: y holds strings; pass numeric labels (class ids, e.g. from "
@@ -96,8 +107,7 @@ class CompiledModelTask(tasks.Task):
     if compile_metrics is not None:
       if not compile_metrics.built:
         compile_metrics.build(y_true, y_pred)
-      rows = next(iter(inputs.train.read([0]).take(8).batch(8)))
-      _check_metrics_add_up(model, compile_metrics, rows["x"], self._align(rows["y"], y_pred))
+      _check_metrics_add_up(model, compile_metrics, sample["x"], y_true)
       compile_metrics.reset_state()
       for variable in compile_metrics.variables:
         if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
@@ -274,9 +284,6 @@ class CompiledModelTask(tasks.Task):
     described["metrics"] = self._metric_names
     described["data"] = self.inputs.describe()
     return described
-
-
-TRAINING_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
 
 def check_not_overridden(model, steps, caller: str = "tfdp.fit") -> None:

@@ -137,33 +137,28 @@ def _whole(prefix: str) -> bool:
 
 def _resume_fix(state: str) -> str:
   """The concrete way on after the state file names a checkpoint that is gone (or is gone
-  itself): point it at the newest checkpoint whose files are all there. Never done for the user:
-  which checkpoint to resume from is theirs to choose."""
-  indexes = glob.glob(os.path.join(glob.escape(os.path.dirname(state)), "*.index"))
-  whole = [p[:-len(".index")] for p in indexes if _step(p) >= 0 and _whole(p[:-len(".index")])]
-  if not whole:
-    return START_OVER_HINT
-  name = os.path.basename(max(whole, key=_step))
-  return (f"to resume from {name}, the newest checkpoint whose files are all there, run: echo "
-          f"'model_checkpoint_path: \"{name}\"' > {shlex.quote(state)} (older checkpoints stay); "
-          "or pass --start_over to move the earlier run aside (nothing is deleted) and train from "
-          "step 0")
+  itself): point it at the newest checkpoint whose files are all there."""
+  return _point_state_at(os.path.dirname(state), "the newest checkpoint whose files are all there")
 
 
 def older_checkpoint_fix(latest: str) -> str:
-  """The way on when `latest` is damaged: the newest whole checkpoint before it, and the command
-  that points the state file at it (never done for the user), or --start_over."""
-  directory = os.path.dirname(latest)
-  newest = _step(latest + ".index")
-  older = [p[:-len(".index")] for p in glob.glob(os.path.join(glob.escape(directory), "*.index"))
-           if 0 <= _step(p) < newest and _whole(p[:-len(".index")])]
-  if not older:
+  """The way on when `latest` is damaged: the newest whole checkpoint before it."""
+  return _point_state_at(os.path.dirname(latest), "the newest whole checkpoint before it",
+                         before=_step(latest + ".index"))
+
+
+def _point_state_at(directory: str, which: str, before: int | None = None) -> str:
+  """The command that points the state file at the newest whole checkpoint (before step
+  `before`), or --start_over. Never done for the user: which checkpoint to resume from is theirs."""
+  prefixes = [p[:-len(".index")] for p in glob.glob(os.path.join(glob.escape(directory), "*.index"))]
+  whole = [p for p in prefixes if 0 <= _step(p) < (before if before is not None else float("inf"))
+           and _whole(p)]
+  if not whole:
     return START_OVER_HINT
-  name = os.path.basename(max(older, key=_step))
-  state = shlex.quote(os.path.join(directory, "checkpoint"))
-  return (f"to resume from {name}, the newest whole checkpoint before it, run: echo "
-          f"'model_checkpoint_path: \"{name}\"' > {state} (nothing is deleted); or pass "
-          "--start_over to move the earlier run aside and train from step 0")
+  name = os.path.basename(max(whole, key=_step))
+  return (f"to resume from {name}, {which}, run: echo 'model_checkpoint_path: \"{name}\"' > "
+          f"{shlex.quote(os.path.join(directory, 'checkpoint'))} (older checkpoints stay); or pass "
+          "--start_over to move the earlier run aside (nothing is deleted) and train from step 0")
 
 
 # What only a tfdp run writes into model_dir: --start_over moves these aside, and refuses a folder
