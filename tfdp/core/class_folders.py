@@ -25,18 +25,19 @@ def saved_classes(source) -> dict:
   return {CLASS_NAMES_FILE: json.dumps(list(names))} if names else {}
 
 
-def check_saved_classes(config, folder: str, context, source: str, read_text) -> None:
+def check_saved_classes(config, folder: str, context, source: str) -> None:
   """Task.check_saved_artifacts: a folder with other class folders than the run saved (one
   renamed, added or removed) would relabel every example after it, silently. `source`: the
-  folder source (image_folder, text_folder); `read_text(path, context)` reads the saved file."""
+  folder source (image_folder, text_folder)."""
   saved_path = os.path.join(folder, CLASS_NAMES_FILE)
   if context.warm_start or not os.path.exists(saved_path):
     return
   try:
-    saved = json.loads(read_text(saved_path, context))
+    with open(saved_path, encoding="utf-8") as f:
+      saved = json.load(f)
     if not isinstance(saved, list):
       raise ValueError("not a JSON list")
-  except ValueError as e:
+  except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
     raise DataError(f"{context.action}: the run's saved '{saved_path}' cannot be read ({e}); "
                     f"restore it, or {context.fix}.") from None
   for key, data in (("task.eval_data", config.eval_data), ("task.train_data", config.train_data)):

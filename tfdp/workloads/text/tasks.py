@@ -306,7 +306,7 @@ class TextClassificationTask(_BertTask):
     """Also the classes: labels number the sorted class folders, so a folder with other classes
     would score texts as other labels (a warm start restores only the encoder: a new head)."""
     super().check_saved_artifacts(config, folder, context)
-    class_folders.check_saved_classes(config, folder, context, "text_folder", _read_saved)
+    class_folders.check_saved_classes(config, folder, context, "text_folder")
 
   def artifacts(self, source):
     return {**super().artifacts(source), **class_folders.saved_classes(source)}

@@ -11,7 +11,7 @@ import difflib
 from tfdp.core import class_folders
 from tfdp.core import data as data_lib
 from tfdp.core import task as tasks
-from tfdp.errors import ConfigError, DataError
+from tfdp.errors import ConfigError
 from tfdp.workloads.vision import models
 from tfdp.workloads.vision import sources
 
@@ -39,15 +39,6 @@ def _augment(image, seed, padding: int = 4, flip: str = "random"):
       tf.io.serialize_tensor(image), tf.strings.as_string(run_seed)]), 2)
   flipped = tf.not_equal(side, parity)
   return tf.cond(flipped, lambda: tf.reverse(cropped, axis=[1]), lambda: cropped)
-
-
-def _read_saved(path: str, context) -> str:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return f.read()
-  except (OSError, UnicodeDecodeError) as e:
-    raise DataError(f"{context.action}: the run's saved '{path}' cannot be read ({e}); restore "
-                    f"it, or {context.fix}.") from None
 
 
 @tasks.register_task("image_classification")
@@ -81,7 +72,7 @@ class ImageClassificationTask(tasks.Task):
   def check_saved_artifacts(cls, config, folder, context):
     """An image folder's classes against the run's: a renamed folder relabels every image
     after it (a warm start may fine-tune on other classes)."""
-    class_folders.check_saved_classes(config, folder, context, "image_folder", _read_saved)
+    class_folders.check_saved_classes(config, folder, context, "image_folder")
 
   def artifacts(self, source):
     return class_folders.saved_classes(source)
