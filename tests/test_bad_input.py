@@ -56,6 +56,30 @@ def test_unreadable_image_in_folder(tmp_path):
   assert_one_line_error(proc, "truncated.png")
 
 
+def test_a_run_fixed_after_its_first_step_failed_is_not_told_its_settings_changed(tmp_path):
+  """A JPEG truncated mid-data fails only in the first step, after config.yaml is written. The
+  user replaces it and runs again with another batch: that run starts afresh, yet the old
+  experiment.py warned that its settings 'differ from the earlier run's and apply from now on'."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  helpers.write_image_folder(tmp_path / "images", per_class=4)
+  jpeg = tf.io.encode_jpeg(helpers.id_image(0, size=32)).numpy()
+  (tmp_path / "images" / "cat" / "truncated.jpg").write_bytes(jpeg[:len(jpeg) // 2])
+  folder = (f"task.train_data.source=image_folder,task.train_data.path={tmp_path / 'images'},"
+            "task.model.name=small_cnn,runtime.cpu_replicas=2,trainer.epochs=1")
+  run = f"--model_dir={tmp_path / 'run'}"
+  proc = helpers.run_train(run, "--mode=train", f"--params_override={folder},"
+                           "trainer.global_batch_size=4", timeout=120)
+  assert_one_line_error(proc, "truncated.jpg", "replace or remove it")
+  assert (tmp_path / "run" / "config.yaml").exists()  # the first step had begun
+  (tmp_path / "images" / "cat" / "truncated.jpg").unlink()
+  proc = helpers.run_train(run, "--mode=train", f"--params_override={folder},"
+                           "trainer.global_batch_size=8", timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "settings differ" not in proc.stderr, proc.stderr[-2000:]
+  assert "saved no checkpoint" in proc.stderr, proc.stderr[-2000:]
+  assert "global_batch_size: 8" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def test_eval_folder_missing_a_training_class(tmp_path):
   helpers.write_image_folder(tmp_path / "train", per_class=4, classes=("a", "b", "c"))
   helpers.write_image_folder(tmp_path / "eval", per_class=2, classes=("a", "c"))

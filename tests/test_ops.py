@@ -86,7 +86,7 @@ def test_a_model_dir_held_by_another_process_is_refused_before_anything_is_writt
   outputs.create_model_dir(str(model_dir))
   assert f"pid={holder.pid} " in (model_dir / locks.LOCK_FILE).read_text()  # not yet rewritten
   plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
-  outputs.write_config(plan, "this: run\n")  # every check passed: the holder is named
+  outputs.write_config(plan, "this: run\n", resuming=False)  # every check passed: the holder is named
   text = (model_dir / locks.LOCK_FILE).read_text()
   assert f"pid={os.getpid()} host={socket.gethostname()}" in text
   outputs.create_model_dir(str(model_dir))  # again in this process (tfdp.fit twice): no refusal

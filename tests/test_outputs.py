@@ -21,7 +21,7 @@ def test_non_chief_writes_to_its_own_temp_dir_and_stale_ones_are_removed(tmp_pat
   assert not stale.exists() and live.exists()
   assert plan.checkpoint_dir.startswith(str(tmp_path / "tfdp-worker1-"))
   assert plan.restore_dir == str(tmp_path / "model" / "checkpoints")
-  outputs.write_config(plan, "a: 1\n")
+  outputs.write_config(plan, "a: 1\n", resuming=False)
   outputs.append_metrics(plan, {"epoch": 1})
   assert not (tmp_path / "model").exists()  # a non-chief writes nothing into model_dir
   plan.cleanup()
@@ -35,10 +35,10 @@ def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tm
   outputs.append_metrics(plan, {"epoch": 2, "step": 20, "loss": 1.4})  # epoch 2 again, resumed
   frame = pd.read_csv(tmp_path / "metrics.csv")
   assert frame["epoch"].tolist() == [1, 2] and frame["loss"].tolist() == [2.0, 1.4]
-  outputs.write_config(plan, "trainer: {epochs: 1}\n")
-  outputs.write_config(plan, "trainer: {epochs: 1}\n")  # same config: nothing kept aside
+  outputs.write_config(plan, "trainer: {epochs: 1}\n", resuming=False)
+  outputs.write_config(plan, "trainer: {epochs: 1}\n", resuming=False)  # same config: nothing kept aside
   assert not list(tmp_path.glob("config.*.yaml"))
-  outputs.write_config(plan, "trainer: {epochs: 2}\n")
+  outputs.write_config(plan, "trainer: {epochs: 2}\n", resuming=False)
   assert (tmp_path / "config.yaml").read_text() == "trainer: {epochs: 2}\n"
   assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
 
@@ -61,7 +61,7 @@ def test_temp_files_are_created_exclusively_and_never_follow_a_planted_link(tmp_
   for name in ("config.yaml", "metrics.csv"):  # the old predictable temp name, planted
     (model_dir / f"{name}.tmp-{os.getpid()}").symlink_to(victim)
   plan = outputs.write_plan(str(model_dir), is_chief=True, rank=0)
-  outputs.write_config(plan, "a: 1\n")
+  outputs.write_config(plan, "a: 1\n", resuming=False)
   outputs.append_metrics(plan, {"epoch": 1})
   assert victim.read_text() == "keep\n"
   assert (model_dir / "config.yaml").read_text() == "a: 1\n" and not os.path.islink(model_dir / "config.yaml")

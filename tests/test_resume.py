@@ -120,10 +120,10 @@ def test_a_resume_with_other_settings_says_which_apply_from_now_on(tmp_path, cap
   from tfdp.core import outputs  # pylint: disable=g-import-not-at-top
   plan = outputs.write_plan(str(tmp_path), True, 0)
   outputs.write_config(plan, "trainer:\n  epochs: 3\n  learning_rate: {schedule: linear}\n"
-                             "task:\n  train_data: {shuffle: true}\n")
+                             "task:\n  train_data: {shuffle: true}\n", resuming=False)
   with caplog.at_level(logging.WARNING):
     outputs.write_config(plan, "trainer:\n  epochs: 3\n  learning_rate: {schedule: cosine}\n"
-                               "task:\n  train_data: {shuffle: false}\n")
+                               "task:\n  train_data: {shuffle: false}\n", resuming=True)
   said = [r.getMessage() for r in caplog.records if "apply from now on" in r.getMessage()]
   assert len(said) == 1, caplog.text
   assert ("trainer.learning_rate.schedule 'linear' → 'cosine', task.train_data.shuffle True → "

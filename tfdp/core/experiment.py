@@ -317,7 +317,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     if finished:
       outputs.keep_config(write_plan, config_text)
     elif mode != "eval":  # every check passed: now the run may write (an evaluation leaves
-      outputs.write_config(write_plan, config_text)
+      outputs.write_config(write_plan, config_text, resuming=bool(restored_step))
       if cluster.is_chief:
         for name, text in task.artifacts(train_plan.source).items():
           outputs.atomic_write_text(write_plan.path(name), text)

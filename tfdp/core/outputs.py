@@ -358,8 +358,9 @@ def atomic_write_text(path: str, text: str) -> None:
   _write_into_place(path, write)
 
 
-def write_config(plan: WritePlan, text: str) -> None:
-  """config.yaml is the config of the latest run; an earlier, different one is kept beside it."""
+def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
+  """config.yaml is the config of the latest run; an earlier, different one is kept beside it.
+  `resuming`: a checkpoint was restored, so other settings change a run that already trained."""
   if not plan.is_chief:
     return
   locks.record_lock_holder(plan.model_dir)  # every check passed: the run's first write
@@ -371,9 +372,12 @@ def write_config(plan: WritePlan, text: str) -> None:
       kept = plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
       os.replace(path, kept)
       changed = changed_settings(old, text)
-      if changed:  # a resume with other settings: they apply from here on, said once
+      if changed and resuming:  # other settings from here on, said once
         logging.warning("config.yaml: settings differ from the earlier run's (kept as %s) and "
                         "apply from now on: %s", os.path.basename(kept), changed)
+      elif changed:  # an earlier start stopped before its first checkpoint: nothing trained
+        logging.info("config.yaml: an earlier start that saved no checkpoint left another "
+                     "config.yaml (kept as %s); this run starts afresh", os.path.basename(kept))
   atomic_write_text(path, text)
 
 
