@@ -158,6 +158,25 @@ def test_an_epoch_of_trainer_steps_per_epoch_streams_on_across_passes_and_resume
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def test_an_epoch_resumed_mid_way_says_how_many_steps_its_training_metrics_cover(tmp_path):
+  """Stopped at step 6 of 8 (4 steps an epoch) and resumed: epoch 2's row covers steps 7-8 only,
+  so its train_loss is not the epoch's. metrics.csv's train_steps says so (the row read as a
+  whole epoch's before); a never-stopped run's rows cover 4 steps each. Seen failing: the old
+  controller.py wrote no train_steps."""
+  toy = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_data.num_examples=16,"
+         "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.steps_per_loop=1,"
+         "trainer.learning_rate.schedule=constant,runtime.strategy=default,trainer.epochs=2")
+  experiment.run(config_lib.load_config([], [toy]), str(tmp_path / "whole"), verbose=False)
+  experiment.run(config_lib.load_config([], [toy + ",trainer.max_steps=6"]),
+                 str(tmp_path / "parts"), verbose=False)
+  history = experiment.run(config_lib.load_config([], [toy]), str(tmp_path / "parts"),
+                           verbose=False)
+  assert history["train_steps"] == 2
+  read = lambda run: pd.read_csv(tmp_path / run / "metrics.csv")  # noqa: E731
+  assert read("whole")[["epoch", "step", "train_steps"]].values.tolist() == [[1, 4, 4], [2, 8, 4]]
+  assert read("parts")[["epoch", "step", "train_steps"]].values.tolist() == [[1, 4, 4], [2, 8, 2]]
+
+
 TOY_EMA = ("task.name=toy_regression,task.train_data.num_examples=64,task.eval_data.num_examples=37,"
            "task.eval_data.split=eval,trainer.global_batch_size=16,trainer.steps_per_loop=1,"
            "trainer.optimizer.weight_decay=0,trainer.learning_rate.base_lr=0.05,"

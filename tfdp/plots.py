@@ -15,7 +15,7 @@ from tfdp.errors import OutputError
 
 METRICS_PNG = "metrics.png"
 # Columns of metrics.csv that are bookkeeping, not something to look at against epochs.
-_NOT_PLOTTED = {"epoch", "step", "wall_time", "epoch_seconds", "rss_mb", "peak_rss_mb",
+_NOT_PLOTTED = {"epoch", "step", "train_steps", "wall_time", "epoch_seconds", "rss_mb", "peak_rss_mb",
                 "eval_examples", "learning_rate", "examples_per_sec"}
 
 

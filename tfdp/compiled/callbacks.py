@@ -36,10 +36,11 @@ def check_callbacks(callbacks) -> list:
 
 def keras_logs(row: dict) -> dict:
   """A metrics.csv row → Keras's epoch logs: train_x → x, eval_x → val_x. No learning_rate:
-  model.fit logs it only where a callback (ReduceLROnPlateau, LearningRateScheduler) adds it."""
+  model.fit logs it only where a callback (ReduceLROnPlateau, LearningRateScheduler) adds it;
+  no counts (train_steps, eval_examples)."""
   logs = {}
   for key, value in row.items():
-    if key.startswith("train_"):
+    if key.startswith("train_") and key != "train_steps":
       logs[key[len("train_"):]] = value
     elif key.startswith("eval_") and key != "eval_examples":
       logs["val_" + key[len("eval_"):]] = value

@@ -393,6 +393,8 @@ class Controller:
         epoch_seconds = time.time() - epoch_start_time
         row = {"epoch": epoch + 1, "step": step,
                **{f"train_{name}": value for name, value in epoch_sums.values().items()},
+               # the steps train_* cover: fewer than the epoch's where it was resumed mid-way
+               "train_steps": epoch_examples // trainer.global_batch,
                "learning_rate": float(trainer.schedule(step - 1)),
                "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
