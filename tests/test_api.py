@@ -139,3 +139,4 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   assert out["predict_wrong_shape"].startswith("tfdp.predict: the model does not take x")
   assert out["evaluate_uncompiled"].startswith("tfdp.evaluate: the model is not compiled")
   assert "--start_over" in out["resume_another_seed"] and out["moved_aside"] == 1
+  assert proc.stderr.count("--start_over: the earlier run in ") == 1, proc.stderr[-3000:]

@@ -14,7 +14,6 @@ Keras model afterwards (`model.evaluate`, `model.predict`, `model.save` in the s
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 from absl import logging
@@ -228,11 +227,13 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   quiet = verbose == 0
-  with _said_in_library_terms():
-    built = experiment.build(
-        config, model_dir, "train" if inputs.validation is None else "train_and_eval",
-        train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
-        strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
+  built = experiment.build(
+      config, model_dir, "train" if inputs.validation is None else "train_and_eval",
+      train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
+      strategy=strategy, task=task, verbose=not quiet, start_over=start_over,
+      moved_aside_said=("tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: "
+                        "the earlier run in %s was moved to %s (pass model_dir to resume a run "
+                        "instead)"))
   # As Keras's fit with a use_ema optimizer: validation sees the raw weights, and the weights
   # become their moving average when training ends (also the export and the user's model).
   built.trainer.raw_weights_evaluated = True
@@ -278,27 +279,6 @@ def _check_traces(model, x) -> None:
         f"({type(e).__name__}: {said[:200]}); tfdp trains compiled: make call() "
         "graph-friendly (keras.ops or tf.cond, no Python on tensor values), or debug it eagerly "
         "with model.fit.") from None
-
-
-class _LibraryTerms:
-  """tfdp's run folder logs in the CLI's words ("--start_over: ..."); tfdp.fit's user passed no
-  flag: the same line in tfdp.fit's terms."""
-
-  def filter(self, record) -> bool:
-    if isinstance(record.msg, str) and record.msg.startswith("--start_over: the earlier run"):
-      record.msg = ("tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: the "
-                    "earlier run in %s was moved to %s (pass model_dir to resume a run instead)")
-    return True
-
-
-@contextlib.contextmanager
-def _said_in_library_terms():
-  absl_logger, terms = logging.get_absl_logger(), _LibraryTerms()
-  absl_logger.addFilter(terms)
-  try:
-    yield
-  finally:
-    absl_logger.removeFilter(terms)
 
 
 def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, verbose):

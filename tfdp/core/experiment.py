@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from typing import Any
 
 from absl import logging
@@ -25,6 +24,8 @@ from tfdp.config import ExperimentConfig
 from tfdp.config.schema import TaskConfig
 from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
+START_OVER_SAID = "--start_over: the earlier run in %s was moved to %s"
+
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
               cluster: cluster_lib.Cluster, check_data: bool = True,
@@ -40,7 +41,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
                        "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
   model_dir = outputs.resolve_model_dir(model_dir)
   if start_over and cluster.is_chief:
-    _check_start_over_target(model_dir)
+    resume.check_start_over_target(model_dir)
   prior = resume.read_prior(model_dir, start_over, with_record=mode != "eval")
   if mode == "eval" and prior.checkpoint is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
@@ -62,35 +63,6 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     split = _batch_split(config, model_dir, prior, replicas, cluster, None, say=False)
     data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
   return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior
-
-
-def _check_start_over_target(model_dir: str) -> None:
-  """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
-  (a data folder with train/ and eval/ must not be rearranged)."""
-  import os  # pylint: disable=g-import-not-at-top
-  present = [n for n in outputs.RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
-  if not present or _holds_tfdp_run(model_dir):
-    return
-  raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
-                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
-                    "checkpoint state); point --model_dir at a tfdp run or at a new folder.")
-
-
-def _holds_tfdp_run(model_dir: str) -> bool:
-  import os  # pylint: disable=g-import-not-at-top
-  checkpoints = os.path.join(model_dir, outputs.CHECKPOINT_DIR)
-  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", resume.RUN_RECORD)):
-    return True
-  def head(name: str) -> str:
-    try:
-      with open(os.path.join(model_dir, name), "rb") as f:
-        return f.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
-      return ""
-  # A config tfdp wrote (top-level task: and trainer: sections), or its metrics (epoch first).
-  config = head(outputs.CONFIG_FILE)
-  return (all(re.search(rf"^{key}:", config, re.MULTILINE) for key in ("task", "trainer"))
-          or head(outputs.METRICS_FILE).startswith("epoch,"))
 
 
 @dataclasses.dataclass
@@ -190,12 +162,14 @@ class Experiment:
 def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
-          task=None, verbose: bool = True, start_over: bool = False) -> Experiment:
+          task=None, verbose: bool = True, start_over: bool = False,
+          moved_aside_said: str = START_OVER_SAID) -> Experiment:
   """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn,
   strategy and the task itself may be given directly (the library API); otherwise the config's
   task builds them.
   `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
-  resuming it. Nothing in model_dir changes until every check has passed."""
+  resuming it, warning `moved_aside_said` % (model_dir, where) in the caller's terms. Nothing in
+  model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir, prior = preflight(config, model_dir, mode, cluster,
                                check_data=train_source is None, start_over=start_over)
@@ -207,13 +181,15 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   with trainer_lib.tensor_conditions_named():
     return tf.autograph.experimental.do_not_convert(_build_checked)(
         config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
-        model_fn=model_fn, strategy=strategy, task=task, verbose=verbose, start_over=start_over)
+        model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,
+        start_over=start_over and moved_aside_said)
 
 
 def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                    cluster: cluster_lib.Cluster, prior: resume.Prior, *, train_source, eval_source, model_fn, strategy,
-                   task, verbose: bool, start_over: bool) -> Experiment:
-  """`build` after preflight, with TensorFlow started."""
+                   task, verbose: bool, start_over: str) -> Experiment:
+  """`build` after preflight, with TensorFlow started. `start_over`: the line that says the earlier
+  run was moved aside, or empty to resume it."""
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
@@ -283,7 +259,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
       moved = outputs.move_run_aside(
           model_dir, task.artifacts(train_plan.source) if train_plan else ())
       if moved:
-        logging.warning("--start_over: the earlier run in %s was moved to %s", model_dir, moved)
+        logging.warning(start_over, model_dir, moved)
     from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
     import keras  # pylint: disable=g-import-not-at-top
     keras.utils.set_random_seed(trainer_cfg.seed)

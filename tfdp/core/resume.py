@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
-from tfdp.core.outputs import CHECKPOINT_DIR, START_OVER_HINT, atomic_write_text, latest_checkpoint
+from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RUN_FILES,
+                               START_OVER_HINT, atomic_write_text, latest_checkpoint)
 from tfdp.errors import OutputError
 
 RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
@@ -234,3 +236,30 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
 def write_run_record(model_dir: str, record: dict) -> None:
   os.makedirs(os.path.join(model_dir, CHECKPOINT_DIR), exist_ok=True)
   atomic_write_text(run_record_path(model_dir), json.dumps(record, indent=2) + "\n")
+
+
+def check_start_over_target(model_dir: str) -> None:
+  """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
+  (a data folder with train/ and eval/ must not be rearranged)."""
+  present = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
+  if not present or _holds_tfdp_run(model_dir):
+    return
+  raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
+                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
+                    "checkpoint state); point --model_dir at a tfdp run or at a new folder.")
+
+
+def _holds_tfdp_run(model_dir: str) -> bool:
+  checkpoints = os.path.join(model_dir, CHECKPOINT_DIR)
+  if any(os.path.exists(os.path.join(checkpoints, n)) for n in ("checkpoint", RUN_RECORD)):
+    return True
+  def head(name: str) -> str:
+    try:
+      with open(os.path.join(model_dir, name), "rb") as f:
+        return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+      return ""
+  # A config tfdp wrote (top-level task: and trainer: sections), or its metrics (epoch first).
+  config = head(CONFIG_FILE)
+  return (all(re.search(rf"^{key}:", config, re.MULTILINE) for key in ("task", "trainer"))
+          or head(METRICS_FILE).startswith("epoch,"))
