@@ -1,5 +1,6 @@
 """Config layering, overrides and the checks that run before TensorFlow starts."""
 import dataclasses
+import re
 
 import pytest
 
@@ -38,6 +39,33 @@ def test_a_models_arguments_merge_one_by_one_unless_another_model_is_named(tmp_p
   assert same_name.task.model.kwargs == {"widths": [8, 16, 32], "whiten": False}
   other = config_lib.load_config([job], ["task.model={name: small_cnn, kwargs: {filters: 4}}"])
   assert other.task.model.kwargs == {"filters": 4}  # airbench's widths would not fit small_cnn
+  # {} asks for the model's own defaults: it was merged away, keeping the file's widths (a probe)
+  assert config_lib.load_config([job], ["task.model.kwargs={}"]).task.model.kwargs == {}
+
+
+def test_off_is_the_word_off_in_files_and_overrides(tmp_path):
+  """YAML 1.1 read the documented `shard_policy: off` as False ("must be a string, got False;
+  quote it"). Booleans are now YAML 1.2's true/false only. Seen failing on the old loader.py."""
+  job = tmp_path / "job.yaml"
+  job.write_text("task:\n  train_data: {shard_policy: off}\n")
+  assert config_lib.load_config([str(job)]).task.train_data.shard_policy == "off"
+  assert config_lib.load_config(
+      [], ["task.eval_data.shard_policy=off"]).task.eval_data.shard_policy == "off"
+  with pytest.raises(ConfigError, match="'task.train_data.augment' must be true or false, got 'yes'"):
+    config_lib.load_config([], ["task.train_data.augment=yes"])
+  assert config_lib.load_config([], ["task.train_data.augment=false"]).task.train_data.augment is False
+
+
+def test_an_override_that_sets_a_key_twice_is_refused_as_in_yaml():
+  """`trainer.epochs=2,trainer.epochs=3` trained 3 epochs without a word, where a YAML mapping
+  with a key twice is refused. Seen failing: no error on the old loader.py."""
+  for text, said in (("trainer.epochs=2,trainer.epochs=3", "'trainer.epochs' twice"),
+                     ("task.model.kwargs.a=1,task.model.kwargs={b: 2}",
+                      "'task.model.kwargs' and a key inside it")):
+    with pytest.raises(ConfigError, match=re.escape(said)):
+      config_lib.load_config([], [text])
+  # Two flags (or a file and a flag) still layer: the later one wins.
+  assert config_lib.load_config([], ["trainer.epochs=2", "trainer.epochs=3"]).trainer.epochs == 3
 
 
 def test_yaml_and_json_overrides_and_lists():

@@ -160,8 +160,9 @@ def _nested(dotted: str, value: Any) -> str:
 
 def deep_merge(base: dict, override: dict) -> dict:
   """override layered on base: mappings merge key by key. A model's `kwargs` (its arguments fit
-  only that model) are replaced whole by a layer that names another model, and otherwise merge
-  argument by argument (`task.model.kwargs.dirac_init=true` keeps the file's widths)."""
+  only that model) are replaced whole by a layer that names another model or gives `{}` (the
+  model's own defaults), and otherwise merge argument by argument
+  (`task.model.kwargs.dirac_init=true` keeps the file's widths)."""
   merged = dict(base)
   renamed = "name" in override and override["name"] != base.get("name")
   for key, value in override.items():
@@ -169,7 +170,7 @@ def deep_merge(base: dict, override: dict) -> dict:
       if key != "kwargs":
         merged[key] = deep_merge(merged[key], value)
       else:
-        merged[key] = dict(value) if renamed else {**merged[key], **value}
+        merged[key] = dict(value) if renamed or not value else {**merged[key], **value}
     else:
       merged[key] = value
   return merged
@@ -234,6 +235,9 @@ def parse_overrides(text: str) -> dict:
       node = node.setdefault(k, {})
       if not isinstance(node, dict):
         raise ConfigError(f"--params_override sets '{path}' and a key inside it; keep one.")
+    if keys[-1] in node:  # as a YAML mapping that names a key twice: refused, not the last kept
+      inside = " and a key inside it" if isinstance(node[keys[-1]], dict) else " twice"
+      raise ConfigError(f"--params_override sets '{path.strip()}'{inside}; keep one.")
     node[keys[-1]] = value
   return result
 
@@ -260,6 +264,16 @@ class _StrictLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
                                 "merge the two into one")
       first_line[key] = line
     return node
+
+
+# YAML 1.2's booleans only: YAML 1.1 (PyYAML's default) reads on/off/yes/no as true/false, so
+# `shard_policy: off` arrived as False. A bool setting given `yes` is then a one-line error.
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
 
 
 def _safe_load(text: str, where: str) -> Any:
