@@ -56,6 +56,16 @@ def test_off_is_the_word_off_in_files_and_overrides(tmp_path):
   assert config_lib.load_config([], ["task.train_data.augment=false"]).task.train_data.augment is False
 
 
+def test_devices_on_a_job_with_cpu_replicas_names_the_setting_to_clear():
+  """runtime.devices=/gpu:0 on a base.yaml job was told 'set either cpu_replicas or devices,
+  not both', though the user set only devices. Seen failing: the old line had no fix."""
+  base = [str(helpers.REPO / "configs" / "base.yaml")]
+  with pytest.raises(ConfigError, match=re.escape("set runtime.cpu_replicas=0 to use "
+                                                  "runtime.devices")):
+    config_lib.load_config(base, ["runtime.devices=/gpu:0"])
+  config_lib.load_config(base, ["runtime.devices=/gpu:0,runtime.cpu_replicas=0"])  # the fix
+
+
 def test_an_override_that_sets_a_key_twice_is_refused_as_in_yaml():
   """`trainer.epochs=2,trainer.epochs=3` trained 3 epochs without a word, where a YAML mapping
   with a key twice is refused. Seen failing: no error on the old loader.py."""

@@ -172,7 +172,9 @@ def validate(config: ExperimentConfig) -> None:
               "intra_op_threads", "inter_op_threads", "profile_steps", "startup_timeout_seconds"):
     check_positive("runtime." + key, getattr(runtime, key), allow_zero=True)
   if runtime.cpu_replicas and runtime.devices:
-    raise ConfigError("set either 'runtime.cpu_replicas' or 'runtime.devices', not both.")
+    raise ConfigError(f"runtime.devices and runtime.cpu_replicas ({runtime.cpu_replicas}; "
+                      "configs/base.yaml sets 2) both choose the replicas; set "
+                      "runtime.cpu_replicas=0 to use runtime.devices.")
   if runtime.strategy in ("default", "one_device") and (runtime.cpu_replicas > 1
                                                         or len(runtime.devices) > 1):
     raise ConfigError(f"runtime.strategy '{runtime.strategy}' runs one replica; set "
