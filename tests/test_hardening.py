@@ -531,6 +531,7 @@ def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_
                            f"--params_override={TINY},trainer.learning_rate.base_lr=5", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "holds a finished run" in proc.stderr and "were not used" in proc.stderr, proc.stderr
+  assert "trainer.learning_rate.base_lr 0.1 → 5.0" in proc.stderr, proc.stderr[-3000:]  # which
   after = snapshot(model_dir)
   assert {k: v for k, v in after.items() if k != ".lock"} == {
       k: v for k, v in before.items() if k != ".lock"}

@@ -135,3 +135,15 @@ def test_a_pure_dtype_policy_is_kept_and_recorded(model_result):
   float32 and config.yaml recorded mixed_precision: float32."""
   assert model_result["policy_after"] == "bfloat16"
   assert model_result["policy_recorded"] == "bfloat16"
+
+
+def test_keras_made_up_names_are_recorded_without_their_number():
+  """A notebook cell run again builds sgd_1 where it built sgd: config.yaml recorded the number,
+  so the rerun warned 'settings differ: keras.optimizer.name sgd_4 → sgd_5' (a probe). Seen
+  failing with _recorded_name returning the name as it is."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import task  # pylint: disable=g-import-not-at-top
+  for make, recorded in ((keras.optimizers.SGD, "sgd"), (keras.optimizers.RMSprop, "rm_sprop"),
+                         (lambda: keras.Sequential([keras.layers.Dense(1)]), "sequential")):
+    assert [task._recorded_name(make()) for _ in range(2)] == [recorded] * 2  # pylint: disable=protected-access
+  assert task._recorded_name(keras.optimizers.Adam(name="mine_3")) == "mine_3"  # pylint: disable=protected-access

@@ -269,14 +269,15 @@ class CompiledModelTask(tasks.Task):
     def spec(tensors):
       return keras.tree.map_structure(lambda t: f"{t.dtype}{list(t.shape)}", tensors)
     described = {"model_class": f"{type(model).__module__}.{type(model).__name__}",
-                 "model_name": model.name, "parameters": int(model.count_params())}
+                 "model_name": _recorded_name(model), "parameters": int(model.count_params())}
     try:
       described["inputs"], described["outputs"] = spec(model.inputs), spec(model.outputs)
     except (AttributeError, ValueError):  # a subclassed model has no symbolic inputs
       pass
     optimizer = model.optimizer
     described["optimizer"] = {"class": type(optimizer).__name__,
-                              **{k: _plain(v) for k, v in optimizer.get_config().items()}}
+                              **{k: _plain(v) for k, v in optimizer.get_config().items()},
+                              "name": _recorded_name(optimizer)}
     described["losses"] = [{"output": "/".join(map(str, path)) or None,
                             "loss": type(loss).__name__ if type(loss).__name__ != "LossFunctionWrapper"
                             else loss.name, "weight": weight}
@@ -284,6 +285,15 @@ class CompiledModelTask(tasks.Task):
     described["metrics"] = self._metric_names
     described["data"] = self.inputs.describe()
     return described
+
+
+def _recorded_name(layer_or_optimizer) -> str:
+  """Keras numbers the names it makes up per process (sgd, sgd_1, ...): a notebook cell run
+  again names the same setting, so config.yaml keeps the unnumbered name."""
+  made_up = re.sub("([a-z])([A-Z])", r"\1_\2", re.sub("(.)([A-Z][a-z]+)", r"\1_\2",
+                                                     type(layer_or_optimizer).__name__)).lower()
+  name = layer_or_optimizer.name
+  return made_up if re.fullmatch(rf"{re.escape(made_up)}(_\d+)?", name) else name
 
 
 def check_not_overridden(model, steps, caller: str = "tfdp.fit") -> None:

@@ -409,10 +409,13 @@ def keep_config(plan: WritePlan, text: str) -> None:
     atomic_write_text(path, text)
     return
   with open(path) as f:
-    if f.read() != text:
-      logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
-                      "settings it trained with; this command's differ and were not used "
-                      "(--start_over trains afresh with them)", plan.model_dir)
+    old = f.read()
+  if old != text:
+    changed = changed_settings(old, text)
+    logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
+                    "settings it trained with; this command's differ and were not used%s "
+                    "(--start_over trains afresh with them)", plan.model_dir,
+                    f": {changed}" if changed else "")
 
 
 def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:
