@@ -22,8 +22,9 @@ from tfdp import config as config_lib
 from tfdp import logs
 from tfdp import paths
 from tfdp.core import controller
+from tfdp.core import outputs
 from tfdp.distributed import cluster
-from tfdp.errors import Preempted, TfdpError
+from tfdp.errors import ConfigError, Preempted, TfdpError
 
 DEFAULT_CONFIG = paths.default_job()
 PROG = "tfdp-train"
@@ -52,9 +53,9 @@ def main(argv):
   cli.guard_output_pipes()  # under tfdp-launch, the launcher may die before we do
   if len(argv) > 1:
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
-  config_files = [cli.find_config(p) for p in (FLAGS.config_file or [DEFAULT_CONFIG])]
-  model_dir = FLAGS.model_dir or default_model_dir(config_files)
   try:
+    config_files = _config_files()
+    model_dir = FLAGS.model_dir or default_model_dir(config_files)
     config = config_lib.load_config(config_files, FLAGS.params_override or [])
     if FLAGS.print_config:
       print(config_lib.dump_yaml(config))
@@ -77,6 +78,23 @@ def main(argv):
   print(f"{PROG}: done: " + ", ".join(
       f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()), flush=True)
   cli.exit_now(0)
+
+
+def _config_files() -> list[str]:
+  """--config_file as given; without it the default job, but --mode=eval of a run reads the
+  config that trained it (the run's config.yaml): the default job's model would not fit."""
+  if FLAGS.config_file:
+    return [cli.find_config(p) for p in FLAGS.config_file]
+  recorded = os.path.join(FLAGS.model_dir or "", outputs.CONFIG_FILE)
+  trained = os.path.join(FLAGS.model_dir or "", outputs.CHECKPOINT_DIR, "checkpoint")
+  if FLAGS.mode != "eval" or not (os.path.isfile(recorded) and os.path.isfile(trained)):
+    return [DEFAULT_CONFIG]  # nothing to evaluate: preflight says so
+  if "keras" in config_lib.load_yaml(recorded):  # tfdp.fit's record, not a job config
+    raise ConfigError(f"'{FLAGS.model_dir}' holds a tfdp.fit run, which tfdp-train cannot "
+                      "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("
+                      f"'{os.path.join(FLAGS.model_dir, 'model.keras')}'), x, y).")
+  logging.info("--mode=eval: no --config_file given: the run's own %s", recorded)
+  return [recorded]
 
 
 def default_model_dir(config_files: list[str]) -> str:

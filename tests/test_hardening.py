@@ -594,3 +594,26 @@ def test_a_start_that_fails_after_making_a_new_model_dir_removes_it(trained_run,
                            timeout=300)
   assert proc.returncode == 2 and "warm-start" in helpers.error_lines(proc)[0], proc.stderr[-3000:]
   assert not model_dir.exists()
+
+
+def test_eval_without_a_config_file_reads_the_config_that_trained_the_run(trained_run, tmp_path):
+  """`tfdp-train --mode=eval --model_dir=RUN` (the README's "evaluate the latest checkpoint")
+  built the default job's model and failed on the checkpoint, after TensorFlow had started, with
+  three remedies. It now reads RUN/config.yaml; a tfdp.fit run (whose record tfdp-train cannot
+  rebuild) is one line naming tfdp.evaluate. Seen failing on the old apps/train.py (exit 2)."""
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=eval", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "the run's own" in proc.stderr, proc.stderr[-3000:]
+  result = json.loads((model_dir / "eval.json").read_text())
+  assert result["step"] == 8 and result["eval_examples"] == 32
+  fit_run = tmp_path / "fit_run"
+  fit_run.mkdir()
+  (fit_run / "config.yaml").write_text("task: {name: keras_model}\nkeras: {model_name: mlp}\n")
+  (fit_run / "checkpoints").mkdir()
+  (fit_run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+  proc = helpers.run_train(f"--model_dir={fit_run}", "--mode=eval", timeout=60)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = helpers.error_lines(proc)
+  assert "tfdp.fit run" in line and "tfdp.evaluate(" in line, line
