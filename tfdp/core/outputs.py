@@ -464,7 +464,8 @@ def last_metrics_row(plan: WritePlan) -> dict:
   if frame.empty or "epoch" not in frame.columns:
     return {}
   row = frame.iloc[-1].dropna().to_dict()
-  return {k: int(v) if k in ("epoch", "step", "train_steps", "eval_examples") else v for k, v in row.items()}
+  counts = ("epoch", "step", "train_steps", "eval_examples")
+  return {k: int(v) if k in counts else v for k, v in row.items()}
 
 
 def write_metrics_png(plan: WritePlan, last: bool = True, epoch_seconds: float = 0.0) -> None:
