@@ -117,19 +117,27 @@ def test_fit_twice_in_one_process_returns_promptly_both_times(tmp_path):
   assert exited - report["done_at"] < 90  # may wait for a stalled destructor (up to ~60 s)
 
 
-def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_line(tmp_path):
+@pytest.fixture(scope="module")
+def notebook_session(tmp_path_factory):
+  """tests/scripts/notebook_session.py run once: (what it printed as JSON, its stderr). Its
+  tfdp.train runs in mixed_bfloat16 (uncapped: see helpers.UNCAPPED)."""
+  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
+                        cwd=tmp_path_factory.mktemp("session"), env=helpers.env(**helpers.UNCAPPED),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_line(
+    notebook_session):
   """tests/scripts/notebook_session.py, one process: `make_strategy()` again returns the
   2-replica strategy made first (it made a 1-replica default one), so the model built in its
   scope trains there after a tfdp.train in between made a strategy of its own (it was cloned
   into that one, with a warning); tfdp.train takes one config path and start_over; evaluate
   without labels, predict on a dataset of inputs, and bad arguments, each naming its caller."""
-  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
-                        cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out, stderr = notebook_session
   assert out["same_strategy"] and out["fit_replicas"] == 2
-  assert "training a clone" not in proc.stderr, proc.stderr[-3000:]
+  assert "training a clone" not in stderr, stderr[-3000:]
   assert "did you mean 'runtime.cpu_replicas'" in out["misspelt_setting"]
   assert out["evaluate_without_y"].startswith("tfdp.evaluate: y is None")  # scored zeros before
   assert out["predict_inputs_dataset"] < 1e-6  # refused before: "x holds no labels"
@@ -139,4 +147,23 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   assert out["predict_wrong_shape"].startswith("tfdp.predict: the model does not take x")
   assert out["evaluate_uncompiled"].startswith("tfdp.evaluate: the model is not compiled")
   assert "--start_over" in out["resume_another_seed"] and out["moved_aside"] == 1
-  assert proc.stderr.count("--start_over: the earlier run in ") == 1, proc.stderr[-3000:]
+  assert stderr.count("--start_over: the earlier run in ") == 1, stderr[-3000:]
+
+
+def test_the_users_dtype_policy_and_random_streams_are_theirs_after_train_and_fit(
+    notebook_session):
+  """Seen failing: after a tfdp.train in mixed_bfloat16 the global policy stayed
+  mixed_bfloat16 (a model built in a later cell computed in bfloat16), and tfdp.train and
+  tfdp.fit re-seeded numpy's and Python's random streams with the run's seed."""
+  out, _ = notebook_session
+  assert out["policy_after_train"] == "float32"
+  assert out["random_kept_by_train"] and out["random_kept_by_fit"]
+
+
+def test_train_takes_a_list_of_overrides(notebook_session):
+  """Seen failing: params=["trainer.seed=7", ...] was dumped as a YAML list ("unknown config
+  key '- trainer'")."""
+  out, _ = notebook_session
+  assert out["params_list"] == "no error" and out["moved_aside"] == 1
+  wrong = out["params_wrong"]
+  assert wrong.startswith("tfdp.train: params holds 7 (type int)"), wrong

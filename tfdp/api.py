@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-import yaml
-
 from tfdp import config as config_lib
+from tfdp import in_process
 from tfdp import logs
 from tfdp.core import outputs
 
@@ -17,26 +16,24 @@ def fit(*args, **kwargs):
   return fit_lib.fit(*args, **kwargs)
 
 
-def train(config_files=(), params: str | dict = "", *, model_dir: str,
+def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
           mode: str = "train_and_eval", verbose=True, start_over: bool = False) -> dict:
   """What `tfdp-train --config_file=... --params_override=... [--start_over]` runs, in this
   process (a notebook): any task, its data from the config. `config_files`: a path or a list of
   them; none gives the schema's defaults (tfdp-train's default job is
-  configs/cifar10_quick.yaml: name it to run that). Returns a dict: the final metrics, the
-  trainer (its `.model`) and `history`, a pandas DataFrame of metrics.csv."""
+  configs/cifar10_quick.yaml: name it to run that). `params`: "a.b=v,c=w", a dict, or a list
+  of either (as several --params_override). Returns a dict: the final metrics, the trainer (its
+  `.model`) and `history`, a pandas DataFrame of metrics.csv."""
   from tfdp import cli  # pylint: disable=g-import-not-at-top
   if isinstance(config_files, (str, os.PathLike)):
     config_files = [config_files]
   config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
-                                  _overrides(params))
+                                  in_process.overrides(params, "tfdp.train"))
   logs.start_tensorflow()
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
-  return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
-                                  start_over=start_over))
-
-
-def _overrides(params: str | dict) -> list[str]:
-  return [params if isinstance(params, str) else yaml.safe_dump(params)] if params else []
+  with in_process.users_state_kept():
+    return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
+                                    start_over=start_over))
 
 
 def _finished(result: dict) -> dict:

@@ -2,6 +2,7 @@
 the README's order, a config run in between, re-run cells, and a few mistakes. Prints JSON."""
 import json
 import glob
+import random
 
 import numpy as np
 
@@ -14,7 +15,31 @@ TINY = {"task": {"train_data": {"source": "synthetic", "num_examples": 32, "imag
                                "num_classes": 2},
                  "model": {"name": "small_cnn"}},
         "trainer": {"global_batch_size": 16, "epochs": 1, "export_model": False},
-        "runtime": {"cpu_replicas": 2}}
+        # not the float32 the session's Keras computes in: the run must leave that as it was
+        "runtime": {"cpu_replicas": 2, "mixed_precision": "mixed_bfloat16"}}
+
+
+def attempt(fn):
+  """fn()'s value, or what it raised as 'Type: message' (the test judges either)."""
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{type(e).__name__}: {e}"
+
+
+def random_draws() -> list:
+  """The next draws of numpy's and Python's global random streams: the user's."""
+  return [float(np.random.rand()), random.random()]
+
+
+def seeded_draws() -> list:
+  """random_draws() right after seeding both streams with 5 (the session then re-seeds)."""
+  np.random.seed(5)
+  random.seed(5)
+  draws = random_draws()
+  np.random.seed(5)
+  random.seed(5)
+  return draws
 
 
 out = {}
@@ -35,8 +60,14 @@ with tfdp.make_strategy().scope():
 # A config run in between makes a strategy of its own; the model stays in the one it was built in.
 with open("tiny.yaml", "w") as f:
   json.dump(TINY, f)  # JSON is YAML
+keras.config.set_dtype_policy("float32")
+expected = seeded_draws()
 tfdp.train("tiny.yaml", model_dir="runs/config_run", verbose=False)  # a path, not a list
+out["policy_after_train"] = keras.config.dtype_policy().name  # mixed_bfloat16 before
+out["random_kept_by_train"] = random_draws() == expected
+expected = seeded_draws()
 history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)
+out["random_kept_by_fit"] = random_draws() == expected
 out["fit_replicas"] = history.final["replicas"]
 out["evaluate_without_y"] = one_line(lambda: tfdp.evaluate(model, x))
 predicted = tfdp.predict(model, tf.data.Dataset.from_tensor_slices(x).batch(5))
@@ -47,9 +78,14 @@ out["predict_wrong_shape"] = one_line(lambda: tfdp.predict(model, x[:, :5]))
 with tfdp.make_strategy().scope():
   uncompiled = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
 out["evaluate_uncompiled"] = one_line(lambda: tfdp.evaluate(uncompiled, x, y))
+
 out["resume_another_seed"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False))
-tfdp.train("tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False,
-           start_over=True)
+# a list of overrides, as several --params_override
+out["params_list"] = one_line(lambda: tfdp.train(
+    "tiny.yaml", params=["trainer.seed=7", "trainer.epochs=1"], model_dir="runs/config_run",
+    verbose=False, start_over=True))
 out["moved_aside"] = len(glob.glob("runs/config_run/previous-*"))
+out["params_wrong"] = attempt(lambda: one_line(lambda: tfdp.train(
+    "tiny.yaml", params=["trainer.seed=7", 7], model_dir="runs/config_run", verbose=False)))
 print(json.dumps(out))

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 
 from absl import logging
-import yaml
 
 from tfdp import config as config_lib
+from tfdp import in_process
 from tfdp import logs
 from tfdp.compiled import callbacks as callbacks_lib
 from tfdp.compiled import inputs as inputs_lib
@@ -128,8 +128,7 @@ def _users_objects(model) -> dict:
 
 
 def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
-  overrides = [params if isinstance(params, str) else yaml.safe_dump(params)] if params else []
-  config = config_lib.load_config(list(config_files), overrides)
+  config = config_lib.load_config(list(config_files), in_process.overrides(params, "tfdp.fit"))
   config.task.name = "keras_model"
   config.task.model = config_lib.ModelConfig(name="keras_model")
   for data in (config.task.train_data, config.task.eval_data):
@@ -178,15 +177,11 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")
   logs.start_tensorflow()
-  import keras  # pylint: disable=g-import-not-at-top
-  users_policy = keras.config.dtype_policy()
-  try:
+  with in_process.users_state_kept():  # the dtype policy and random streams are the user's again
     return _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
                 validation_data, shuffle, class_weight, sample_weight, steps_per_epoch,
                 validation_steps, validation_batch_size, validation_freq, model_dir, strategy,
                 params, config_files)
-  finally:  # the trainer sets its precision as the global policy: the user's again
-    keras.config.set_dtype_policy(users_policy)
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,

@@ -1,0 +1,43 @@
+"""What the library's runs in the caller's own process (tfdp.fit, tfdp.train: a notebook) share:
+their `params` as the config loader's overrides, and the caller's process-wide state kept."""
+from __future__ import annotations
+
+import contextlib
+
+import yaml
+
+from tfdp import config as config_lib
+from tfdp.errors import ConfigError
+
+
+def overrides(params, caller: str) -> list[str]:
+  """`params` as the config loader's --params_override texts: one string ("a.b=v,c=w"), a dict,
+  or a list of them (one override each, later ones winning)."""
+  if not params:
+    return []
+  items = list(params) if isinstance(params, (list, tuple)) else [params]
+  wrong = [item for item in items if not isinstance(item, (str, dict))]
+  if wrong:
+    raise ConfigError(f"{caller}: params holds {config_lib.short_repr(wrong[0])} (type "
+                      f"{type(wrong[0]).__name__}); pass 'a.b=v,c=w', a dict, or a list of "
+                      "'a.b=v' strings.")
+  return [item if isinstance(item, str) else yaml.safe_dump(item) for item in items if item]
+
+
+@contextlib.contextmanager
+def users_state_kept():
+  """A run sets process-wide state for itself: the trainer's precision as Keras's global dtype
+  policy, experiment.build's seed for numpy's and Python's random. In a notebook that state is
+  the user's: theirs again afterwards, or a model built in a later cell computes in bfloat16 and
+  their random streams restart from tfdp's seed. Call it with TensorFlow started."""
+  import random  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  policy, numpy_state, python_state = (keras.config.dtype_policy(), np.random.get_state(),
+                                       random.getstate())
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(policy)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
