@@ -167,3 +167,19 @@ def test_train_takes_a_list_of_overrides(notebook_session):
   assert out["params_list"] == "no error" and out["moved_aside"] == 1
   wrong = out["params_wrong"]
   assert wrong.startswith("tfdp.train: params holds 7 (type int)"), wrong
+
+
+def test_ctrl_c_in_fit_says_where_to_resume_and_a_finished_run_reports_ints(notebook_session):
+  """Ctrl-C in a fit without model_dir: Preempted names the run's folder as model_dir=...,
+  which resumes it (the epochs after the stopped one); the finished run returned at once
+  reports its counts as ints, as the run that trained. Seen failing: 'checkpoint saved, re-run
+  the same command to resume' (a re-run without model_dir trains afresh); eval_examples and
+  train_steps were floats from the finished run."""
+  out, _ = notebook_session
+  said = out["stopped_said"]
+  assert said.startswith("Preempted: stopped at step") and "command" not in said, said
+  assert "checkpoint saved in tfdp_runs/stopped; to resume from it, pass " \
+         "model_dir='tfdp_runs/stopped' to tfdp.fit" in said, said
+  assert out["resumed_epochs"] == [1, 2]
+  ints = {k: "int" for k in ("epoch", "step", "train_steps", "eval_examples")}
+  assert out["count_types"] == [ints, ints]

@@ -59,10 +59,13 @@ class TrainingDiverged(TfdpError):
 
 
 class Preempted(Exception):
-  """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes."""
+  """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes. `said`:
+  where the checkpoint is and how to resume from it, in the caller's terms (experiment.build's
+  preempted_said)."""
 
-  def __init__(self, step: int, signum: int):
-    super().__init__(f"stopped at step {step} on request (signal {signum}); checkpoint saved, "
-                     "re-run the same command to resume")
+  SAID = "checkpoint saved, re-run the same command to resume"  # the apps' terms
+
+  def __init__(self, step: int, signum: int, said: str = SAID):
+    super().__init__(f"stopped at step {step} on request (signal {signum}); {said}")
     self.step = step
     self.exit_code = 128 + signum

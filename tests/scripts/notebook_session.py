@@ -1,8 +1,11 @@
 """A notebook session as one process (tests/test_api.py judges what it prints): cells run in
-the README's order, a config run in between, re-run cells, and a few mistakes. Prints JSON."""
+the README's order, a config run in between, re-run cells, a Ctrl-C, and a few mistakes. Prints
+JSON."""
 import json
 import glob
+import os
 import random
+import signal
 
 import numpy as np
 
@@ -79,6 +82,32 @@ with tfdp.make_strategy().scope():
   uncompiled = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
 out["evaluate_uncompiled"] = one_line(lambda: tfdp.evaluate(uncompiled, x, y))
 
+
+# Ctrl-C in the middle of a fit without model_dir: the error says where to resume from, and that
+# resumes; the finished run, returned at once, reports counts as ints, as the run that trained.
+class CtrlC(keras.callbacks.Callback):
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch == 0:
+      os.kill(os.getpid(), signal.SIGINT)
+
+
+with tfdp.make_strategy().scope():
+  stopped = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="stopped")
+  stopped.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+fit_args = dict(batch_size=16, epochs=3, validation_data=(x[:40], y[:40]), verbose=0)
+try:
+  tfdp.fit(stopped, x, y, callbacks=[CtrlC()], **fit_args)
+  out["stopped_said"] = "not stopped"
+except Exception as e:  # pylint: disable=broad-except
+  out["stopped_said"] = f"{type(e).__name__}: {e}"
+said_dir = out["stopped_said"].split("model_dir='")[-1].split("'")[0]
+if os.path.isdir(said_dir):
+  resumed = tfdp.fit(stopped, x, y, model_dir=said_dir, **fit_args)
+  again = tfdp.fit(stopped, x, y, model_dir=said_dir, **fit_args)  # finished: returned at once
+  counts = ("epoch", "step", "train_steps", "eval_examples")
+  out["resumed_epochs"] = resumed.epoch
+  out["count_types"] = [{k: type(h.final[k]).__name__ for k in counts} for h in (resumed, again)]
 out["resume_another_seed"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False))
 # a list of overrides, as several --params_override

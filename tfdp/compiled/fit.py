@@ -218,6 +218,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     _check_traces(trained, task.sample["x"])
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
+  fresh = " (without it, tfdp.fit trains afresh)" if model_dir is None else ""
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
@@ -228,7 +229,9 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       strategy=strategy, task=task, verbose=not quiet, start_over=start_over,
       moved_aside_said=("tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: "
                         "the earlier run in %s was moved to %s (pass model_dir to resume a run "
-                        "instead)"))
+                        "instead)"),
+      preempted_said=(f"checkpoint saved in {model_dir}; to resume from it, pass "
+                      f"model_dir='{model_dir}' to tfdp.fit{fresh}"))
   # As Keras's fit with a use_ema optimizer: validation sees the raw weights, and the weights
   # become their moving average when training ends (also the export and the user's model).
   built.trainer.raw_weights_evaluated = True
@@ -278,7 +281,8 @@ def _check_traces(model, x) -> None:
 
 def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, verbose):
   """Keras's History: from this call's epochs, or for a run that had finished already (nothing
-  trained now) from its metrics.csv, so a re-run returns its final metrics, never nothing."""
+  trained now) from its metrics.csv, so a re-run returns its epochs, never nothing. `result`
+  holds the last row either way (the controller reads a finished run's, its counts as ints)."""
   history = hooks.history
   if not history.history:
     rows = _read_rows(model_dir)
@@ -286,8 +290,6 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, ve
     for row in rows:
       for key, value in callbacks_lib.keras_logs(row).items():
         history.history.setdefault(key, []).append(value)
-    if rows:
-      result.update({k: v for k, v in rows[-1].items() if k.startswith(("train_", "eval_"))})
   history.set_model(model)
   # Keras's params; batch_size is tfdp's own (the global batch it decided)
   history.params = {"verbose": verbose, "epochs": epochs, "steps": hooks.steps_per_epoch,

@@ -22,7 +22,7 @@ from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
 from tfdp.config.schema import TaskConfig
-from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
+from tfdp.errors import ClusterError, ConfigError, DataError, OutputError, Preempted
 
 START_OVER_SAID = "--start_over: the earlier run in %s was moved to %s"
 
@@ -83,6 +83,7 @@ class Experiment:
   eval_dataset: Any
   trainer: Any
   hooks: Any = None  # controller.Controller's extras (tfdp.fit's Keras callbacks)
+  preempted_said: str = Preempted.SAID  # a stop's how-to-resume, in the caller's terms
 
   @property
   def replicas(self) -> int:
@@ -128,7 +129,8 @@ class Experiment:
             result["trained"] = f"nothing (the run had finished at step {start})"
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
-              self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
+              self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks,
+              preempted_said=self.preempted_said).run())
           result["step"] = trainer.global_step
           kept = (outputs.kept_export(self.write_plan, trainer.manager.latest_checkpoint)
                   if trainer.global_step == start else None)
@@ -163,13 +165,15 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
           task=None, verbose: bool = True, start_over: bool = False,
-          moved_aside_said: str = START_OVER_SAID) -> Experiment:
+          moved_aside_said: str = START_OVER_SAID,
+          preempted_said: str = Preempted.SAID) -> Experiment:
   """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn,
   strategy and the task itself may be given directly (the library API); otherwise the config's
   task builds them.
   `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
-  resuming it, warning `moved_aside_said` % (model_dir, where) in the caller's terms. Nothing in
-  model_dir changes until every check has passed."""
+  resuming it, warning `moved_aside_said` % (model_dir, where) in the caller's terms; a stop
+  (SIGINT, SIGTERM) raises Preempted saying `preempted_said` (where the checkpoint is, how to
+  resume). Nothing in model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir, prior = preflight(config, model_dir, mode, cluster,
                                check_data=train_source is None, start_over=start_over)
@@ -179,10 +183,12 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   # too (see tfdp/core/trainer.py).
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   with trainer_lib.tensor_conditions_named():
-    return tf.autograph.experimental.do_not_convert(_build_checked)(
+    built = tf.autograph.experimental.do_not_convert(_build_checked)(
         config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
         model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,
         start_over=start_over and moved_aside_said)
+  built.preempted_said = preempted_said
+  return built
 
 
 def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
