@@ -169,6 +169,41 @@ def test_train_takes_a_list_of_overrides(notebook_session):
   assert wrong.startswith("tfdp.train: params holds 7 (type int)"), wrong
 
 
+def test_evaluate_and_predict_take_keras_arguments_and_return_what_keras_returns(
+    notebook_session):
+  """return_dict=False returns model.evaluate's value (the loss alone, or the list in
+  model.metrics_names order); verbose is taken, steps and callbacks refused in one line. Seen
+  failing: TypeError on return_dict and verbose."""
+  out, _ = notebook_session
+  returns = out["evaluate_returns"]
+  for case in ("list", "loss"):
+    ours, keras_value = returns[case]
+    assert not isinstance(ours, str), ours
+    assert ours == pytest.approx(keras_value, rel=1e-5), case
+  assert isinstance(returns["list"][0], list) and isinstance(returns["loss"][0], float)
+  assert returns["dict"] == ["accuracy", "examples", "loss"]  # tfdp's default, as documented
+  assert out["predict_verbose"] < 1e-6
+  verbose, steps, callbacks = out["evaluate_refused"]
+  assert verbose.startswith("tfdp.evaluate: verbose is of type ndarray"), verbose  # sample_weight
+  assert steps.startswith("tfdp.evaluate: steps is not taken"), steps
+  assert callbacks.startswith("tfdp.predict: callbacks are not called"), callbacks
+
+
+def test_a_model_built_outside_the_scope_is_predicted_and_evaluated_on_a_copy(notebook_session):
+  """An uncompiled model predicts (Keras's predict needs no compile) and evaluating it says
+  'not compiled'; the log line names the caller and trains nothing. Seen failing: RuntimeError
+  'keras changed: Model._compile_config.config ...' for both, and 'tfdp.fit: ... training a
+  clone' logged by tfdp.evaluate."""
+  out, stderr = notebook_session
+  assert out["predict_uncompiled_outside"] < 1e-6, out["predict_uncompiled_outside"]
+  assert out["evaluate_uncompiled_outside"].startswith("tfdp.evaluate: the model is not compiled")
+  ours, keras_value = out["evaluate_outside"]
+  assert ours == pytest.approx(keras_value, rel=1e-5)
+  for caller in ("tfdp.predict", "tfdp.evaluate"):
+    assert f"{caller}: the model was built outside the strategy's scope: running a copy" in stderr
+  assert "training a clone" not in stderr, stderr[-3000:]
+
+
 def test_ctrl_c_in_fit_says_where_to_resume_and_a_finished_run_reports_ints(notebook_session):
   """Ctrl-C in a fit without model_dir: Preempted names the run's folder as model_dir=...,
   which resumes it (the epochs after the stopped one); the finished run returned at once

@@ -81,6 +81,31 @@ out["predict_wrong_shape"] = one_line(lambda: tfdp.predict(model, x[:, :5]))
 with tfdp.make_strategy().scope():
   uncompiled = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
 out["evaluate_uncompiled"] = one_line(lambda: tfdp.evaluate(uncompiled, x, y))
+# Keras's evaluate and predict arguments, and what Keras returns without return_dict.
+with tfdp.make_strategy().scope():
+  loss_only = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+  loss_only.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+out["evaluate_returns"] = {
+    "list": [attempt(lambda: tfdp.evaluate(model, x, y, return_dict=False, verbose=0)),
+             model.evaluate(x, y, verbose=0)],
+    "loss": [attempt(lambda: tfdp.evaluate(loss_only, x, y, 16, 0, return_dict=False)),
+             loss_only.evaluate(x, y, 16, 0)],
+    "dict": attempt(lambda: sorted(tfdp.evaluate(model, x, y, return_dict=True, verbose=0)))}
+out["predict_verbose"] = attempt(lambda: float(np.max(np.abs(
+    tfdp.predict(model, x, verbose=0) - model.predict(x, verbose=0)))))
+out["evaluate_refused"] = [attempt(lambda: one_line(lambda: tfdp.evaluate(model, x, y, 16, y))),
+                           attempt(lambda: one_line(lambda: tfdp.evaluate(model, x, y, steps=2))),
+                           attempt(lambda: one_line(
+                               lambda: tfdp.predict(model, x, callbacks=[object()])))]
+# Built outside the scope (after make_strategy): evaluated and predicted on a copy made in it.
+outside = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+out["predict_uncompiled_outside"] = attempt(lambda: float(np.max(np.abs(
+    tfdp.predict(outside, x) - outside.predict(x, verbose=0)))))
+out["evaluate_uncompiled_outside"] = attempt(lambda: one_line(
+    lambda: tfdp.evaluate(outside, x, y)))
+outside.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+out["evaluate_outside"] = attempt(lambda: [tfdp.evaluate(outside, x, y)["loss"],
+                                           outside.evaluate(x, y, verbose=0)])
 
 
 # Ctrl-C in the middle of a fit without model_dir: the error says where to resume from, and that

@@ -29,10 +29,11 @@ from tfdp.errors import ConfigError
 DEFAULT_RUNS = "tfdp_runs"  # model_dir=None: tfdp_runs/<model name>, a fresh run each time
 
 
-def strategy_for(model, strategy):
+def strategy_for(model, strategy, caller: str = "tfdp.fit"):
   """The strategy the model's variables live in; a model built outside it is cloned into it
-  (Keras can clone functional and Sequential models), its weights copied back after training.
-  Returns (strategy, model to train, the user's model or None when no copy is needed)."""
+  (Keras can clone functional and Sequential models), its weights copied back after training
+  (`caller` tfdp.fit; tfdp.evaluate and tfdp.predict only read the clone). Returns (strategy,
+  model to run, the user's model or None when no copy is needed)."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
@@ -41,7 +42,7 @@ def strategy_for(model, strategy):
   strategy = strategy or strategy_lib.last_made()
   if not isinstance(model, keras.Model):
     if not callable(model):
-      raise ConfigError(f"tfdp.fit: model is a {type(model).__name__}; pass a compiled "
+      raise ConfigError(f"{caller}: model is a {type(model).__name__}; pass a compiled "
                         "keras.Model or a function that returns one.")
     if strategy is None:  # as tfdp.make_strategy() with no arguments
       from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
@@ -49,12 +50,12 @@ def strategy_for(model, strategy):
     with strategy.scope():
       built = model()
     if not isinstance(built, keras.Model):
-      raise ConfigError(f"tfdp.fit: the model function returned a {type(built).__name__}; return "
+      raise ConfigError(f"{caller}: the model function returned a {type(built).__name__}; return "
                         "a compiled keras.Model.")
     return strategy, built, None
   if strategy is None:
     if os.environ.get("TF_CONFIG"):
-      raise ConfigError("tfdp.fit: TF_CONFIG names a cluster, but no tfdp strategy was made; "
+      raise ConfigError(f"{caller}: TF_CONFIG names a cluster, but no tfdp strategy was made; "
                         "call strategy = tfdp.make_strategy() first and build and compile the "
                         "model under `with strategy.scope():`.")
     strategy = tf.distribute.get_strategy()
@@ -65,18 +66,26 @@ def strategy_for(model, strategy):
   own = strategy_lib.strategy_of(model.weights) if not given else None
   if own is not None:  # built in the scope of one made before the last (tfdp.train makes one)
     return own, model, None
-  users_objects = _users_objects(model)  # outside the try: a changed Keras is said as such
+  # An uncompiled model predicts (Keras's predict needs no compile); evaluate and fit say it.
+  compiled = getattr(model, "compiled", False)
+  # outside the try: a changed Keras is said as such
+  users_objects = _users_objects(model) if compiled else {}
   try:  # clone_model compiles the clone from the compile config: the user's objects by name
     with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
-      clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
+      if compiled:
+        clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
     raise ConfigError(
-        f"tfdp.fit: the model was built outside the strategy's scope and Keras cannot clone it "
+        f"{caller}: the model was built outside the strategy's scope and Keras cannot clone it "
         f"into it ({type(e).__name__}); build and compile it under `with "
         "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
     ) from None
+  if caller != "tfdp.fit":  # evaluate, predict: the clone is read, the user's model unchanged
+    logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
+                    "inside it, with its weights", caller)
+    return strategy, clone, model
   with strategy.scope():  # the user's optimizer state goes on in the clone (a second fit)
     copy_optimizer_state(model.optimizer, clone.optimizer, clone.trainable_variables)
   logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "

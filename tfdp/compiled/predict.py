@@ -27,6 +27,25 @@ def _speaking_as(caller: str):
   return wrap
 
 
+def _keras_arguments(caller: str, verbose, steps, callbacks) -> None:
+  """Keras's evaluate/predict arguments tfdp has no use for: `verbose` is taken (tfdp prints
+  no progress bar: its loop is one compiled call); `steps` and `callbacks` are refused."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  if not (verbose == "auto" if isinstance(verbose, str) else
+          isinstance(verbose, int) and not isinstance(verbose, bool) and 0 <= verbose <= 2):
+    shown = (config_lib.short_repr(verbose) if isinstance(verbose, (str, int, float))
+             else f"of type {type(verbose).__name__}")
+    raise ConfigError(f"{caller}: verbose is {shown}; pass 'auto', 0, 1 or 2 (Keras's order: "
+                      "x, y, batch_size, verbose, sample_weight; or name them).")
+  if steps is not None:
+    raise ConfigError(f"{caller}: steps is not taken: tfdp reads x to its end, every example "
+                      "once; pass the part you want (a dataset's take(n), an array's slice).")
+  if callbacks:
+    raise ConfigError(f"{caller}: callbacks are not called by {caller}; drop them (tfdp.fit "
+                      "calls a callback's epoch hooks).")
+
+
 def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
   """`caller`: tfdp.evaluate (which needs labels) or tfdp.predict (inputs alone)."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -34,7 +53,7 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  strategy, model, _ = fit_lib.strategy_for(model, strategy)
+  strategy, model, _ = fit_lib.strategy_for(model, strategy, caller)
   ranks = inputs_lib.input_ranks(model)
   inputs_lib.check_batch_size("batch_size", batch_size)
   if caller == "tfdp.predict":  # inputs alone (a dataset's labels are kept, unused)
@@ -57,10 +76,15 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
 
 
 @_speaking_as("tfdp.evaluate")
-def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, strategy=None) -> dict:
-  """Keras's `model.evaluate(..., return_dict=True)`, exact across replicas and workers."""
+def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+             steps=None, callbacks=None, return_dict=True, *, strategy=None):
+  """Keras's `model.evaluate`, exact across replicas and workers. Returns the metrics and
+  `examples` (the count) as a dict, unlike Keras's default; return_dict=False returns what Keras
+  returns then: the loss alone, or the list in model.metrics_names order."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  _keras_arguments("tfdp.evaluate", verbose, steps, callbacks)
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
                                                         strategy, "tfdp.evaluate")
   task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False),
@@ -76,16 +100,20 @@ def evaluate(model, x=None, y=None, batch_size=None, sample_weight=None, *, stra
     totals = loop(iter(dataset), tf.constant(plan.steps_per_epoch)).numpy()
   sums = trainer_lib.MetricSums(task.metric_names, totals, task.finalize_metric,
                                 task.metric_state_values)
+  if not return_dict:
+    return compat.metrics_in_keras_order(model, sums.values())
   return {**sums.values(), "examples": int(sums.examples)}
 
 
 @_speaking_as("tfdp.predict")
-def predict(model, x, batch_size=None, *, strategy=None):
+def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=None, *,
+            strategy=None):
   """Keras's `model.predict`: the outputs for every real example, in order (numpy, nested as
   the model's outputs), on every worker."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  _keras_arguments("tfdp.predict", verbose, steps, callbacks)
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
                                                         "tfdp.predict")
   del task

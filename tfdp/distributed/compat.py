@@ -181,6 +181,18 @@ def compile_arguments(model) -> dict:
   return dict(arguments)
 
 
+def metrics_in_keras_order(model, logs: dict):
+  """What `model.evaluate(return_dict=False)` returns for its `logs`: the one value, or a list in
+  model.metrics_names order (a CompileMetrics expanded to its metrics, then the rest sorted):
+  Keras 3's private Trainer._flatten_metrics_in_order. tfdp.evaluate's test (test_api.py)
+  compares it with model.evaluate."""
+  flatten = getattr(model, "_flatten_metrics_in_order", None)
+  if flatten is None:
+    raise RuntimeError("keras changed: Model._flatten_metrics_in_order is gone; see "
+                       "tfdp/distributed/compat.py")
+  return flatten(logs)
+
+
 def compiled_loss_and_metrics(model):
   """What `model.compile(loss=..., metrics=..., weighted_metrics=...)` made: Keras 3 keeps them
   as private CompileLoss / CompileMetrics objects (`model._compile_loss`,
