@@ -1,7 +1,10 @@
 """Every notebook in notebooks/ runs top to bottom in a fresh kernel and draws its figures; the
 committed copies carry no outputs."""
+import io
 import json
+import os
 import re
+import signal
 import threading
 import time
 
@@ -92,3 +95,55 @@ def test_launch_notebook_names_the_failing_worker_and_its_error():
     tfdp.launch_notebook(train_fn, num_workers=2, args=(1,), env=helpers.env())
   with pytest.raises(tfdp.TfdpError, match="cannot be sent to the workers"):
     tfdp.launch_notebook(train_fn, args=(threading.Lock(),))  # a lock cannot be pickled
+
+
+class _InterruptOnce(io.StringIO):
+  """The launcher's output: the first line that says `mark` is Ctrl-C in the notebook (SIGINT to
+  this process, the launcher, which stops its workers with SIGTERM)."""
+
+  def __init__(self, mark: str):
+    super().__init__()
+    self.mark, self.sent = mark, False
+
+  def write(self, text: str) -> int:
+    if self.mark in text and not self.sent:
+      self.sent = True
+      os.kill(os.getpid(), signal.SIGINT)
+    return super().write(text)
+
+
+def test_launch_notebook_stopped_mid_training_says_one_line_per_worker(tmp_path):
+  """Ctrl-C while tfdp.fit trains on 2 workers: each worker saves and says where it stopped in
+  one line. Seen failing: a 22-line traceback of Preempted per worker, and the raised error's
+  last lines were traceback fragments."""
+  import tfdp  # pylint: disable=g-import-not-at-top
+
+  def train_fn(model_dir):
+    import keras  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tfdp  # pylint: disable=g-import-not-at-top,redefined-outer-name,reimported
+    strategy = tfdp.make_strategy()
+
+    class SaysItTrains(keras.callbacks.Callback):
+      def on_epoch_end(self, epoch, logs=None):
+        print(f"trained epoch {epoch + 1}", flush=True)
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+      model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    tfdp.fit(model, x, (x[:, 0] > 0).astype("int64"), batch_size=16, epochs=100000, verbose=0,
+             model_dir=model_dir, callbacks=[SaysItTrains()])
+
+  output = _InterruptOnce("trained epoch 1")
+  with pytest.raises(tfdp.TfdpError, match="launcher got SIGINT") as raised:
+    tfdp.launch_notebook(train_fn, num_workers=2, args=(str(tmp_path / "run"),),
+                         env=helpers.env(), output=output)
+  printed, said = output.getvalue(), str(raised.value)
+  assert "Traceback" not in printed and "Traceback" not in said, printed[-3000:]
+  for worker in (0, 1):
+    stopped = [line for line in printed.splitlines()
+               if line.startswith(f"[w{worker}] ") and "stopped at step" in line]
+    assert len(stopped) == 1, printed[-3000:]
+    assert f"model_dir='{tmp_path / 'run'}'" in stopped[0], stopped  # where to resume from
+  assert "stopped at step" in said.split("its last lines:")[1], said

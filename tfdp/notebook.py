@@ -18,7 +18,7 @@ import traceback
 
 from tfdp.distributed import launch as launch_lib
 from tfdp import paths
-from tfdp.errors import TfdpError
+from tfdp.errors import Preempted, TfdpError
 
 PAYLOAD = "payload.pkl"
 
@@ -110,6 +110,8 @@ def worker_main(folder: str) -> None:
     os.replace(tmp, _result_path(folder, index))
   except TfdpError as error:
     cli.exit_with_error("launch_notebook worker", error, code=1)
+  except Preempted as stop:  # the group was stopped (Ctrl-C in the notebook): saved, one line
+    cli.exit_with_error("launch_notebook worker", stop, code=stop.exit_code)
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()  # the user's own code failed: its traceback is what they need
     cli.exit_now(1)
