@@ -235,10 +235,7 @@ def parse_overrides(text: str) -> dict:
       node = node.setdefault(k, {})
       if not isinstance(node, dict):
         raise ConfigError(f"--params_override sets '{path}' and a key inside it; keep one.")
-    if keys[-1] in node:  # as a YAML mapping that names a key twice: refused, not the last kept
-      inside = " and a key inside it" if isinstance(node[keys[-1]], dict) else " twice"
-      raise ConfigError(f"--params_override sets '{path.strip()}'{inside}; keep one.")
-    node[keys[-1]] = value
+    node[keys[-1]] = value  # a key set again later wins, as a later --params_override does
   return result
 
 
