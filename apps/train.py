@@ -85,10 +85,11 @@ def _config_files() -> list[str]:
   config that trained it (the run's config.yaml): the default job's model would not fit."""
   if FLAGS.config_file:
     return [cli.find_config(p) for p in FLAGS.config_file]
+  default = [cli.find_config(DEFAULT_CONFIG)]  # configs/ beside the package, from any folder
   recorded = os.path.join(FLAGS.model_dir or "", outputs.CONFIG_FILE)
   trained = os.path.join(FLAGS.model_dir or "", outputs.CHECKPOINT_DIR, "checkpoint")
   if FLAGS.mode != "eval" or not (os.path.isfile(recorded) and os.path.isfile(trained)):
-    return [DEFAULT_CONFIG]  # nothing to evaluate: preflight says so
+    return default  # nothing to evaluate: preflight says so
   if "keras" in config_lib.load_yaml(recorded):  # tfdp.fit's record, not a job config
     raise ConfigError(f"'{FLAGS.model_dir}' holds a tfdp.fit run, which tfdp-train cannot "
                       "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("
