@@ -114,7 +114,8 @@ class Experiment:
                     "strategy": self.strategy_plan.kind}
     try:
       from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-      with trainer_lib.tensor_conditions_named():  # the first steps are traced here
+      with trainer_lib.tensor_conditions_named(), run_errors.peer_loss_restarts_the_group(
+          cluster.is_multi_worker):  # the first steps are traced here
         if self.mode == "eval":
           evaluated = self.evaluate()
           result.update(step=trainer.global_step, eval_examples=int(evaluated.examples),
@@ -139,10 +140,6 @@ class Experiment:
           elif self.config.trainer.export_model:
             with trainer.evaluation_weights():
               result["exported"] = outputs.export_model(self.write_plan, trainer.model)
-    except run_errors.peer_errors() as e:
-      if not cluster.is_multi_worker:
-        raise
-      raise run_errors.lost_peer(e) from None
     except run_errors.data_errors() as e:
       raise run_errors.bad_data(e, self._find_unreadable()) from None
     finally:
@@ -182,7 +179,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   # Sources, tokenizers and model stems map datasets while building: traced without autograph
   # too (see tfdp/core/trainer.py).
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  with trainer_lib.tensor_conditions_named():
+  with trainer_lib.tensor_conditions_named(), run_errors.peer_loss_restarts_the_group(
+      cluster.is_multi_worker):
     built = tf.autograph.experimental.do_not_convert(_build_checked)(
         config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
         model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,

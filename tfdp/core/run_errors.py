@@ -2,6 +2,7 @@
 an example that cannot be decoded, or a batch the model or its loss rejects."""
 from __future__ import annotations
 
+import contextlib
 import re
 
 from tfdp.errors import DataError, GroupMustRestart
@@ -32,6 +33,19 @@ def op_error_line(message: str) -> str:
                                      "[[")) and not re.match(r"\d+ root error", line):
       return line[:200]
   return message.strip().splitlines()[0][:200] if message.strip() else ""
+
+
+@contextlib.contextmanager
+def peer_loss_restarts_the_group(is_multi_worker: bool):
+  """A multi-worker group's TF errors that mean a peer is gone, whether building (the initial
+  variables' broadcast, a restore) or training (a collective): one line and the code a
+  scheduler retries (203), never a traceback and exit 1, which Kubeflow takes as final."""
+  try:
+    yield
+  except peer_errors() as e:
+    if not is_multi_worker:
+      raise
+    raise lost_peer(e) from None
 
 
 def lost_peer(error) -> GroupMustRestart:
