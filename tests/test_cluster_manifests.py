@@ -114,3 +114,28 @@ def test_tfjob_restart_policy_names_the_codes_tfdp_exits_with(manifest):
   policy_line = next(l for l in text.splitlines() if "restartPolicy:" in l)
   for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PERMANENT):
     assert re.search(rf"\b{code}\b", policy_line), policy_line
+
+
+@pytest.mark.parametrize("stem", [stem for stem, _, _ in JOBS])
+def test_tfjob_runs_in_the_image_the_shipped_dockerfile_builds(stem):
+  """A cluster probe installed the package as the manifest said (`pip install .`) and ran the
+  TFJob's command in a pod's folder: 'config file configs/cifar10_quick.yaml does not exist',
+  exit 2 (final for the ExitCode policy): configs/ is not in the package, and the manifest gave
+  no working directory. Now configs/cluster/Dockerfile keeps the repository in its WORKDIR,
+  installed in place, and the TFJob runs there. Seen failing: no Dockerfile, no workingDir."""
+  dockerfile = (CLUSTER_DIR / "Dockerfile").read_text()
+  workdir = re.findall(r"^WORKDIR (\S+)", dockerfile, re.M)[-1]
+  copied = [src.rstrip("/") for src in re.findall(r"^COPY (\S+) ", dockerfile, re.M)]
+  for src in copied:
+    assert (helpers.REPO / src).exists(), src
+  assert "configs" in copied and re.search(r"^RUN pip install .*-e \.$", dockerfile, re.M)
+  documents = list(yaml.safe_load_all((CLUSTER_DIR / f"tfjob_{stem}.yaml").read_text()))
+  manifest = next(d for d in documents if d["kind"] == "TFJob")
+  container = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+  assert container["workingDir"] == workdir
+  # every relative path the job reads lies in what the image copied
+  config = config_lib.load_config([cli.find_config(f) for f in
+                                   flag_values(container["command"], "config_file")])
+  relative = [p for p in (*flag_values(container["command"], "config_file"),
+                          config.task.text.vocab_path) if p and not p.startswith("/")]
+  assert relative and all(p.split("/")[0] in copied for p in relative), relative
