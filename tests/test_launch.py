@@ -241,6 +241,26 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
   _assert_all_gone(worker_pids)
 
 
+def test_one_interrupt_delivered_twice_is_one_request_and_a_later_one_asks_again(monkeypatch):
+  """`timeout 300 tfdp-launch ...` then `kill -INT -- -PGID`: GNU timeout passes the signal on to
+  its child and the launcher also gets it as a member of the group: two SIGINTs at once read as
+  "asked twice", which kills the workers without their stop checkpoint (a cluster probe lost
+  one). The same signal within a second is one request. Seen failing on the old _StopRequest
+  (two entries)."""
+  clock = [100.0]
+  monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+  stop = launcher._StopRequest()  # pylint: disable=protected-access
+  stop.handler(signal.SIGINT, None)
+  clock[0] += 0.01
+  stop.handler(signal.SIGINT, None)  # the same Ctrl-C, delivered again
+  assert stop.signals == [signal.SIGINT]
+  clock[0] += 2
+  stop.handler(signal.SIGINT, None)  # a second Ctrl-C: skip the grace period
+  assert stop.signals == [signal.SIGINT, signal.SIGINT]
+  stop.handler(signal.SIGTERM, None)  # another signal is another request at once
+  assert stop.signals == [signal.SIGINT, signal.SIGINT, signal.SIGTERM]
+
+
 def test_workers_start_without_preexec_fn_and_get_sigterm_when_the_launcher_is_killed(
     tmp_path, monkeypatch):
   # preexec_fn runs Python between fork and exec: in a threaded parent (a Jupyter kernel) a lock

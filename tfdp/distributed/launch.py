@@ -1,26 +1,23 @@
 """Local multi-process launcher: N copies of a command, one TF_CONFIG each.
 
-`launch` starts the group, prefixes each worker's output with `[wI] `, stops
-the whole group as soon as one worker fails (an all-reduce peer would
-otherwise block until its gRPC timeout), and optionally reruns the group; the
-training app resumes from its own checkpoint, the launcher only reruns the
-same command.
+`launch` starts the group, prefixes each worker's output with `[wI] `, stops the whole group as
+soon as one worker fails (an all-reduce peer would otherwise block until its gRPC timeout), and
+optionally reruns the group; the training app resumes from its own checkpoint, the launcher only
+reruns the same command.
 
-GPUs: every worker gets its own CUDA_VISIBLE_DEVICES (see tfdp/gpus.py);
-workers that all saw every GPU would each plan NCCL over all of them.
+GPUs: every worker gets its own CUDA_VISIBLE_DEVICES (see tfdp/gpus.py); workers that all saw
+every GPU would each plan NCCL over all of them.
 
 Network exposure (checked against TensorFlow 2.21): the gRPC server that
-MultiWorkerMirroredStrategy starts listens on every interface no matter which
-host TF_CONFIG names. GrpcServer::Init in
-tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc hard-codes
-`AddListeningPort("0.0.0.0:" + port)`, which gRPC opens as dual-stack `[::]`;
-ServerDef's only related field, `port`, overrides the port but not the host,
-and the TF_GRPC_* environment variables tune client channels, not the
-listener. There is no supported way to bind to 127.0.0.1 only. So a local group runs in a
-private network namespace (isolation.py: loopback only, nothing outside the group can connect)
-wherever the kernel allows it; elsewhere, and with allow_remote, the ports are reachable from
-the network while training runs. The launcher writes loopback addresses and refuses other hosts
-without allow_remote.
+MultiWorkerMirroredStrategy starts listens on every interface no matter which host TF_CONFIG
+names. GrpcServer::Init in tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc hard-codes
+`AddListeningPort("0.0.0.0:" + port)`, which gRPC opens as dual-stack `[::]`; ServerDef's only
+related field, `port`, overrides the port but not the host, and the TF_GRPC_* environment
+variables tune client channels, not the listener. There is no supported way to bind to 127.0.0.1
+only. So a local group runs in a private network namespace (isolation.py: loopback only, nothing
+outside the group can connect) wherever the kernel allows it; elsewhere, and with allow_remote,
+the ports are reachable from the network while training runs. The launcher writes loopback
+addresses and refuses other hosts without allow_remote.
 """
 
 from __future__ import annotations
@@ -170,14 +167,19 @@ def _signal_group(worker: _Worker, signum: int) -> None:
 
 
 class _StopRequest:
-  """Signals that asked the launcher to stop, recorded by the handler."""
+  """Signals that asked the launcher to stop, recorded by the handler. The same signal again
+  within a second is one request delivered twice (GNU timeout signals its child and then the
+  group), not "asked twice", which would skip the workers' stop checkpoint."""
 
   def __init__(self):
     self.signals: list[int] = []
+    self.last = 0.0
 
   def handler(self, signum, frame) -> None:
     del frame
-    self.signals.append(signum)
+    if not (self.signals and self.signals[-1] == signum and time.monotonic() - self.last < 1):
+      self.signals.append(signum)
+      self.last = time.monotonic()
 
 
 def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
@@ -234,8 +236,7 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
   return workers
 
 
-def _emit_lines(worker: _Worker, data: bytes, output: TextIO,
-                final: bool = False) -> None:
+def _emit_lines(worker: _Worker, data: bytes, output: TextIO, final: bool = False) -> None:
   worker.partial += data
   *lines, worker.partial = worker.partial.split(b"\n")
   if (final and worker.partial) or len(worker.partial) > _MAX_PARTIAL_LINE:
@@ -259,10 +260,8 @@ def _flush(output: TextIO) -> None:
 def run_group(command: Sequence[str], num_workers: int,
               host: str = "127.0.0.1", env: Mapping[str, str] | None = None,
               stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-              output: TextIO | None = None,
-              gpus_per_worker: int | str = gpus_lib.AUTO,
-              private_network: bool = True,
-              slots: Sequence[int] | None = None) -> GroupResult:
+              output: TextIO | None = None, gpus_per_worker: int | str = gpus_lib.AUTO,
+              private_network: bool = True, slots: Sequence[int] | None = None) -> GroupResult:
   """Runs `num_workers` copies of `command` until all exit or one fails.
 
   Each worker gets TF_CONFIG (worker type, its own index, fresh free ports on `host`),
