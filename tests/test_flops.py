@@ -216,3 +216,28 @@ def test_an_avx2_isa_cap_drops_the_bfloat16_doubling(tmp_path, monkeypatch):
   monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
   facts = cpus.cpu_facts(info, str(tmp_path / "no_cpufreq"), usable_cpus=2)
   assert flops.cpu_peak_flops(facts, "mixed_bfloat16")[0] == flops.cpu_peak_flops(facts)[0]
+
+
+class _Spec:
+  def __init__(self, workers):
+    self.workers = workers
+
+  def as_dict(self):
+    return {"worker": self.workers}
+
+
+class _MultiWorker:
+  """What job_peak_flops reads of a MultiWorkerMirroredStrategy: one CPU device per worker."""
+
+  def __init__(self, workers):
+    self.num_replicas_in_sync = len(workers)
+    self.extended = type("Extended", (), {"worker_devices": ["/job:worker/cpu:0"]})()
+    self.cluster_resolver = type("Resolver", (), {"cluster_spec": lambda _: _Spec(workers)})()
+
+
+def test_workers_on_one_host_share_its_cores_in_the_peak():
+  """tfdp-launch's two workers on one 2-core machine were given a peak of '2 workers x 2 cores'
+  (a cluster probe): MFU was halved. The peak counts hosts. Seen failing on the old flops.py."""
+  one, how = flops.job_peak_flops(_MultiWorker(["127.0.0.1:1", "127.0.0.1:2"]), "float32")
+  two, how_two = flops.job_peak_flops(_MultiWorker(["node1:2222", "node2:2222"]), "float32")
+  assert two == pytest.approx(2 * one) and "2 hosts x" in how_two and "hosts" not in how

@@ -175,9 +175,21 @@ def gpu_peak_flops(device_name: str, precision: str = "float32") -> float:
   return math.nan
 
 
+def _machines(strategy, workers: int) -> int:
+  """Distinct hosts among a multi-worker strategy's workers (tfdp-launch's share one machine's
+  cores); `workers` where the strategy names none."""
+  try:
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+  except (AttributeError, ValueError):  # single-process strategies have no resolver
+    return workers
+  hosts = {address.rpartition(":")[0] for job in ("chief", "worker")
+           for address in spec.get(job, [])}
+  return len(hosts) or workers
+
+
 def job_peak_flops(strategy, precision: str) -> tuple[float, str]:
-  """The peak of every device the strategy trains on: its GPUs' table peaks, or this process's
-  CPU cores (logical CPU replicas share them), times the workers (assumed one machine each)."""
+  """The peak of every device the strategy trains on: its GPUs' table peaks, or the CPU cores
+  (logical CPU replicas, and workers on one host, share them) of each host."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     devices = list(strategy.extended.worker_devices)
@@ -190,7 +202,8 @@ def job_peak_flops(strategy, precision: str) -> tuple[float, str]:
     used = sum("GPU" in d.upper() for d in devices)
     return used * workers * gpu_peak_flops(name, precision), f"{workers * used} x {name}"
   peak, how = cpu_peak_flops(cpu_facts(), precision)
-  return workers * peak, (f"{workers} workers x " if workers > 1 else "") + how
+  hosts = _machines(strategy, workers)
+  return hosts * peak, (f"{hosts} hosts x " if hosts > 1 else "") + how
 
 
 def mfu(flops_per_example: float, examples_per_sec: float, peak: float) -> float:
