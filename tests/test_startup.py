@@ -65,8 +65,9 @@ def test_a_signal_while_a_peer_is_late_ends_the_worker_at_once(tmp_path):
   assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
   assert time.monotonic() - signalled < 20  # the watcher's deadline is 120 s
   lines = [l for l in stderr.splitlines() if l.startswith("tfdp-train: error:")]
-  assert lines == ["tfdp-train: error: SIGTERM (not training): exiting now; the last checkpoint "
-                   "is kept, re-run to resume"], stderr[-3000:]
+  # no "the last checkpoint is kept" (a probe: none existed): nothing was training
+  assert lines == ["tfdp-train: error: SIGTERM (not training): exiting now; nothing is lost: "
+                   "re-run to start, or to resume the run's last checkpoint"], stderr[-3000:]
 
 
 def test_a_worker_whose_port_is_taken_says_so_in_one_line(tmp_path):

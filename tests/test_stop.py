@@ -164,7 +164,8 @@ def test_a_signal_while_tensorflow_imports_says_so_on_stderr(tmp_path, signum):
   assert proc.wait(timeout=60) == 128 + signum, err_path.read_text()[-3000:]
   lines = [l for l in err_path.read_text().splitlines() if l.startswith("tfdp-train: error:")]
   assert lines == [f"tfdp-train: error: {signal.Signals(signum).name} (not training): exiting "
-                   "now; the last checkpoint is kept, re-run to resume"], err_path.read_text()
+                   "now; nothing is lost: re-run to start, or to resume the run's last "
+                   "checkpoint"], err_path.read_text()
 
 
 SHORT_JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"

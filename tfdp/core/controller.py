@@ -104,9 +104,11 @@ class StopRequest:
       # thread waits inside TensorFlow.
       phase = "interrupted" if twice else ("not training" if trainer is None
                                            else "checkpoint_on_preemption is off")
+      kept = ("nothing is lost: re-run to start, or to resume the run's last checkpoint"
+              if trainer is None else "the last checkpoint is kept, re-run to resume")
       # through logs: while TensorFlow imports, fd 2 is a capture that os._exit would lose
       logs.write_stderr_line(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): "
-                             "exiting now; the last checkpoint is kept, re-run to resume")
+                             f"exiting now; {kept}")
       os._exit(128 + signum)  # pylint: disable=protected-access
     trainer.request_stop()
 
