@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import psutil
@@ -210,3 +211,32 @@ def test_the_watchdog_limit_is_ten_median_loops_with_a_floor_and_room_for_the_fi
   for seconds in (2.0, 3.0, 100.0):
     watchdog.loop_ended(seconds)
   assert watchdog.limit() == 30  # 10 x the median (3 s), above the floor
+
+
+def test_one_ctrl_c_delivered_twice_saves_and_a_second_press_exits_at_once():
+  """`timeout 300 tfdp-train ...` then Ctrl-C: GNU timeout passes SIGINT to its child and the
+  child gets it as a member of the group too, so one press arrived twice and read as "asked
+  twice": the run exited without its stop checkpoint and lost an epoch's metrics row (a probe).
+  A repeat within a second is the same request; a press after that still exits at once. Seen
+  failing on the old StopRequest (exit 130 at the repeat)."""
+  script = textwrap.dedent("""
+      import signal, sys, time
+      from tfdp.core import controller
+      class Trainer:
+        asked = 0
+        def request_stop(self, stop=True):
+          Trainer.asked += bool(stop)
+      stop = controller.StopRequest()
+      stop.start_training(Trainer(), save=True)
+      stop.on_signal(signal.SIGINT)
+      stop.on_signal(signal.SIGINT)  # the same press, delivered again
+      print("saving", Trainer.asked, flush=True)
+      time.sleep(1.1)
+      stop.on_signal(signal.SIGINT)  # a second press
+      print("not reached", flush=True)
+  """)
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=60, env=helpers.env(), cwd=str(helpers.REPO))
+  assert proc.stdout.splitlines() == ["saving 1"], (proc.stdout, proc.stderr[-2000:])
+  assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-2000:]
+  assert "SIGINT (interrupted): exiting now" in proc.stderr, proc.stderr[-2000:]
