@@ -90,7 +90,7 @@ def _config_files() -> list[str]:
   trained = os.path.join(FLAGS.model_dir or "", outputs.CHECKPOINT_DIR, "checkpoint")
   if FLAGS.mode != "eval" or not (os.path.isfile(recorded) and os.path.isfile(trained)):
     return default  # nothing to evaluate: preflight says so
-  if "keras" in config_lib.load_yaml(recorded):  # tfdp.fit's record, not a job config
+  if outputs.is_fit_record(recorded):
     raise ConfigError(f"'{FLAGS.model_dir}' holds a tfdp.fit run, which tfdp-train cannot "
                       "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("
                       f"'{os.path.join(FLAGS.model_dir, 'model.keras')}'), x, y).")

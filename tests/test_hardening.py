@@ -617,3 +617,20 @@ def test_eval_without_a_config_file_reads_the_config_that_trained_the_run(traine
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   (line,) = helpers.error_lines(proc)
   assert "tfdp.fit run" in line and "tfdp.evaluate(" in line, line
+
+
+def test_a_fit_runs_checkpoint_of_another_model_does_not_offer_its_record_as_a_config(
+    trained_run, tmp_path):
+  """tfdp.fit with another model in the same model_dir was told to pass
+  --config_file=<run>/config.yaml, which tfdp-train refuses ("unknown config key 'keras'"): a
+  tfdp.fit run's config.yaml records the Keras model, it is no job config. Seen failing on the
+  old trainer.py (the hint was there)."""
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_run, model_dir)
+  (model_dir / "config.yaml").write_text("task: {name: keras_model}\nkeras: {model_name: mlp}\n")
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                           f"--params_override={TINY},task.model.name=resnet8", timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  (line,) = helpers.error_lines(proc)
+  assert "cannot be resumed" in line and "another --model_dir" in line, line
+  assert "--config_file" not in line, line

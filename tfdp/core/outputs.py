@@ -398,6 +398,13 @@ def changed_settings(old_text: str, new_text: str, shown: int = 6) -> str:
   return ", ".join(changes[:shown]) + more
 
 
+def is_fit_record(config_path: str) -> bool:
+  """A tfdp.fit run's config.yaml: a record of the Keras model (its `keras:` section), which
+  tfdp-train cannot load as a job config."""
+  with open(config_path, encoding="utf-8", errors="replace") as f:
+    return re.search(r"^keras:", f.read(), re.MULTILINE) is not None
+
+
 def keep_config(plan: WritePlan, text: str) -> None:
   """A finished run run again trains nothing: config.yaml stays the config that trained it, and
   a different one given now is said to be unused."""

@@ -364,7 +364,7 @@ class Trainer:
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
         config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
         own = (f"give this run the config it trained with (--config_file={config}) or "
-               if os.path.exists(config) else "")
+               if os.path.exists(config) and not outputs.is_fit_record(config) else "")
         raise OutputError(
             f"checkpoint '{latest}' cannot be resumed by this run "
             f"({describe_restore_error(e)}); if it is another model's or config's, {own}use "
