@@ -406,16 +406,24 @@ def peers(cluster: Cluster) -> list[tuple[str, str]]:
           for index, address in enumerate(cluster.cluster.get(kind, [])) if (kind, index) != mine]
 
 
+def reach(address: str, seconds: float) -> socket.socket | str:
+  """A connection to `address`, or why there is none (`connection refused`, `timeout`...)."""
+  try:
+    return socket.create_connection(split_address(address), timeout=seconds)
+  except (OSError, ValueError) as error:
+    return (getattr(error, "strerror", None) or type(error).__name__).lower()
+
+
 def unanswered_peers(cluster: Cluster, seconds: float = 2.0) -> list[str]:
   """`worker 2 at host:port (why)` for each other training task whose port takes no connection:
   a host that is gone, or a worker that never started."""
   silent = []
   for name, address in peers(cluster):
-    try:
-      socket.create_connection(split_address(address), timeout=seconds).close()
-    except (OSError, ValueError) as error:
-      why = type(error).__name__ if not getattr(error, "strerror", None) else error.strerror
-      silent.append(f"{name} at {address} ({why.lower()})")
+    connection = reach(address, seconds)
+    if isinstance(connection, str):
+      silent.append(f"{name} at {address} ({connection})")
+    else:
+      connection.close()
   return silent
 
 
@@ -468,6 +476,17 @@ class StartupDeadline:
           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     return self
 
+  def say(self, who: str) -> None:
+    """What the rendezvous waits for, in words (rendezvous.wait_for_peers; "" once it is over):
+    the watcher's line names it, where a probe of the ports could not tell a tfdp worker's port
+    from another program's."""
+    if self._watcher is not None:
+      try:
+        self._watcher.stdin.write(" ".join(who.split()).encode() + b"\n")
+        self._watcher.stdin.flush()
+      except OSError:  # the watcher is gone: it has nothing left to say
+        pass
+
   def __exit__(self, kind, error, traceback) -> None:
     if self._watcher is not None:
       self._watcher.stdin.close()  # end of input: the watcher leaves
@@ -479,16 +498,24 @@ class StartupDeadline:
 
 
 def watch_startup(spec_json: str) -> None:
-  """The watcher process of StartupDeadline: waits for the worker to close its stdin."""
+  """The watcher process of StartupDeadline: waits for the worker to close its stdin, keeping the
+  last line the worker wrote there (StartupDeadline.say)."""
   import select  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
   spec = json.loads(spec_json)
-  if select.select([sys.stdin], [], [], spec["seconds"])[0]:
-    return  # the strategy was made (or the worker died): nothing to do
+  end, said, unread = time.monotonic() + spec["seconds"], "", b""
+  while (left := end - time.monotonic()) > 0:
+    if select.select([sys.stdin], [], [], left)[0]:
+      chunk = os.read(sys.stdin.fileno(), 65536)
+      if not chunk:
+        return  # the strategy was made (or the worker died): nothing to do
+      *lines, unread = (unread + chunk).split(b"\n")
+      said = lines[-1].decode() if lines else said
   cluster = parse_tf_config(json.dumps(spec["tf_config"]))
-  silent = unanswered_peers(cluster)
-  who = ("no answer from " + ", ".join(silent) if silent else
-         "every other worker's port answers, so one of them is stuck in its own start-up")
+  silent = [] if said else unanswered_peers(cluster)
+  who = said or ("no answer from " + ", ".join(silent) if silent else
+                 "every other worker's port answers, so one of them is stuck in its own start-up")
   line = (f"{spec['prog']}: error: worker {cluster.rank}: the cluster did not assemble in "
           f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this worker "
           "(SIGKILL) so that the group restarts\n")

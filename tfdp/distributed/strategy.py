@@ -286,8 +286,9 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
     if cluster.is_multi_worker:
         compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
-    with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds):
-      rendezvous.wait_for_peers(cluster)  # in Python: a signal while a peer is late acts at once
+    with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds) as deadline:
+      # in Python: a signal while a peer is late acts at once; a peer that differs is one line
+      rendezvous.wait_for_peers(cluster, deadline.say)
       strategy = tf.distribute.MultiWorkerMirroredStrategy(
           cluster_resolver=cluster_lib.make_cluster_resolver(cluster) if cluster.source != "none"
           else None,
