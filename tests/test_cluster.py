@@ -258,10 +258,15 @@ def test_from_slurm_missing_nodelist():
 
 
 def test_resolve_precedence():
+  # A TF_CONFIG that gives each srun task its own place (a wrapper sets it per task) wins.
   tf_config = _tf_config(task={"type": "worker", "index": 1})
-  both = dict(_slurm_env(), TF_CONFIG=tf_config)
+  both = dict(_slurm_env(SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2",
+                         SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_STEP_NODELIST="a[1-2]"),
+              TF_CONFIG=tf_config)
   assert cluster_lib.resolve_cluster(both).source == "TF_CONFIG"
   assert cluster_lib.resolve_cluster(both).task_index == 1
+  chief = _tf_config({"chief": ["a:1"], "worker": ["b:1"]}, {"type": "chief", "index": 0})
+  assert cluster_lib.resolve_cluster(dict(both, TF_CONFIG=chief, SLURM_PROCID="0")).is_chief
   assert cluster_lib.resolve_cluster(_slurm_env()).source == "slurm"
   # One Slurm task (or sbatch without srun) is a single process.
   single_task = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1",
@@ -271,6 +276,39 @@ def test_resolve_precedence():
   assert cluster_lib.resolve_cluster({"TF_CONFIG": ""}) == Cluster()
   with pytest.raises(ClusterError):
     cluster_lib.resolve_cluster({"TF_CONFIG": "{"})
+
+
+@pytest.mark.parametrize("task, overrides, words", [
+    # the same TF_CONFIG left in every task's environment: task 3 would be worker 0 too
+    ({"type": "worker", "index": 0}, {}, "worker 0 (rank 0 of 2 workers) but srun started it "
+     "as task 3 of 5 (SLURM_PROCID=3)"),
+    # its place agrees but its cluster has 2 workers where srun started 5 tasks
+    ({"type": "worker", "index": 1}, {"SLURM_PROCID": "1"}, "rank 1 of 2 workers) but srun "
+     "started it as task 1 of 5"),
+])
+def test_a_tf_config_that_disagrees_with_srun_is_one_line_naming_both_and_the_fix(
+    task, overrides, words):
+  env = dict(_slurm_env(**overrides), TF_CONFIG=_tf_config(task=task))
+  with pytest.raises(ClusterError) as raised:
+    cluster_lib.resolve_cluster(env)
+  assert words in str(raised.value), raised.value
+  assert "unset TF_CONFIG" in str(raised.value) and "per task" in str(raised.value)
+  # outside a step (the batch script, a single task) TF_CONFIG still wins as before
+  for outside in ({"SLURM_STEP_NUM_TASKS": "1"}, {}):
+    single = {k: v for k, v in env.items() if not k.startswith("SLURM_STEP")}
+    assert cluster_lib.resolve_cluster(dict(single, **outside)).source == "TF_CONFIG"
+
+
+def test_the_batch_script_of_a_several_task_job_is_told_to_use_srun():
+  """sbatch gives its script SLURM_PROCID=0 and the job's SLURM_NTASKS, but no SLURM_STEP_*: it
+  was taken for worker 0 of 2 and waited the start-up timeout for a worker 1 that never came."""
+  batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "vm", "SLURM_TASKS_PER_NODE": "2"}
+  with pytest.raises(ClusterError, match=r"batch script of a 2-task job .*start tfdp-train with "
+                     r"srun \(the batch script itself is one process\)"):
+    cluster_lib.resolve_cluster(batch)
+  assert cluster_lib.resolve_cluster(dict(batch, SLURM_NTASKS="1")) == Cluster()
+  assert cluster_lib.resolve_cluster(dict(batch, SLURM_STEP_ID="0")).num_workers == 2
 
 
 def test_summary_line():

@@ -30,8 +30,10 @@ TINY = ("task.train_data.source=synthetic,task.train_data.num_examples=64,"
         "task.eval_data.image_size=8,task.eval_data.num_classes=2,trainer.global_batch_size=16,"
         "task.model.name=small_cnn,runtime.cpu_replicas=2,trainer.epochs=2")
 TWO_WORKERS = {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]}
-SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[1-2]",
-         "SLURM_TASKS_PER_NODE": "1(x2)"}
+# What sbatch gives the batch script of a 2-task job; srun adds SLURM_STEP_* for its tasks.
+BATCH_SCRIPT = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[1-2]",
+                "SLURM_TASKS_PER_NODE": "1(x2)"}
+SLURM = dict(BATCH_SCRIPT, SLURM_STEP_ID="0")
 
 
 @dataclasses.dataclass
@@ -159,6 +161,14 @@ CASES = [
     Case("slurm_nodes_and_tasks_per_node_disagree", ("SLURM_TASKS_PER_NODE", "srun"),
          env=dict(SLURM, SLURM_TASKS_PER_NODE="1(x3)", SLURM_NTASKS="3")),
     Case("slurm_backwards_range", ("runs backwards",), env=dict(SLURM, SLURM_JOB_NODELIST="node[2-1]")),
+    # Was worker 0 of 2 waiting out runtime.startup_timeout_seconds, then killed (137).
+    Case("slurm_batch_script_without_srun",
+         ("batch script of a 2-task job", "start tfdp-train with srun"), env=BATCH_SCRIPT),
+    # A TF_CONFIG left in the environment gave every srun task the same place: one failed with
+    # "Address already in use", the other waited out the start-up timeout.
+    Case("slurm_tf_config_disagrees_with_srun",
+         ("worker 0 (rank 0 of 2 workers)", "task 1 of 2 (SLURM_PROCID=1)", "unset TF_CONFIG"),
+         env=dict(SLURM, SLURM_PROCID="1", **tf_config({"type": "worker", "index": 0}))),
     # ---- config files and overrides ----------------------------------------------------------
     Case("config_binary_file", ("bin.yaml", "UTF-8"),
          args=("--config_file={folder}/bin.yaml",), setup=write("bin.yaml", bytes(range(128, 256)))),
@@ -405,7 +415,8 @@ def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path, request
 
 # Inputs that are wrong whatever TensorFlow would say: refused before it is imported (a second,
 # not the four `import tensorflow` takes here), so a cluster job with a typo fails at once.
-BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "model_dir_in_use",
+BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "slurm_batch_script_without_srun",
+                     "slurm_tf_config_disagrees_with_srun", "model_dir_in_use",
                      "model_dir_world_writable", "batch_does_not_split", "tfds_not_prepared",
                      "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage",
                      "resume_with_another_seed", "resume_with_another_batch_and_length")

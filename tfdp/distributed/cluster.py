@@ -308,14 +308,19 @@ def group_restart(env: Mapping[str, str] = os.environ) -> tuple[str, int] | None
 
 
 def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
-  """TF_CONFIG wins if set, else Slurm under a multi-task srun, else single.
+  """TF_CONFIG wins if set (under a multi-task srun only if it agrees with srun's layout), else
+  Slurm under a multi-task srun, else single.
 
   For a Slurm cluster resolved from os.environ itself, this task's share of
   the node's GPUs is also set there (pin_slurm_task_gpus), before TensorFlow
   starts; any other mapping is only read.
   """
   if env.get("TF_CONFIG", "").strip():
-    return parse_tf_config(env["TF_CONFIG"])
+    cluster = parse_tf_config(env["TF_CONFIG"])
+    if cluster.task_type in _TRAINING_TASK_TYPES:  # an evaluator is refused later, on its own
+      slurm.check_tf_config_place(env, f"{cluster.task_type} {cluster.task_index}", cluster.rank,
+                                  cluster.num_workers)
+    return cluster
   if slurm.running_under_srun(env):
     cluster = from_slurm(env)
     if env is os.environ:

@@ -130,11 +130,47 @@ def _slurm_num_tasks(env: Mapping[str, str]) -> int | None:
   return None
 
 
+def _in_step(env: Mapping[str, str]) -> bool:
+  """srun sets SLURM_STEP_* for its tasks; sbatch gives its script none of them."""
+  return "SLURM_STEP_ID" in env or "SLURM_STEP_NUM_TASKS" in env
+
+
 def running_under_srun(env: Mapping[str, str]) -> bool:
+  """True for a task of an srun with more than one task: a worker of a Slurm cluster.
+
+  Raises:
+    ClusterError: the batch script of a job with several tasks. sbatch gives it SLURM_PROCID=0
+      and the job's SLURM_NTASKS but no step: as worker 0 it would wait out
+      runtime.startup_timeout_seconds for workers that never start.
+  """
   if "SLURM_PROCID" not in env:
     return False
   num_tasks = _slurm_num_tasks(env)  # a garbled count fails: it is not a single process either
-  return num_tasks is not None and num_tasks > 1
+  if num_tasks is None or num_tasks < 2:
+    return False
+  if not _in_step(env):
+    raise ClusterError(
+        f"Slurm: this is the batch script of a {num_tasks}-task job (SLURM_NTASKS={num_tasks}, "
+        "no SLURM_STEP_ID); start tfdp-train with srun (the batch script itself is one "
+        "process), e.g. `srun tfdp-train ...`, as configs/cluster/slurm_*.sbatch do.")
+  return True
+
+
+def check_tf_config_place(env: Mapping[str, str], place: str, rank: int, workers: int) -> None:
+  """TF_CONFIG wins over Slurm, so under an srun with several tasks it must give each task the
+  place srun gave it: one left in the environment gives every task the same index (one task then
+  cannot bind the port the other took, the other waits out the start-up timeout). A TF_CONFIG a
+  wrapper sets per task agrees, and is kept."""
+  num_tasks = _slurm_num_tasks(env)
+  if "SLURM_PROCID" not in env or not _in_step(env) or num_tasks is None or num_tasks < 2:
+    return
+  task = _slurm_int(env, "SLURM_PROCID")
+  if (rank, workers) != (task, num_tasks):
+    raise ClusterError(
+        f"TF_CONFIG makes this task {place} (rank {rank} of {workers} workers) but srun started "
+        f"it as task {task} of {num_tasks} (SLURM_PROCID={task}); TF_CONFIG wins over Slurm, so "
+        "unset TF_CONFIG before srun to let tfdp read Slurm's layout, or set it per task "
+        "(rank = SLURM_PROCID, one worker per task).")
 
 
 def _tasks_on_this_node(env: Mapping[str, str]) -> int | None:
