@@ -65,6 +65,12 @@ def test_tfjob_runs_its_config_as_a_multi_worker_job(stem, config_file, num_work
   assert flag_values(container["command"], "model_dir")[0].startswith("/shared")
 
 
+def srun_command(text: str) -> list[str]:
+  """The script's srun command, up to its redirections (srun's stderr goes through awk)."""
+  line = next(line for line in text.splitlines() if line.startswith("srun "))
+  return shlex.split(line.split(" 2>&1 ")[0])
+
+
 @pytest.mark.parametrize("stem, config_file, num_workers", JOBS)
 def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, num_workers):
   text = (CLUSTER_DIR / f"slurm_{stem}.sbatch").read_text()
@@ -72,8 +78,9 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
   tasks = int(sbatch["nodes"])  # one task per node: no --ntasks
   assert "ntasks" not in sbatch and "ntasks-per-node" not in sbatch
   assert tasks == num_workers
-  srun = next(line for line in text.splitlines() if line.startswith("srun "))
-  args = [a for a in shlex.split(srun)[1:] if a != "$@"]  # "$@": the sbatch arguments
+  # a requeued run adds to the log: the first run's lines (why it failed) are kept
+  assert sbatch["open-mode"] == "append"
+  args = [a for a in srun_command(text)[1:] if a != "$@"]  # "$@": the sbatch arguments
   args = args[args.index("tfdp-train"):]  # after srun's own options
   # What srun gives task 1 of this allocation:
   env = {"SLURM_PROCID": "1", "SLURM_NTASKS": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks),
@@ -97,11 +104,69 @@ def test_slurm_script_asks_srun_for_the_allocations_tasks_not_the_submitted_coun
                           env={**env, "SLURM_TASKS_PER_NODE": tasks_per_node},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"srun --ntasks={tasks} tfdp-train "), proc.stdout
+    assert proc.stdout.startswith(f"srun --ntasks={tasks} --kill-on-bad-exit=1 tfdp-train "), \
+        proc.stdout
     assert proc.stdout.rstrip().endswith(" --extra"), proc.stdout
   outside = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch")], env=env,
                            capture_output=True, text=True, timeout=30)
   assert outside.returncode != 0 and "submit this script with sbatch" in outside.stderr
+
+
+# (srun's exit code, srun's lines for tasks that ended badly, environment, the job's exit code,
+# requeued). --kill-on-bad-exit=1 stops the other tasks with SIGTERM when one fails: they exit
+# 143, srun's highest code, so the job takes the first failed task's code from srun's lines.
+EXITS = {
+    "done": (0, [], {}, 0, False),
+    "a_bad_config_on_one_task": (143, ["task 1: Exited with exit code 2",
+                                       "task 0: Exited with exit code 143"], {}, 2, False),
+    "a_lost_worker": (203, ["task 1: Exited with exit code 203", "task 0: Exited with exit code 143"],
+                      {}, 203, True),
+    "a_killed_worker": (137, ["task 1: Killed", "task 0: Exited with exit code 143"], {}, 137, True),
+    "the_time_limits_sigterm": (143, ["tasks 0-1: Exited with exit code 143"],
+                                {"SLURM_RESTART_COUNT": "2"}, 143, True),
+    "out_of_restarts": (143, ["tasks 0-1: Exited with exit code 143"],
+                        {"SLURM_RESTART_COUNT": "3"}, 143, False),
+    "more_restarts_asked_for": (203, ["task 0: Exited with exit code 203"],
+                                {"SLURM_RESTART_COUNT": "3", "TFDP_MAX_RESTARTS": "5"}, 203, True),
+    "requeue_refused": (203, ["task 0: Exited with exit code 203"], {"SCONTROL_FAILS": "1"}, 203,
+                        True),
+    "srun_itself_failed": (1, [], {}, 1, False),
+}
+
+
+@pytest.mark.parametrize("stem", [stem for stem, _, _ in JOBS])
+@pytest.mark.parametrize("case", EXITS)
+def test_slurm_script_ends_with_the_first_failed_tasks_code_and_requeues_a_retryable_one(
+    stem, case, tmp_path):
+  """Slurm requeues a --requeue job on node failure or preemption, never for its exit code: the
+  script requeues itself after 128 and above (143, 203, a killed task), up to TFDP_MAX_RESTARTS
+  (default 3) counted by SLURM_RESTART_COUNT; any other code ends the job with it."""
+  srun_code, lines, extra, code, requeued = EXITS[case]
+  (tmp_path / "srun").write_text(  # a task's own line, then srun's lines, as srun prints them
+      "#!/bin/sh\necho \"srun $*\"\necho 'a task line' >&2\n"
+      + "".join(f"echo 'srun: error: node1: {line}' >&2\n" for line in lines) + f"exit {srun_code}\n")
+  (tmp_path / "scontrol").write_text(
+      '#!/bin/sh\necho "$@" >> "$HOME/scontrol.log"\n[ -z "$SCONTROL_FAILS" ]\n')
+  for tool in ("srun", "scontrol"):
+    (tmp_path / tool).chmod(0o755)
+  env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "42",
+         "SLURM_TASKS_PER_NODE": "1(x2)", **extra}
+  proc = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch")], env=env,
+                        capture_output=True, text=True, timeout=30)
+  assert proc.returncode == code, proc.stderr
+  assert proc.stdout.startswith("srun --ntasks=2 --kill-on-bad-exit=1 tfdp-train "), proc.stdout
+  # srun's stderr reaches the job's log whole, in order
+  said = [line for line in proc.stderr.splitlines() if not line.startswith("tfdp: ")]
+  assert said == ["a task line"] + [f"srun: error: node1: {line}" for line in lines], proc.stderr
+  log = tmp_path / "scontrol.log"
+  assert (log.read_text() if log.exists() else "") == ("requeue 42\n" if requeued else "")
+  if requeued:
+    restart = int(extra.get("SLURM_RESTART_COUNT", 0)) + 1
+    assert f"requeueing job 42 (restart {restart} of TFDP_MAX_RESTARTS=" in proc.stderr
+  if "SCONTROL_FAILS" in extra:
+    assert "could not be requeued; it ends with exit code 203" in proc.stderr
+  if case == "out_of_restarts":
+    assert "already restarted 3 times (TFDP_MAX_RESTARTS=3): not requeueing it" in proc.stderr
 
 
 @pytest.mark.parametrize("manifest", sorted(CLUSTER_DIR.glob("tfjob_*.yaml")),

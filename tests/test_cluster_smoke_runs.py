@@ -22,7 +22,7 @@ def flag_values(args, name):
 def test_the_suggested_smoke_run_is_a_valid_config_for_the_job(script):
   text = script.read_text()
   srun = next(line for line in text.splitlines() if line.startswith("srun "))
-  job = shlex.split(srun.replace("$HOME", "/home/u"))
+  job = shlex.split(srun.replace("$HOME", "/home/u").split(" 2>&1 ")[0])  # up to srun's redirections
   suggested = [shlex.split(line.lstrip("# "))[2:] for line in text.splitlines()
                if re.match(rf"#\s+sbatch configs/cluster/{re.escape(script.name)} --", line)]
   assert suggested, "no smoke run suggested"

@@ -1,5 +1,6 @@
-"""tfdp under a real Slurm: the shipped sbatch template, srun with 3 tasks, a requeued job (and one
-requeued with another task count).
+"""tfdp under a real Slurm: the shipped sbatch template, srun with 3 tasks, a requeued job, the
+template ending at once with a task's permanent failure, and the template requeueing itself after a
+lost worker (coming back with another task count).
 
 Needs slurmctld + slurmd + munged running (`.ci/run` starts them with
 tests/scripts/start_slurm.sh); skipped with that reason where Slurm is absent.
@@ -10,15 +11,18 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 import helpers
+from tfdp.distributed import slurm
 
 
 def _slurm_up() -> str | None:
@@ -107,6 +111,62 @@ def test_three_tasks_under_srun_train_as_one_group(tmp_path):
   assert pd.read_csv(tmp_path / "run" / "metrics.csv")["step"].tolist() == [8]  # 384 / 48
 
 
+def port_pair_taken_at_the_second() -> tuple[int, socket.socket]:
+  """(base, a socket bound to base + 1): worker 1 of a TFDP_SLURM_PORT_BASE=base job cannot
+  listen. Bound, not listening: worker 0 finds no one there and waits in Python, where SIGTERM
+  stops it at once (143); a listener would let it into TensorFlow's start-up, where SIGTERM waits
+  for KillWait's SIGKILL."""
+  for _ in range(20):
+    holder = socket.socket()
+    holder.bind(("", 0))
+    base = holder.getsockname()[1] - 1
+    try:
+      socket.create_server(("", base)).close()  # worker 0's port is free
+    except OSError:
+      holder.close()
+      continue
+    return base, holder
+  raise AssertionError("no two free ports in a row")
+
+
+def test_the_shipped_template_ends_at_once_with_a_tasks_permanent_failure(tmp_path):
+  """Task 1 cannot start for good (its port is taken: exit 2). srun --kill-on-bad-exit=1 stops
+  task 0 at once instead of leaving it to wait out runtime.startup_timeout_seconds (then a
+  SIGKILL: 137), and the job ends with task 1's 2, not task 0's 143 (stopped by SIGTERM): a
+  permanent failure, not requeued."""
+  base, holder = port_pair_taken_at_the_second()
+  script = tmp_path / "job.sbatch"
+  script.write_text(shipped_template("#SBATCH --nodes=1\n#SBATCH --ntasks=2\n"))
+  out = tmp_path / "job.out"
+  started = time.monotonic()
+  with holder:
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={out}", str(script), f"--model_dir={tmp_path / 'run'}",
+         f"--params_override={SYNTHETIC},task.train_data.num_examples=64,"
+         "trainer.global_batch_size=16,trainer.epochs=1,trainer.export_model=false,"
+         "runtime.startup_timeout_seconds=60"],
+        capture_output=True, text=True, timeout=60,
+        env={**slurm_env(), slurm.PORT_BASE_VAR: str(base)}, cwd=str(helpers.REPO))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:  # polled: sbatch --wait polls ever more slowly (it answered 30 s late here)
+      while squeue_state(job_id):
+        assert time.monotonic() - started < 300, "the job did not end"
+        time.sleep(0.5)
+    finally:
+      cancel(job_id)
+  seconds = time.monotonic() - started
+  log = out.read_text() if out.exists() else ""
+  info = job_info(job_id)
+  assert "ExitCode=2:0" in info, info + log[-3000:]
+  assert seconds < 45, (seconds, log[-3000:])  # not the 60 s start-up timeout
+  assert re.search(rf"^tfdp-train: error: worker 1 cannot listen on \S+:{base + 1} ", log, re.M), log
+  # srun's own code was task 0's 143: the job took the first failed task's
+  assert re.search(r"^srun: error: \S+: task 1: Exited with exit code 2\n(.*\n)*srun: error: "
+                   r"\S+: task 0: Exited with exit code 143$", log, re.M), log[-3000:]
+  assert "requeueing" not in log and "Restarts=0" in info
+
+
 def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
   """`scontrol requeue` mid-run (as a preemption does): Slurm stops the steps with SIGTERM,
   every worker saves the same step, the job runs again from the top of its script and resumes
@@ -116,7 +176,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
   steps_per_epoch, epochs = 40, 3
   script.write_text(
       "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --cpus-per-task=1\n"
-      "#SBATCH --requeue\n#SBATCH --time=20\n"
+      "#SBATCH --requeue\n#SBATCH --time=20\n#SBATCH --open-mode=append\n"
       f"srun --kill-on-bad-exit=1 {sys.executable} {helpers.TRAIN_APP} --model_dir={run} "
       f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 32},"
       f"trainer.global_batch_size=32,trainer.epochs={epochs},trainer.steps_per_loop=2,"
@@ -133,24 +193,33 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
 
 
 def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elastic_rules(tmp_path):
-  """The shipped template, its resource lines set for this one node (3 tasks), is requeued
-  mid-run and, while it is pending, given 2 (`scontrol update NumTasks=2 NumCPUs=2`; on many
-  nodes a --nodes=2-4 job that comes back on fewer does the same). Slurm keeps SLURM_NTASKS=3
-  from the submission; the script asks srun for the allocation's 2, and they resume the 3-task
-  run: the global batch 12 kept, accumulation 1 -> 2, the final step exact."""
+  """The shipped template, its resource lines set for this one node (3 tasks), loses a worker
+  mid-run (task 2 SIGKILLed, as by the OOM killer): srun stops the others, and the script, seeing
+  a retryable code, requeues its own job (Slurm would not: it requeues on node failure or
+  preemption only). While it is pending it is given 2 tasks (`scontrol update NumTasks=2
+  NumCPUs=2`; on many nodes a --nodes=2-4 job that comes back on fewer does the same). Slurm keeps
+  SLURM_NTASKS=3 from the submission; the script asks srun for the allocation's 2, and they resume
+  the 3-task run: the global batch 12 kept, accumulation 1 -> 2, the final step exact. The log
+  holds both runs (the template's --open-mode=append)."""
   run = tmp_path / "run"
   script = tmp_path / "job.sbatch"
   steps_per_epoch, epochs = 40, 2
   script.write_text(shipped_template("#SBATCH --nodes=1\n#SBATCH --ntasks=3\n"))
   out = tmp_path / "job.out"
-  requeue_mid_run_and_wait(
-      script, run, out, "NumTasks=2", "NumCPUs=2",
+  job_id = requeue_mid_run_and_wait(
+      script, run, out, "NumTasks=2", "NumCPUs=2", stop=lambda job: kill_a_task(job, 2),
       args=[f"--model_dir={run}", "--mode=train",
             f"--params_override={SYNTHETIC},task.train_data.num_examples={steps_per_epoch * 12},"
             f"trainer.global_batch_size=12,trainer.epochs={epochs},trainer.steps_per_loop=2,"
             "trainer.checkpoint_every_steps=10,trainer.export_model=false"])
   text = out.read_text()
+  # the first run's lines are kept (append), the script's requeue among them
   assert "worker 2 of 3 (slurm)" in text and "worker 1 of 2 (slurm)" in text, text[-3000:]
+  assert re.search(r"^srun: error: \S+: task 2: Killed$", text, re.M), text[-3000:]
+  # srun may hear of a peer's 203 (lost worker) before of task 2's death: either is retryable
+  assert re.search(rf"^tfdp: the tasks ended with exit code (137|203) \(retryable\): requeueing "
+                   rf"job {job_id} \(restart 1 of TFDP_MAX_RESTARTS=3\)$", text, re.M), text[-3000:]
+  assert "Restarts=1" in job_info(job_id)
   # the chief's start-up line (every worker also logs it, prefixed)
   lines = re.findall(r"^resumed at step (\d+) on 2 workers \(was 3\): (.*)$", text, re.MULTILINE)
   assert len(lines) == 1 and int(lines[0][0]) >= 10, text[-3000:]
@@ -163,14 +232,42 @@ def test_a_requeued_job_that_comes_back_with_fewer_tasks_resumes_with_the_elasti
   assert metrics["step"].iloc[-1] == steps_per_epoch * epochs
 
 
-def requeue_mid_run_and_wait(script, run, out, *changes: str, args=()) -> None:
-  """Submits the job, requeues it (`scontrol requeue`: SIGTERM, then pending again) after its
-  first checkpoint, applies `changes` (`scontrol update` fields) while it is pending, starts it
-  at once (Slurm holds a requeued job back for 2 minutes; a real preemption waits for nodes
-  anyway) and waits for it to finish. The job is cancelled whatever happens."""
-  submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={out}",
-                              str(script), *args], capture_output=True, text=True, timeout=60,
-                             env=slurm_env(), cwd=str(helpers.REPO))
+def job_info(job_id: str) -> str:
+  return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                        timeout=20).stdout
+
+
+def scontrol_requeue(job_id: str) -> None:
+  """As a preemption does: Slurm stops the steps with SIGTERM and the job is pending again."""
+  requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                            timeout=30)
+  assert requeued.returncode == 0, requeued.stderr
+
+
+def kill_a_task(job_id: str, rank: int) -> None:
+  """SIGKILLs the tfdp-train of task `rank` of the job's srun: a lost worker."""
+  for proc in psutil.process_iter(["cmdline"]):
+    try:
+      env = proc.environ()
+      command = proc.info["cmdline"] or []
+      if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank)
+          and "SLURM_STEP_ID" in env and any(a.endswith("tfdp-train") for a in command[:2])):
+        proc.kill()
+        return
+    except psutil.Error:
+      continue
+  raise AssertionError(f"job {job_id} has no task {rank}")
+
+
+def requeue_mid_run_and_wait(script, run, out, *changes: str, stop=scontrol_requeue,
+                             args=()) -> str:
+  """Submits the job; after its first checkpoint `stop`s it (job id → None), which must leave
+  it pending again (requeued); applies `changes` (`scontrol update` fields) while it is pending,
+  starts it at once (Slurm holds a requeued job back for 2 minutes; a real preemption waits for
+  nodes anyway) and waits for it to finish. The job is cancelled whatever happens; its id."""
+  submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(script), *args],
+                             capture_output=True, text=True, timeout=60, env=slurm_env(),
+                             cwd=str(helpers.REPO))
   assert submitted.returncode == 0, submitted.stderr
   job_id = submitted.stdout.strip().split(";")[0]
   try:
@@ -179,11 +276,10 @@ def requeue_mid_run_and_wait(script, run, out, *changes: str, args=()) -> None:
       assert time.monotonic() < deadline, "no checkpoint appeared"
       assert squeue_state(job_id), "the job ended before it was requeued"
       time.sleep(0.5)
-    requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                              timeout=30)
-    assert requeued.returncode == 0, requeued.stderr
+    stop(job_id)
     while squeue_state(job_id) not in ("PENDING", ""):  # the steps are being stopped
       time.sleep(0.2)
+    assert squeue_state(job_id) == "PENDING", "the job ended instead of being requeued"
     # slurmd revoked the job's credential when it stopped the steps and refuses a credential made
     # in the same second ("Killing non-startable batch JobId=19: Job credential revoked", seen
     # once in CI): start it again a second later, not at once.
@@ -196,3 +292,4 @@ def requeue_mid_run_and_wait(script, run, out, *changes: str, args=()) -> None:
       time.sleep(1)
   finally:
     cancel(job_id)
+  return job_id
