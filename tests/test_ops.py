@@ -196,44 +196,29 @@ def test_the_peer_loss_errors_raise_the_restart_error():
     assert "GroupMustRestart(" in text, module
 
 
-def test_a_worker_that_lost_its_peer_exits_with_the_retryable_code(tmp_path):
+@pytest.mark.parametrize("killed_while, timeouts", [
+    ("training", "runtime.heartbeat_timeout_seconds=10,runtime.collective_timeout_seconds=20"),
+    ("building", "runtime.heartbeat_timeout_seconds=5,runtime.collective_timeout_seconds=10"),
+])
+def test_a_worker_that_lost_its_peer_exits_with_the_retryable_code(tmp_path, killed_while,
+                                                                   timeouts):
   """Two tfdp-train workers started as a scheduler starts them (TF_CONFIG, no launcher): after
-  worker 1 is SIGKILLed mid-training, worker 0 says the group must restart and exits 203, which
-  Kubeflow retries (it exited 2 before, which fails the job for good)."""
+  worker 1 is SIGKILLed, worker 0 says the group must restart and exits 203, which Kubeflow
+  retries (it exited 2 before, which fails the job for good). `building`: killed right after its
+  strategy was made (its `cluster:` line), while the group built and broadcast its model (a
+  cluster probe): worker 0 gave a raw traceback and exit 1, since only training converted a lost
+  peer; seen failing so on the old experiment.py."""
   ports = launcher.pick_free_ports(2)
   configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
   model_dir = tmp_path / "run"
   logs = [tmp_path / f"w{i}.log" for i in range(2)]
-  params = f"{LONG},runtime.heartbeat_timeout_seconds=10,runtime.collective_timeout_seconds=20"
-  workers = [start_train(model_dir, f"--params_override={params}", "--mode=train", log=logs[i],
-                         TF_CONFIG=configs[i]) for i in range(2)]
+  workers = [start_train(model_dir, f"--params_override={LONG},{timeouts}", "--mode=train",
+                         log=logs[i], TF_CONFIG=configs[i]) for i in range(2)]
+  ready, watched = {
+      "training": (lambda: (model_dir / "checkpoints" / "checkpoint").exists(), 0),
+      "building": (lambda: "cluster: worker 1" in logs[1].read_text(), 1)}[killed_while]
   try:
-    assert wait_for(lambda: (model_dir / "checkpoints" / "checkpoint").exists(), 240,
-                    workers[0]), logs[0].read_text()[-3000:]
-    workers[1].kill()
-    assert workers[0].wait(timeout=180) == errors.EXIT_RESTART_GROUP, logs[0].read_text()[-3000:]
-  finally:
-    for worker in workers:
-      stop(worker)
-  lines = [l for l in logs[0].read_text().splitlines() if l.startswith("tfdp-")]
-  assert len(lines) == 1 and "lost a peer worker" in lines[0], lines
-
-
-def test_a_peer_lost_while_the_group_builds_its_model_is_the_retryable_line_too(tmp_path):
-  """A cluster probe killed worker 1 right after its strategy was made (its `cluster:` line),
-  while the group built and broadcast its model: worker 0 gave a raw traceback and exit 1 (final
-  for Kubeflow's ExitCode policy), since only training converted a lost peer. Now one line and
-  203 there too. Seen failing on the old experiment.py: exit 1, a traceback."""
-  ports = launcher.pick_free_ports(2)
-  configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
-  model_dir = tmp_path / "run"
-  logs = [tmp_path / f"w{i}.log" for i in range(2)]
-  params = f"{LONG},runtime.heartbeat_timeout_seconds=5,runtime.collective_timeout_seconds=10"
-  workers = [start_train(model_dir, f"--params_override={params}", "--mode=train", log=logs[i],
-                         TF_CONFIG=configs[i]) for i in range(2)]
-  try:
-    assert wait_for(lambda: "cluster: worker 1" in logs[1].read_text(), 240, workers[1]), (
-        logs[1].read_text()[-3000:])
+    assert wait_for(ready, 240, workers[watched]), logs[watched].read_text()[-3000:]
     workers[1].kill()
     assert workers[0].wait(timeout=180) == errors.EXIT_RESTART_GROUP, logs[0].read_text()[-3000:]
   finally:
