@@ -90,10 +90,11 @@ def box_overrides(model: str, variant: str, n: int) -> tuple[list[str], list[str
                    "runtime.inter_op_threads=1", *extra]
   opts = types.SimpleNamespace(config_files=files, data="synthetic", params_override=step_settings)
   if variant == "compute":  # each host alone: one worker, one replica, its own batch
-    return files, jobs.job_overrides(opts, name, batch, [])
+    # forced: shakespeare_mlm.yaml's cpu_replicas: 2 made bert_mlm's compute(N) 2 replicas x 4
+    return files, jobs.job_overrides(opts, name, batch, []) + jobs.ONE_REPLICA_PER_WORKER
   opts.params_override = step_settings + VARIANTS[variant]  # after the ring's: a pack size wins
   ring, _ = jobs.allreduce_jobs(types.SimpleNamespace(params_override=[], workers=n))
-  return files, jobs.job_overrides(opts, name, batch * n, ring)
+  return files, jobs.job_overrides(opts, name, batch * n, ring) + ["runtime.cpu_replicas=1"]
 
 
 def run_box(model: str, variant: str, rate: str, n: int, workdir: str) -> dict:
@@ -127,6 +128,9 @@ def box_row(model: str, variant: str, rate: str, n: int, box: dict, load: float,
          "n": n, "step_ms": slowest["step_ms"],
          "step_ms_hosts": "/".join(f"{c['step_ms']:.1f}" for c in cells),
          "global_batch": cells[0]["global_batch"],
+         # what each host ran: one replica per worker, else compute(N) is not the ring's compute
+         "strategy": cells[0]["strategy"], "replicas_per_host": cells[0]["replicas"] // cells[0]["num_workers"],
+         "per_replica_batch": cells[0]["global_batch"] // cells[0]["replicas"],
          "examples_per_sec": cells[0]["global_batch"] / slowest["step_ms"] * 1e3,
          "tokens_per_sec": (slowest["tokens_per_sec"] / slowest["images_per_sec"]
                             * cells[0]["global_batch"] / slowest["step_ms"] * 1e3

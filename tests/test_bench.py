@@ -78,7 +78,9 @@ def test_scaling_efficiency_is_recomputable_from_the_rows(tmp_path):
       "speedup", "efficiency", "strategy"])
   assert frame["workers"].tolist() == [1, 2]
   assert frame["global_batch"].tolist() == [16, 32]  # fixed per-replica batch
-  assert frame["strategy"].tolist()[1] == "multi_worker_mirrored"
+  assert frame["strategy"].tolist() == ["default", "multi_worker_mirrored"]
+  assert frame["replicas"].tolist() == [1, 2] and (frame["per_replica_batch"] == 16).all()
+  assert "per_replica_batch" in proc.stdout  # the printed table says what ran
   assert (frame[["images_per_sec", "step_ms", "efficiency"]] > 0).all().all()
   single = frame["images_per_sec"].iloc[0]
   assert frame["efficiency"].tolist() == pytest.approx(
@@ -278,3 +280,23 @@ def test_a_config_job_keeps_its_own_global_batch_unless_batches_are_given(tmp_pa
   assert list(jobs.replica_grid(own)) == [("resnet20", 48, 1)]
   given = bench.BenchOptions(config_files=[str(config)], global_batch_sizes=[16], replicas=[1])
   assert list(jobs.replica_grid(given)) == [("resnet20", 16, 1)]
+
+
+def test_scaling_runs_one_replica_per_worker_whatever_the_config_file_says(tmp_path):
+  """configs/base.yaml sets cpu_replicas: 2: the 1-worker reference of --mode=scaling ran 2
+  replicas while each N-worker cell ran 1, and the efficiency column was silently wrong."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.bench import jobs  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  config = tmp_path / "job.yaml"
+  config.write_text("base: " + str(helpers.REPO / "configs" / "base.yaml") + "\n"
+                    "task: {train_data: {source: synthetic, num_examples: 96, image_size: 8, "
+                    "num_classes: 2}}\nruntime: {strategy: mirrored, cpu_replicas: 2}\n")
+  assert config_lib.load_config([str(config)]).runtime.cpu_replicas == 2  # the case under test
+  opts = bench.BenchOptions(config_files=[str(config)], workers=2, per_replica_batch=8,
+                            params_override=["runtime.cpu_replicas=3"])
+  for (_, n), overrides in jobs.scaling_jobs(opts).items():
+    runtime = config_lib.load_config([str(config)], overrides).runtime
+    assert runtime.cpu_replicas == 1 and runtime.strategy == "auto"
+    assert strategy_lib.expected_replicas(runtime, gpus_visible=False) == 1
+    assert config_lib.load_config([str(config)], overrides).trainer.global_batch_size == 8 * n

@@ -86,3 +86,21 @@ def test_the_refit_never_returns_a_negative_latency_or_fixed_cost():
   target = np.array([300.0, 200.0, 150.0])
   coef = cluster_scaling._relative_lstsq([np.ones(3), x, y], target)
   assert np.all(coef >= 0) and coef[0] > 0
+
+
+@pytest.mark.parametrize("variant, n", [("compute", 3), ("fp32", 2), ("bf16", 4)])
+def test_every_host_of_a_box_runs_one_replica(variant, n):
+  """shakespeare_mlm.yaml sets cpu_replicas: 2: bert_mlm's compute boxes ran 2 replicas x 4
+  sequences per host while its N-host boxes ran 1 x 8, so compute(N) was not the ring's."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  files, overrides = cluster_scaling.box_overrides("bert_mlm", variant, n)
+  assert config_lib.load_config(files).runtime.cpu_replicas == 2  # the case under test
+  config = config_lib.load_config(files, overrides)
+  assert config.runtime.cpu_replicas == 1
+  if variant == "compute":
+    assert strategy_lib.expected_replicas(config.runtime, gpus_visible=False) == 1
+    assert config.trainer.global_batch_size == 8
+  else:
+    assert config.runtime.strategy == "multi_worker_mirrored"
+    assert config.trainer.global_batch_size == 8 * n

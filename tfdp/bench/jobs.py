@@ -13,6 +13,9 @@ from tfdp.errors import ConfigError
 
 # The Keras baseline runs model.fit on one device, whatever the user's overrides say.
 ONE_DEVICE = ["runtime.strategy=default", "runtime.cpu_replicas=0", "runtime.devices=[]"]
+# Scaling's workers are one replica each, and so is its 1-worker reference, whatever the config
+# file says (configs/base.yaml sets cpu_replicas: 2): else efficiency compares 2 replicas with N.
+ONE_REPLICA_PER_WORKER = ["runtime.strategy=auto", "runtime.cpu_replicas=1"]
 
 
 def data_overrides(data: str) -> list[str]:
@@ -63,12 +66,15 @@ def replica_grid(opts: BenchOptions) -> dict[tuple[str, int, int], list[str]]:
 
 
 def scaling_jobs(opts: BenchOptions) -> dict[tuple[str, int], list[str]]:
-  """(model, workers) → overrides: one thread per worker, a fixed per-replica batch."""
+  """(model, workers) → overrides: one thread and one replica per worker (auto: the default
+  strategy alone, multi_worker_mirrored for several), a fixed per-replica batch."""
   threads = ["runtime.intra_op_threads=1", "runtime.inter_op_threads=1"]
+  # Forced after the user's overrides too: the efficiency column is only true with 1 replica each.
   jobs = {(m, n): job_overrides(opts, m, opts.per_replica_batch * n, threads)
+          + ONE_REPLICA_PER_WORKER
           for m in opts.models for n in range(1, opts.workers + 1)}
   for (_, n), overrides in jobs.items():
-    load_checked(overrides, n, opts.config_files)  # one CPU replica per worker
+    load_checked(overrides, n, opts.config_files)
   return jobs
 
 

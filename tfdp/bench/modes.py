@@ -3,8 +3,9 @@ become (report.py turns them into the printed table, `<mode>.csv` and `<mode>.pn
 
   throughput  images/s, step time, input-wait fraction and peak memory per model x replicas x
               global batch, with plain Keras `model.fit` on one device as the baseline row
-  scaling     the same job on 1..N worker processes (tfdp's launcher, 1 thread each) with a fixed
-              per-replica batch; efficiency = thr(N) / (N x thr(1))
+  scaling     the same job on 1..N worker processes (tfdp's launcher, 1 thread and 1 replica
+              each, whatever the config file says) with a fixed per-replica batch;
+              efficiency = thr(N) / (N x thr(1))
   allreduce   all-reduce SUM bandwidth between worker processes (ring over gRPC) and between
               logical replicas of one process, the effect of bytes_per_pack, and loopback TCP;
               --hosts=box: the workers on a box of hosts with --link_rate links, and the bytes

@@ -142,8 +142,10 @@ VIEWS: dict[str, View] = {
                         "step_ms", "input_wait_fraction", "vs_keras_fit",
                         "tfdp_interleaved_vs_keras_fit", "gflops_per_sec", "mfu", "peak_rss_mb"],
                        draw_throughput),
-    "scaling": View(["model", "workers", "global_batch", "images_per_sec", "step_ms", "speedup",
-                     "efficiency"], draw_scaling),
+    # Strategy and replicas printed: efficiency means something only with one replica per worker.
+    "scaling": View(["model", "workers", "strategy", "replicas", "per_replica_batch",
+                     "global_batch", "images_per_sec", "step_ms", "speedup", "efficiency"],
+                    draw_scaling),
     "allreduce": View(["scope", "test", "n", "bytes", "bytes_per_pack", "time_us", "algbw_gbps",
                        "busbw_gbps", "busbw_over_tcp"], draw_allreduce),
     "input": View(["model", "strategy", "replicas", "global_batch", "pipeline_images_per_sec",
