@@ -6,6 +6,7 @@ augmentation (task.eval_flip). One training run shows what each adds.
       --model_dir=/tmp/runs/variants [--params_override=...]
 
 Prints one JSON line: {"ema+flip": acc, "ema": acc, "weights+flip": acc, "weights": acc, ...}.
+"ema" equals "weights" when trainer.ema_decay is 0; task.eval_translate stays as configured.
 """
 import dataclasses
 import json
@@ -43,10 +44,12 @@ def main(argv):
   result = exp.run()
   seconds = time.time() - start
   trainer, task = exp.trainer, exp.task
-  found = {"seconds": round(seconds, 1), "final_eval_accuracy": result.get("eval_accuracy")}
+  found = {"seconds": round(seconds, 1), "final_eval_accuracy": result.get("eval_accuracy"),
+           # every variant keeps the config's translate evaluation: say which one that was
+           "eval_translate": task.config.eval_translate}
   for flip in (True, False):
     task.config = dataclasses.replace(task.config, eval_flip=flip)
-    trainer._eval_loop = trainer._make_eval_loop()  # pylint: disable=protected-access  (retrace)
+    trainer.retrace_eval_loop()  # eval_flip is read when the loop traces
     name = "+flip" if flip else ""
     with trainer.evaluation_weights():
       found["ema" + name] = exp.trainer.evaluate(exp.eval_dataset,

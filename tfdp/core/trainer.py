@@ -229,7 +229,12 @@ class Trainer:
     # This worker's stop request, read by every step; outside the strategy: each worker's own.
     self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")
     self._train_loop = self._make_train_loop()
-    self._eval_loop = summed_over_steps(strategy, self._eval_sums, self._num_sums)
+    self.retrace_eval_loop()
+
+  def retrace_eval_loop(self) -> None:
+    """A new compiled eval loop: the task's eval settings (task.eval_flip) are read when it traces
+    (benchmarks/eval_variants.py evaluates one state several ways)."""
+    self._eval_loop = summed_over_steps(self.strategy, self._eval_sums, self._num_sums)
 
   def _own_learning_rate(self, step):
     """A compiled optimizer's learning rate now (its schedule counts its own iterations)."""
