@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 BENCH_DIR = helpers.REPO / "benchmarks"
@@ -31,3 +33,36 @@ def test_eval_variants_evaluates_one_state_four_ways(tmp_path):
   for key in ("ema+flip", "ema", "weights+flip", "weights"):
     assert 0 <= found[key] <= 1, found
   assert found["eval_translate"] == 0
+
+
+def test_airbench_ablation_starts_from_an_explicit_baseline_before_dirac():
+  """configs/cifar10_airbench.yaml turned on dirac_init and eval_translate and grew to 16
+  epochs: the script's "baseline" held both, its "dirac" run equalled it, and its warm-up was
+  2.5/11 of the run (the config now warms up 2.5 of 16)."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(BENCH_DIR))
+  import airbench_ablation  # pylint: disable=g-import-not-at-top
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  args = argparse.Namespace(config="configs/cifar10_airbench.yaml", epochs=2, widths="16,32,64",
+                            seed=42, baseline="before_dirac", only="baseline,dirac")
+  common, todo = airbench_ablation.runs(args)
+  assert [(name, mode) for name, _, mode in todo] == [
+      ("baseline", "train_and_eval"), ("baseline+translate", "eval"), ("dirac", "train_and_eval")]
+  files = [str(helpers.REPO / args.config)]
+  shipped = config_lib.load_config(files)
+  assert shipped.task.model.kwargs["dirac_init"] and shipped.task.eval_translate  # the case
+  loaded = {name: config_lib.load_config(files, [common, extra]) for name, extra, _ in todo}
+  assert [loaded[n].task.model.kwargs["dirac_init"] for n in loaded] == [False, False, True]
+  assert [loaded[n].task.eval_translate for n in loaded] == [0, 1, 0]
+  warmup = shipped.trainer.learning_rate.warmup_epochs * 2 / shipped.trainer.epochs
+  assert loaded["baseline"].trainer.learning_rate.warmup_epochs == pytest.approx(warmup, abs=1e-3)
+  as_is = airbench_ablation.runs(argparse.Namespace(**{**vars(args), "baseline": "config"}))
+  assert config_lib.load_config(files, [as_is[0]]).task.model.kwargs["dirac_init"]
+
+
+def test_airbench_ablation_names_an_unknown_piece_in_one_line(tmp_path):
+  proc = run_script("airbench_ablation.py", f"--out={tmp_path}", "--only=diracc,baseline",
+                    timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "diracc" in lines[0] and "dirac" in lines[0]
