@@ -474,8 +474,16 @@ def main() -> None:
     parser.add_argument(flag, action="store_true", help=text)
   args = parser.parse_args()
   import pandas as pd  # pylint: disable=g-import-not-at-top
-  os.makedirs(args.out, exist_ok=True)
   csv = os.path.join(args.out, "scaling_quick.csv" if args.quick else "scaling.csv")
+  # Checked before any box runs: the report after a full sweep needs item 4's fit.csv too.
+  needed = {csv: "the sweep's rows: run without --replot first"} if args.replot else {}
+  if not args.quick:
+    needed[os.path.join(args.out, "fit.csv")] = ("the alpha-beta fit: python "
+                                                 f"benchmarks/cluster_allreduce.py --out {args.out}")
+  for path, what in needed.items():
+    if not os.path.exists(path):
+      sys.exit(f"cluster_scaling: {path} not found ({what}).")
+  os.makedirs(args.out, exist_ok=True)
   read = lambda: pd.read_csv(csv, keep_default_na=False, na_values=["nan", "NaN", ""])
   if not args.replot:
     why = cluster_box.unavailable()

@@ -9,6 +9,7 @@ leg resumes from its checkpoint. "stop -> training again": from the previous leg
 exit to the first loop's progress line of the next (process start, group formation, restore,
 tracing and one loop of `steps_per_loop` steps).
 """
+import argparse
 import os
 import re
 import subprocess
@@ -54,7 +55,13 @@ def leg(model_dir: str, workers: int, steps: int) -> tuple[dict, float, float, s
 
 
 def main():
-  out = sys.argv[1]
+  parser = argparse.ArgumentParser(prog="elastic_resume", description="Elastic resume 4 -> 2 -> 4 workers against an uninterrupted 4-worker run.")
+  parser.add_argument("out_dir", metavar="OUT_DIR", help="where the runs' model dirs go")
+  out = parser.parse_args().out_dir  # --help or no OUT_DIR: usage, nothing runs
+  if os.path.exists(os.path.join(out, "uninterrupted")) or os.path.exists(
+      os.path.join(out, "elastic")):  # a run there would resume instead of starting at step 0
+    sys.exit(f"elastic_resume: {out} holds an earlier run (uninterrupted/ or elastic/); "
+             "give a new OUT_DIR.")
   reference, _, _, _ = leg(os.path.join(out, "uninterrupted"), 4, LEGS[-1][1])
   elastic, notes, stopped = {}, [], None
   for workers, steps in LEGS:

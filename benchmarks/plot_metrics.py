@@ -2,6 +2,7 @@
 
   python benchmarks/plot_metrics.py runs/cifar10_resnet benchmarks/cifar10_resnet.png
 """
+import argparse
 import os
 import sys
 
@@ -28,8 +29,21 @@ def summarize(metrics: pd.DataFrame, targets=(0.8, 0.9)) -> dict:
 
 
 def main():
-  run_dir, png = sys.argv[1], sys.argv[2]
-  metrics = pd.read_csv(os.path.join(run_dir, "metrics.csv"))
+  parser = argparse.ArgumentParser(prog="plot_metrics", description=__doc__.splitlines()[0])
+  parser.add_argument("run_dir", help="a tfdp run's --model_dir (holds metrics.csv)")
+  parser.add_argument("png", help="the picture to write")
+  args = parser.parse_args()  # missing arguments: argparse's usage line and exit 2
+  run_dir, png = args.run_dir, args.png
+  path = os.path.join(run_dir, "metrics.csv")
+  try:
+    metrics = pd.read_csv(path)
+    missing = {"epoch", "epoch_seconds", "wall_time", "eval_accuracy", "train_accuracy"} - set(
+        metrics.columns)
+  except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+    sys.exit(f"plot_metrics: cannot read {path}: {error}")
+  if missing or metrics.empty:
+    sys.exit(f"plot_metrics: {path} has no evaluated epochs (missing: "
+             f"{', '.join(sorted(missing)) or 'rows'}); was the run evaluated?")
   summary = summarize(metrics)
   minutes = metrics["epoch_seconds"].cumsum() / 60
   fig, ax = plt.subplots(figsize=(7, 4))

@@ -66,3 +66,32 @@ def test_airbench_ablation_names_an_unknown_piece_in_one_line(tmp_path):
   assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "diracc" in lines[0] and "dirac" in lines[0]
+
+
+def one_line_error(proc, *words):
+  """A usage line (argparse) may come first; then one line that names the problem."""
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if not l.startswith("usage:")]
+  assert len(lines) == 1 and all(w in lines[0] for w in words), proc.stderr[-2000:]
+
+
+def test_plot_metrics_without_arguments_or_a_run_is_one_line(tmp_path):
+  one_line_error(run_script("plot_metrics.py", timeout=120), "run_dir", "png")  # was IndexError
+  one_line_error(run_script("plot_metrics.py", str(tmp_path), str(tmp_path / "a.png"),
+                            timeout=120), "metrics.csv")
+
+
+def test_elastic_resume_help_prints_usage_and_runs_nothing(tmp_path):
+  """--help was taken for OUT_DIR: the whole benchmark ran into ./--help/."""
+  proc = run_script("elastic_resume.py", "--help", cwd=tmp_path, timeout=60)
+  assert proc.returncode == 0 and proc.stdout.startswith("usage: elastic_resume"), proc.stderr
+  assert list(tmp_path.iterdir()) == []
+  one_line_error(run_script("elastic_resume.py", cwd=tmp_path, timeout=60), "OUT_DIR")
+
+
+def test_cluster_scaling_replot_without_its_files_is_one_line(tmp_path):
+  one_line_error(run_script("cluster_scaling.py", "--replot", "--out", str(tmp_path),
+                            timeout=120), "scaling.csv", "without --replot")
+  (tmp_path / "scaling.csv").write_text("model\n")
+  one_line_error(run_script("cluster_scaling.py", "--replot", "--out", str(tmp_path),
+                            timeout=120), "fit.csv", "cluster_allreduce.py")
