@@ -123,8 +123,9 @@ def sweep(quick: bool, log, rows_done: list[dict], save) -> list[dict]:
                      "box_wall_s": box["wall_s"], "load_avg_1m": load,
                      "implementation": box["cells"][0]["implementation"],
                      "steps": STEPS, "repeats": REPEATS, "warmup": WARMUP,
-                     "cpu": info["cpu"], "nproc": info["nproc"], "tf_version": info["tf_version"],
-                     "date": info["date"]})
+                     **{k: info[k] for k in ("cpu", "cpu_family_model", "cpu_isa",
+                                             "onednn_max_cpu_isa", "nproc", "tf_version",
+                                             "date")}})
       log(f"N={n} {rate_name(rate):8s} {size:>9d} B: f32 {secs['float32'] * 1e3:9.2f} ms"
           + (f", bf16 {secs['bfloat16'] * 1e3:9.2f} ms" if "bfloat16" in secs else ""))
     save(rows)

@@ -132,7 +132,7 @@ def box_row(model: str, variant: str, rate: str, n: int, box: dict, load: float,
          "strategy": cells[0]["strategy"], "replicas_per_host": cells[0]["replicas"] // cells[0]["num_workers"],
          "per_replica_batch": cells[0]["global_batch"] // cells[0]["replicas"],
          "examples_per_sec": cells[0]["global_batch"] / slowest["step_ms"] * 1e3,
-         "tokens_per_sec": (slowest["tokens_per_sec"] / slowest["images_per_sec"]
+         "tokens_per_sec": (slowest["tokens_per_sec"] / slowest["examples_per_sec"]
                             * cells[0]["global_batch"] / slowest["step_ms"] * 1e3
                             if "tokens_per_sec" in slowest else math.nan),
          "gradient_bytes": grad, "wire_bytes": wire, "ring_bytes_per_step": ring,
@@ -142,7 +142,8 @@ def box_row(model: str, variant: str, rate: str, n: int, box: dict, load: float,
          "box_wall_s": box["wall_s"], "load_avg_1m": load,
          "load_avg_1m_after": processes.load_average(),
          "warmup": WARMUP, "steps": STEPS, "repeats": REPEATS,
-         "cpu": info["cpu"], "nproc": info["nproc"], "tf_version": info["tf_version"],
+         **{k: info[k] for k in ("cpu", "cpu_family_model", "cpu_isa", "onednn_max_cpu_isa")},
+         "nproc": info["nproc"], "tf_version": info["tf_version"],
          "date": info["date"]}
   return row
 

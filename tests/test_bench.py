@@ -15,7 +15,8 @@ TINY = ("task.train_data.image_size=8,task.train_data.num_examples=128,"
         "task.train_data.num_classes=4,task.model.kwargs={filters: 8}")
 QUICK = ["--models=small_cnn", "--steps=3", "--warmup_steps=2", "--repeats=2",
          f"--params_override={TINY}"]
-MACHINE = ["nproc", "tf_version", "keras_version", "date", "load_avg_1m"]
+MACHINE = ["nproc", "tf_version", "keras_version", "date", "load_avg_1m", "cpu_family_model",
+           "cpu_isa", "onednn_max_cpu_isa"]
 
 
 def run_bench(out_dir, *args, timeout=300):
@@ -38,20 +39,20 @@ def test_throughput_rows_agree_with_the_baseline_and_themselves(tmp_path):
   proc = run_bench(tmp_path, "--mode=throughput", "--replicas=1,2", "--global_batch_sizes=16",
                    *QUICK)
   frame = read_outputs(tmp_path, proc, "throughput", [
-      "model", "strategy", "replicas", "global_batch", "images_per_sec", "step_ms",
+      "model", "strategy", "replicas", "global_batch", "examples_per_sec", "step_ms",
       "cached_step_ms", "input_wait_fraction", "vs_keras_fit", "peak_rss_mb", "image_size"])
   assert frame["strategy"].tolist() == ["keras_fit", "default", "mirrored"]
   assert frame["replicas"].tolist() == [1, 1, 2]
   assert (frame["global_batch"] == 16).all() and (frame["image_size"] == 8).all()
-  assert (frame[["images_per_sec", "step_ms", "peak_rss_mb"]] > 0).all().all()
+  assert (frame[["examples_per_sec", "step_ms", "peak_rss_mb"]] > 0).all().all()
   # images/s and step time come from the same median block.
-  assert (frame["images_per_sec"] * frame["step_ms"] / 1000).tolist() == pytest.approx([16] * 3)
+  assert (frame["examples_per_sec"] * frame["step_ms"] / 1000).tolist() == pytest.approx([16] * 3)
   tfdp_rows = frame[frame["strategy"] != "keras_fit"]
   assert tfdp_rows["input_wait_fraction"].between(0, 1).all()
   expected_wait = (1 - tfdp_rows["cached_step_ms"] / tfdp_rows["step_ms"]).clip(lower=0)
   assert tfdp_rows["input_wait_fraction"].tolist() == pytest.approx(expected_wait.tolist())
-  baseline = frame.loc[frame["strategy"] == "keras_fit", "images_per_sec"].item()
-  assert frame["vs_keras_fit"].tolist() == pytest.approx((frame["images_per_sec"] / baseline).tolist())
+  baseline = frame.loc[frame["strategy"] == "keras_fit", "examples_per_sec"].item()
+  assert frame["vs_keras_fit"].tolist() == pytest.approx((frame["examples_per_sec"] / baseline).tolist())
   assert "vs_keras_fit" in proc.stdout  # the printed table
   # tfdp's loop timed between Keras's epochs in the baseline's own process: the 1-device ratio.
   keras_row = frame[frame["strategy"] == "keras_fit"].iloc[0]
@@ -74,17 +75,17 @@ def test_a_worker_group_that_outlives_its_time_limit_is_stopped_in_one_line(tmp_
 def test_scaling_efficiency_is_recomputable_from_the_rows(tmp_path):
   proc = run_bench(tmp_path, "--mode=scaling", "--workers=2", "--per_replica_batch=16", *QUICK)
   frame = read_outputs(tmp_path, proc, "scaling", [
-      "workers", "global_batch", "images_per_sec", "step_ms", "slowest_worker_step_ms",
+      "workers", "global_batch", "examples_per_sec", "step_ms", "slowest_worker_step_ms",
       "speedup", "efficiency", "strategy"])
   assert frame["workers"].tolist() == [1, 2]
   assert frame["global_batch"].tolist() == [16, 32]  # fixed per-replica batch
   assert frame["strategy"].tolist() == ["default", "multi_worker_mirrored"]
   assert frame["replicas"].tolist() == [1, 2] and (frame["per_replica_batch"] == 16).all()
   assert "per_replica_batch" in proc.stdout  # the printed table says what ran
-  assert (frame[["images_per_sec", "step_ms", "efficiency"]] > 0).all().all()
-  single = frame["images_per_sec"].iloc[0]
+  assert (frame[["examples_per_sec", "step_ms", "efficiency"]] > 0).all().all()
+  single = frame["examples_per_sec"].iloc[0]
   assert frame["efficiency"].tolist() == pytest.approx(
-      (frame["images_per_sec"] / (frame["workers"] * single)).tolist())
+      (frame["examples_per_sec"] / (frame["workers"] * single)).tolist())
   assert (frame["slowest_worker_step_ms"] >= frame["step_ms"]).all()
 
 
@@ -118,12 +119,12 @@ def test_allreduce_bandwidths_follow_the_nccl_tests_definitions(tmp_path):
 def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
   proc = run_bench(tmp_path, "--mode=input", "--replicas=2", "--global_batch_sizes=16", *QUICK)
   frame = read_outputs(tmp_path, proc, "input", [
-      "model", "replicas", "global_batch", "pipeline_images_per_sec", "train_images_per_sec",
+      "model", "replicas", "global_batch", "pipeline_examples_per_sec", "train_examples_per_sec",
       "pipeline_over_train"])
   assert frame["replicas"].tolist() == [2]
-  assert (frame[["pipeline_images_per_sec", "train_images_per_sec"]] > 0).all().all()
+  assert (frame[["pipeline_examples_per_sec", "train_examples_per_sec"]] > 0).all().all()
   assert frame["pipeline_over_train"].tolist() == pytest.approx(
-      (frame["pipeline_images_per_sec"] / frame["train_images_per_sec"]).tolist())
+      (frame["pipeline_examples_per_sec"] / frame["train_examples_per_sec"]).tolist())
 
 
 @pytest.mark.parametrize("args, words", [
@@ -170,10 +171,10 @@ def test_a_masked_lm_config_is_benchmarked_in_tokens_per_second(tmp_path):
                    "task.eval_data.holdout=[],task.train_data.text_unit=document,"
                    "task.eval_data.text_unit=document")
   frame = read_outputs(tmp_path / "out", proc, "throughput", ["model", "tokens_per_sec",
-                                                              "images_per_sec"])
+                                                              "examples_per_sec"])
   assert frame["model"].tolist() == ["bert"]
   # 32-token sequences (the test corpus' config): tokens/s is sequences/s x 32.
-  assert frame["tokens_per_sec"].tolist() == pytest.approx((frame["images_per_sec"] * 32).tolist())
+  assert frame["tokens_per_sec"].tolist() == pytest.approx((frame["examples_per_sec"] * 32).tolist())
   refused = run_bench(tmp_path / "out2", "--mode=throughput",
                       "--config_file=configs/shakespeare_mlm.yaml")
   assert refused.returncode != 0 and "--nobaseline" in refused.stderr
@@ -300,3 +301,43 @@ def test_scaling_runs_one_replica_per_worker_whatever_the_config_file_says(tmp_p
     assert runtime.cpu_replicas == 1 and runtime.strategy == "auto"
     assert strategy_lib.expected_replicas(runtime, gpus_visible=False) == 1
     assert config_lib.load_config([str(config)], overrides).trainer.global_batch_size == 8 * n
+
+
+def test_machine_info_tells_two_cpus_of_one_name_apart(monkeypatch):
+  """Only the model name was recorded: two different "AMD EPYC" CPUs (AVX2-only and
+  AVX512-BF16) gave rows that looked alike, and an ONEDNN_MAX_CPU_ISA cap went unrecorded."""
+  from tfdp.bench import processes  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cpus  # pylint: disable=g-import-not-at-top
+  fields = cpus.first_processor()
+  monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+  info = processes.machine_info()
+  assert info["cpu_family_model"] == f"{fields['cpu family']}/{fields['model']}"
+  flags = fields["flags"].split()
+  assert info["cpu_isa"].split() == [f for f in processes.ISA_FLAGS if f in flags] or (
+      info["cpu_isa"].startswith("none of"))
+  assert info["onednn_max_cpu_isa"] == "AVX2"
+
+
+def test_reports_name_the_unit_and_the_dtype():
+  """bert's sequences and mf's ratings were labelled images/s, and allreduce.png joined float32
+  and bfloat16 points (half the bytes) in one line per scope."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  common = {"cpu": "x", "nproc": 2, "tf_version": "2", "date": "d"}
+  scaling = pd.DataFrame([{"model": "bert", "workers": n, "examples_per_sec": 10.0 * n,
+                           "efficiency": 1.0, "unit": "sequences", **common} for n in (1, 2)])
+  assert bench.figure("scaling", scaling).axes[0].get_ylabel() == "sequences/s"
+  old = scaling.drop(columns="unit").rename(columns={"examples_per_sec": "images_per_sec"})
+  assert bench.figure("scaling", old).axes[0].get_ylabel() == "examples/s"  # results before
+  rows = [{"scope": scope, "test": "size", "dtype": dtype, "n": 2, "bytes": size,
+           "busbw_gbps": 1.0, "tcp_gbps": 2.0, "time_us": 1.0, "bytes_per_pack": 0,
+           "num_tensors": 0, **common}
+          for scope in ("workers", "in_process") for dtype in ("float32", "bfloat16")
+          for size in (4096, 16384)]
+  axes = bench.figure("allreduce", pd.DataFrame(rows)).axes[0]
+  labels = sorted(line.get_label() for line in axes.get_lines())
+  assert labels == ["in_process bfloat16", "in_process float32", "loopback TCP",
+                    "workers bfloat16", "workers float32"]
+  from tfdp.bench import report  # pylint: disable=g-import-not-at-top
+  assert "dtype" in report.VIEWS["allreduce"].columns
+  assert "precision" in report.VIEWS["throughput"].columns

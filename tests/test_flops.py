@@ -165,13 +165,13 @@ def test_progress_line_shows_flops_and_mfu():
 
 
 def test_throughput_report_carries_mfu(tmp_path, capsys):
-  res = {"train_flops_per_example": 3e8, "images_per_sec": 100.0, "peak_flops": 2e11,
+  res = {"train_flops_per_example": 3e8, "examples_per_sec": 100.0, "peak_flops": 2e11,
          "precision": "float32", "peak_how": "2 cores"}
   used = modes.utilization(res)
   assert used["gflops_per_sec"] == pytest.approx(30.0)
   assert used["mfu"] == pytest.approx(0.15)
   row = {"model": "m", "strategy": "default", "replicas": 1, "global_batch": 8,
-         "images_per_sec": 100.0, "step_ms": 80.0, "input_wait_fraction": 0.1,
+         "examples_per_sec": 100.0, "step_ms": 80.0, "input_wait_fraction": 0.1,
          "vs_keras_fit": 1.0, "peak_rss_mb": 500.0, **used, "cpu": "test", "nproc": 2,
          "tf_version": "2", "date": "today"}
   frame = report.write("throughput", [row], str(tmp_path), [])

@@ -31,6 +31,16 @@ def ops_per_block(size: int, wanted: int) -> int:
   return max(1, min(wanted, MAX_BLOCK_BYTES // size))
 
 
+# What one example of a task is: the rows' examples_per_sec and the reports' labels say it.
+EXAMPLE_UNITS = {"image_classification": "images", "masked_lm": "sequences",
+                 "text_classification": "sequences", "matrix_factorization": "ratings",
+                 "retrieval": "pairs"}
+
+
+def example_unit(task_name: str) -> str:
+  return EXAMPLE_UNITS.get(task_name, "examples")  # a user's own task
+
+
 def describe_data(data: config_lib.DataConfig) -> str:
   return data.source if data.source != "tfds" else f"{data.name}:{data.split}"
 
@@ -129,13 +139,13 @@ def train_cell(spec: dict, cluster: Cluster) -> dict:
         next(iterator)
 
     seconds = _time_blocks(pull, warmup, steps, repeats)
-    out["pipeline_images_per_sec"] = steps * plan.step_batch / statistics.median(seconds)
+    out["pipeline_examples_per_sec"] = steps * plan.step_batch / statistics.median(seconds)
   seconds = time_training(dataset_fn)
   out.update(step_ms=_median_ms(seconds, steps), step_ms_min=min(seconds) / steps * 1000,
              step_ms_max=max(seconds) / steps * 1000,
-             images_per_sec=steps * batch / statistics.median(seconds))
+             examples_per_sec=steps * batch / statistics.median(seconds))
   if config.task.name in ("masked_lm", "text_classification"):  # examples are sequences
-    out["tokens_per_sec"] = out["images_per_sec"] * config.task.text.sequence_length
+    out["tokens_per_sec"] = out["examples_per_sec"] * config.task.text.sequence_length
   if "cached" in spec["measure"]:
     # The same loop fed one cached batch: what a step costs when input never waits.
     cached = time_training(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
@@ -144,7 +154,7 @@ def train_cell(spec: dict, cluster: Cluster) -> dict:
   out["peak_rss_mb"] = _peak_rss_mb()
   # What a step all-reduces: float32 bytes of every trainable variable (tfdp reduces them all).
   out["gradient_bytes"] = 4 * sum(v.shape.num_elements() for v in trainer.model.trainable_variables)
-  return {**out, **_flops(exp)}
+  return {**out, **_flops(exp), "unit": example_unit(config.task.name)}
 
 
 def keras_fit_cell(spec: dict, cluster: Cluster) -> dict:
@@ -192,10 +202,10 @@ def keras_fit_cell(spec: dict, cluster: Cluster) -> dict:
   return {"model": config.task.model.name, "data": describe_data(config.task.train_data),
           "image_size": plan.source.image_shape[0], "global_batch": batch,
           "steps_per_epoch": steps_per_epoch, "timed_epochs": len(timed),
-          "images_per_sec": batch / statistics.median(step_ms) * 1000,
+          "examples_per_sec": batch / statistics.median(step_ms) * 1000,
           "step_ms": statistics.median(step_ms), "step_ms_min": min(step_ms),
           "step_ms_max": max(step_ms), "tfdp_interleaved_step_ms": tfdp_step_ms,
-          "peak_rss_mb": _peak_rss_mb(), **_flops(exp)}
+          "peak_rss_mb": _peak_rss_mb(), **_flops(exp), "unit": example_unit(config.task.name)}
 
 
 def allreduce_cell(spec: dict, cluster: Cluster) -> dict:

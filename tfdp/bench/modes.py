@@ -1,8 +1,9 @@
 """The five modes' orchestration, parent side: which cells run in which order, and the rows they
 become (report.py turns them into the printed table, `<mode>.csv` and `<mode>.png`):
 
-  throughput  images/s, step time, input-wait fraction and peak memory per model x replicas x
-              global batch, with plain Keras `model.fit` on one device as the baseline row
+  throughput  examples/s (column `unit`: images, sequences, ratings...), step time, input-wait
+              fraction and peak memory per model x replicas x global batch, with plain Keras
+              `model.fit` on one device as the baseline row
   scaling     the same job on 1..N worker processes (tfdp's launcher, 1 thread and 1 replica
               each, whatever the config file says) with a fixed per-replica batch;
               efficiency = thr(N) / (N x thr(1))
@@ -51,8 +52,9 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
   for model, batch in dict.fromkeys((m, b) for m, b, _ in jobs):
     if opts.baseline:
       rows.append(baseline_row(opts, model, batch, model_dir, info))
-      baselines[(model, batch)] = rows[-1]["images_per_sec"]
-      progress(f"keras_fit {model} batch {batch}: {rows[-1]['images_per_sec']:.1f} img/s")
+      baselines[(model, batch)] = rows[-1]["examples_per_sec"]
+      progress(f"keras_fit {model} batch {batch}: {rows[-1]['examples_per_sec']:.1f} "
+               f"{rows[-1]['unit']}/s")
   for (model, batch, replicas), overrides in jobs.items():
     load = load_average()
     spec = jobs_lib.train_spec(opts, overrides,
@@ -63,10 +65,11 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
     rows.append({**_row_head(res), **_timing(res),
                  "cached_step_ms": res["cached_step_ms"],
                  "input_wait_fraction": res["input_wait_fraction"],
-                 "vs_keras_fit": res["images_per_sec"] / base if base else math.nan,
+                 "vs_keras_fit": res["examples_per_sec"] / base if base else math.nan,
                  "peak_rss_mb": res["peak_rss_mb"], **utilization(res), "load_avg_1m": load,
                  **info})
-    progress(f"{model} batch {batch} replicas {replicas}: {res['images_per_sec']:.1f} img/s, "
+    progress(f"{model} batch {batch} replicas {replicas}: {res['examples_per_sec']:.1f} "
+             f"{res['unit']}/s, "
              f"input wait {res['input_wait_fraction']:.2f}, MFU {rows[-1]['mfu']:.3f}")
   return rows
 
@@ -74,7 +77,7 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
 def utilization(res: dict) -> dict:
   """Achieved model FLOP/s (training FLOPs per example, 3x the forward count, x examples/s) and
   MFU against the devices' peak (tfdp.core.flops: the formula and the table)."""
-  achieved = res["train_flops_per_example"] * res["images_per_sec"]
+  achieved = res["train_flops_per_example"] * res["examples_per_sec"]
   return {"train_flops_per_example": res["train_flops_per_example"],
           "gflops_per_sec": achieved / 1e9, "peak_gflops_per_sec": res["peak_flops"] / 1e9,
           "mfu": achieved / res["peak_flops"] if res["peak_flops"] else math.nan,
@@ -90,7 +93,7 @@ def _row_head(res: dict) -> dict:
 
 
 def _timing(res: dict) -> dict:
-  return {"images_per_sec": res["images_per_sec"],  # examples/s: sequences for text tasks
+  return {"examples_per_sec": res["examples_per_sec"], "unit": res["unit"],  # images, sequences..
           **({"tokens_per_sec": res["tokens_per_sec"]} if "tokens_per_sec" in res else {}),
           "step_ms": res["step_ms"],
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
@@ -105,7 +108,7 @@ def baseline_row(opts: BenchOptions, model: str, batch: int, model_dir: str, inf
   return {"model": res["model"], "data": res["data"], "image_size": res["image_size"],
           "strategy": "keras_fit", "replicas": 1, "workers": 1,
           "global_batch": res["global_batch"], "per_replica_batch": res["global_batch"],
-          "images_per_sec": res["images_per_sec"], "step_ms": res["step_ms"],
+          "examples_per_sec": res["examples_per_sec"], "unit": res["unit"], "step_ms": res["step_ms"],
           "step_ms_min": res["step_ms_min"], "step_ms_max": res["step_ms_max"],
           "steps": res["steps_per_epoch"], "repeats": res["timed_epochs"],
           "cached_step_ms": math.nan, "input_wait_fraction": math.nan, "vs_keras_fit": 1.0,
@@ -129,11 +132,11 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
     rows.append({**_row_head(chief), **_timing(chief),
                  "slowest_worker_step_ms": max(w["step_ms"] for w in per_worker),
                  "peak_rss_mb": chief["peak_rss_mb"], "load_avg_1m": load, **info})
-    progress(f"{model} on {n} worker(s): {chief['images_per_sec']:.1f} img/s")
+    progress(f"{model} on {n} worker(s): {chief['examples_per_sec']:.1f} {chief['unit']}/s")
   for row in rows:
-    single = next(r["images_per_sec"] for r in rows if r["model"] == row["model"] and r["workers"] == 1)
-    row["speedup"] = row["images_per_sec"] / single
-    row["efficiency"] = row["images_per_sec"] / (row["workers"] * single)
+    single = next(r["examples_per_sec"] for r in rows if r["model"] == row["model"] and r["workers"] == 1)
+    row["speedup"] = row["examples_per_sec"] / single
+    row["efficiency"] = row["examples_per_sec"] / (row["workers"] * single)
   return rows
 
 
@@ -259,12 +262,13 @@ def input_rate(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                                ["pipeline", "train"])
     res = run_cell(spec, f"cell {model} batch={batch} replicas={replicas}", opts.timeout_seconds)
     rows.append({**_row_head(res), **_timing(res),
-                 "pipeline_images_per_sec": res["pipeline_images_per_sec"],
-                 "train_images_per_sec": res["images_per_sec"],
-                 "pipeline_over_train": res["pipeline_images_per_sec"] / res["images_per_sec"],
+                 "pipeline_examples_per_sec": res["pipeline_examples_per_sec"],
+                 "train_examples_per_sec": res["examples_per_sec"],
+                 "pipeline_over_train": res["pipeline_examples_per_sec"] / res["examples_per_sec"],
                  "peak_rss_mb": res["peak_rss_mb"], "load_avg_1m": load, **info})
     progress(f"{model} batch {batch} replicas {replicas}: pipeline "
-             f"{res['pipeline_images_per_sec']:.0f} img/s, training {res['images_per_sec']:.1f}")
+             f"{res['pipeline_examples_per_sec']:.0f} {res['unit']}/s, training "
+             f"{res['examples_per_sec']:.1f}")
   return rows
 
 

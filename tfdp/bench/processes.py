@@ -20,11 +20,16 @@ from tfdp.distributed import cpus
 from tfdp.bench.options import PROG, BenchError
 
 RESULT_PREFIX = "tfdp-bench-result: "
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what machine_info records
 
 
 def machine_info() -> dict:
   """Carried by every row: results mean little without the machine and load they came from."""
-  cpu = cpus.first_processor().get("model name") or platform.processor()
+  fields = cpus.first_processor()
+  cpu = fields.get("model name") or platform.processor()
+  # The model name alone does not tell two "AMD EPYC" CPUs apart; family/model and the
+  # instructions oneDNN's kernels choose between do, and a cap on them changes every number.
+  flags = set(fields.get("flags", "").split())
 
   def version(package: str) -> str:
     try:
@@ -32,7 +37,12 @@ def machine_info() -> dict:
     except importlib.metadata.PackageNotFoundError:
       return ""
 
-  return {"nproc": os.cpu_count(), "cpu": cpu, "tf_version": version("tensorflow"),
+  return {"nproc": os.cpu_count(), "cpu": cpu,
+          "cpu_family_model": f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
+          "cpu_isa": " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS),
+          "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")
+                                or os.environ.get("DNNL_MAX_CPU_ISA", ""),
+          "tf_version": version("tensorflow"),
           "keras_version": version("keras"),
           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
 

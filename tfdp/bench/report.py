@@ -21,6 +21,13 @@ def _label(row) -> str:
   return f"{row['model']} b{row['global_batch']} {who}"
 
 
+def _rate_label(frame) -> str:
+  """images/s, sequences/s, ...: the unit of the rows' examples (examples/s for a mix or for
+  results from before the unit column)."""
+  units = set(frame["unit"].dropna()) if "unit" in frame.columns else set()
+  return f"{units.pop()}/s" if len(units) == 1 else "examples/s"
+
+
 def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
   """Horizontal bars, one row of the frame per label, one bar per column (legend: its name)."""
   width = 0.8 / len(columns)
@@ -39,7 +46,7 @@ def _bars(ax, frame, columns: dict[str, str], xlabel: str) -> None:
 def draw_throughput(frame, targets):
   del targets
   fig, axes = _subplots(3, (16, 1.5 + 0.45 * len(frame)))
-  _bars(axes[0], frame, {"images_per_sec": "images/s"}, "images/s")
+  _bars(axes[0], frame, {"examples_per_sec": _rate_label(frame)}, _rate_label(frame))
   _bars(axes[1], frame, {"input_wait_fraction": "input wait"}, "input-wait fraction")
   axes[1].set_xlim(0, 1)
   _bars(axes[2], frame, {"mfu": "MFU"}, "model-FLOPs utilization (of the devices' peak)")
@@ -51,12 +58,12 @@ def draw_scaling(frame, targets):
   del targets
   fig, axes = _subplots(2, (11, 4))
   for model, group in frame.groupby("model"):
-    line, = axes[0].plot(group["workers"], group["images_per_sec"], "o-", label=model)
-    axes[0].plot(group["workers"], group["workers"] * group["images_per_sec"].iloc[0], "--",
+    line, = axes[0].plot(group["workers"], group["examples_per_sec"], "o-", label=model)
+    axes[0].plot(group["workers"], group["workers"] * group["examples_per_sec"].iloc[0], "--",
                  color=line.get_color(), label=f"{model} linear")
     axes[1].plot(group["workers"], group["efficiency"], "o-", label=model)
   ticks = sorted(frame["workers"].unique())
-  axes[0].set(xlabel="workers", ylabel="images/s", xticks=ticks)
+  axes[0].set(xlabel="workers", ylabel=_rate_label(frame), xticks=ticks)
   axes[0].legend()
   axes[1].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.1), xticks=ticks)
   return fig
@@ -65,8 +72,12 @@ def draw_scaling(frame, targets):
 def draw_allreduce(frame, targets):
   del targets
   fig, axes = _subplots(2, (12, 4))
-  for scope, group in frame[frame["test"] == "size"].groupby("scope"):
-    axes[0].plot(group["bytes"], group["busbw_gbps"], "o-", label=scope)
+  sizes = frame[frame["test"] == "size"]
+  if "dtype" not in sizes.columns:  # results from before the dtype column: float32 only
+    sizes = sizes.assign(dtype="float32")
+  # One line per scope and dtype: a bfloat16 point sits at half its float32 size's bytes.
+  for (scope, dtype), group in sizes.groupby(["scope", "dtype"]):
+    axes[0].plot(group["bytes"], group["busbw_gbps"], "o-", label=f"{scope} {dtype}")
   axes[0].axhline(frame.iloc[0]["tcp_gbps"], color="gray", ls="--", label="loopback TCP")
   axes[0].set(xscale="log", yscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)")
   axes[0].legend()
@@ -81,8 +92,8 @@ def draw_allreduce(frame, targets):
 def draw_input(frame, targets):
   del targets
   fig, ax = _subplots(1, (10, 1.5 + 0.6 * len(frame)))
-  _bars(ax, frame, {"pipeline_images_per_sec": "input pipeline alone",
-                    "train_images_per_sec": "training loop"}, "images/s")
+  _bars(ax, frame, {"pipeline_examples_per_sec": "input pipeline alone",
+                    "train_examples_per_sec": "training loop"}, _rate_label(frame))
   return fig
 
 
@@ -138,18 +149,19 @@ class View:
 
 
 VIEWS: dict[str, View] = {
-    "throughput": View(["model", "strategy", "replicas", "global_batch", "images_per_sec",
-                        "step_ms", "input_wait_fraction", "vs_keras_fit",
+    "throughput": View(["model", "strategy", "replicas", "precision", "global_batch",
+                        "examples_per_sec", "unit", "step_ms", "input_wait_fraction", "vs_keras_fit",
                         "tfdp_interleaved_vs_keras_fit", "gflops_per_sec", "mfu", "peak_rss_mb"],
                        draw_throughput),
     # Strategy and replicas printed: efficiency means something only with one replica per worker.
     "scaling": View(["model", "workers", "strategy", "replicas", "per_replica_batch",
-                     "global_batch", "images_per_sec", "step_ms", "speedup", "efficiency"],
+                     "global_batch", "examples_per_sec", "unit", "step_ms", "speedup",
+                     "efficiency"],
                     draw_scaling),
-    "allreduce": View(["scope", "test", "n", "bytes", "bytes_per_pack", "time_us", "algbw_gbps",
+    "allreduce": View(["scope", "test", "dtype", "n", "bytes", "bytes_per_pack", "time_us", "algbw_gbps",
                        "busbw_gbps", "busbw_over_tcp"], draw_allreduce),
-    "input": View(["model", "strategy", "replicas", "global_batch", "pipeline_images_per_sec",
-                   "train_images_per_sec", "pipeline_over_train"], draw_input),
+    "input": View(["model", "strategy", "replicas", "global_batch", "pipeline_examples_per_sec",
+                   "train_examples_per_sec", "unit", "pipeline_over_train"], draw_input),
     "tta": View(["run", "epoch", "seconds", "eval_accuracy", "train_accuracy", "strategy",
                  "replicas", "global_batch"], draw_tta,
                 lambda frame, targets: {"tta_targets.csv": targets_table(frame, targets)}),
@@ -159,9 +171,14 @@ VIEWS: dict[str, View] = {
 def figure(mode: str, frame, targets: list[float] = ()):
   """The picture of one mode's results (a frame read from <mode>.csv): a matplotlib Figure.
   tta: `targets` are drawn as dashed lines."""
+  # Results written before the rename (images_per_sec) draw as they are.
+  frame = frame.rename(columns={k: k.replace("images_per_sec", "examples_per_sec")
+                                for k in frame.columns if "images_per_sec" in k})
   first = frame.iloc[0]
   fig = VIEWS[mode].draw(frame, targets)
-  fig.suptitle(f"tfdp-bench {mode}: {first['cpu']}, {first['nproc']} CPUs, TF {first['tf_version']}, "
+  cpu = first["cpu"] + (f" ({first['cpu_family_model']}, {first['cpu_isa']})"
+                        if "cpu_isa" in frame.columns else "")  # older results lack them
+  fig.suptitle(f"tfdp-bench {mode}: {cpu}, {first['nproc']} CPUs, TF {first['tf_version']}, "
                f"{first['date']}", fontsize=9)
   fig.tight_layout()
   return fig
