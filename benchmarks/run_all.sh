@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every number in BENCHMARKS.md, in one run: bash benchmarks/run_all.sh [OUT_DIR]
+# BENCHMARKS.md's first sections in one run (not every section: the text, masked-LM and
+# recommender runs, cluster boxes, ablations, RSS and GPU runs each have their own command
+# there): bash benchmarks/run_all.sh [OUT_DIR]
 # Needs the venv active (tfdp-bench on PATH) and TFDS_DATA_DIR holding cifar10/3.0.2.
 set -euo pipefail
 out="${1:-runs/bench-$(date +%Y%m%d-%H%M)}"
