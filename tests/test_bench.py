@@ -53,7 +53,8 @@ def test_throughput_rows_agree_with_the_baseline_and_themselves(tmp_path):
   assert tfdp_rows["input_wait_fraction"].tolist() == pytest.approx(expected_wait.tolist())
   baseline = frame.loc[frame["strategy"] == "keras_fit", "examples_per_sec"].item()
   assert frame["vs_keras_fit"].tolist() == pytest.approx((frame["examples_per_sec"] / baseline).tolist())
-  assert "vs_keras_fit" in proc.stdout  # the printed table
+  assert "vs_keras_fit" in proc.stdout and "precision" in proc.stdout  # the printed table
+  assert (frame["unit"] == "images").all()
   # tfdp's loop timed between Keras's epochs in the baseline's own process: the 1-device ratio.
   keras_row = frame[frame["strategy"] == "keras_fit"].iloc[0]
   assert keras_row["tfdp_interleaved_step_ms"] > 0
@@ -105,6 +106,8 @@ def test_allreduce_bandwidths_follow_the_nccl_tests_definitions(tmp_path):
   assert frame.loc[frame["scope"] == "workers", "implementation"].eq("ring").all()
   packs = frame[frame["test"] == "pack"]
   assert packs["bytes_per_pack"].tolist() == [0, 16384] and (packs["bytes"] == 8 * 4096).all()
+  # the printed table names each row's dtype (bfloat16 rows looked like extra sizes)
+  assert any(l.split()[:3] == ["scope", "test", "dtype"] for l in proc.stdout.splitlines())
   assert (frame[["time_us", "algbw_gbps", "busbw_gbps", "tcp_gbps"]] > 0).all().all()
   tcp = frame.loc[frame["scope"] == "tcp_loopback", "algbw_gbps"].item()
   assert frame["tcp_gbps"].tolist() == pytest.approx([tcp] * len(frame))
@@ -175,6 +178,7 @@ def test_a_masked_lm_config_is_benchmarked_in_tokens_per_second(tmp_path):
   assert frame["model"].tolist() == ["bert"]
   # 32-token sequences (the test corpus' config): tokens/s is sequences/s x 32.
   assert frame["tokens_per_sec"].tolist() == pytest.approx((frame["examples_per_sec"] * 32).tolist())
+  assert frame["unit"].tolist() == ["sequences"] and "sequences/s" in proc.stdout  # not img/s
   refused = run_bench(tmp_path / "out2", "--mode=throughput",
                       "--config_file=configs/shakespeare_mlm.yaml")
   assert refused.returncode != 0 and "--nobaseline" in refused.stderr
