@@ -19,6 +19,26 @@ def is_retryable_exit_code(code: int) -> bool:
   return code < 0 or code >= 128
 
 
+class StopSignals:
+  """The signals that asked a process to stop, in order. The same signal again within
+  ONE_DELIVERY seconds is one request delivered twice (GNU timeout signals its child and then
+  the group), not "asked twice", which would skip the stop checkpoint."""
+
+  ONE_DELIVERY = 1.0
+
+  def __init__(self):
+    self.signals: list[int] = []
+    self._last = 0.0
+
+  def add(self, signum: int, now: float) -> bool:
+    """Records `signum`; False when it repeats the last one within ONE_DELIVERY seconds."""
+    if self.signals and self.signals[-1] == signum and now - self._last < self.ONE_DELIVERY:
+      return False
+    self.signals.append(signum)
+    self._last = now
+    return True
+
+
 class TfdpError(Exception):
   """A user-fixable problem. str(error) is one line that names the fix."""
 

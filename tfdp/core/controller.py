@@ -49,8 +49,8 @@ class StopRequest:
   prog = "tfdp"  # the app, for its one-line messages
 
   def __init__(self):
-    self.signum = 0
-    self._since = 0.0  # when the first signal came
+    self.signum = 0  # the first signal
+    self._asked = errors.StopSignals()
     self._trainer = None  # set while training: the stop flag to raise
     self._save = True  # runtime.checkpoint_on_preemption
     self._lock = threading.Lock()
@@ -90,10 +90,9 @@ class StopRequest:
 
   def on_signal(self, signum: int) -> None:
     with self._lock:
+      if not self._asked.add(signum, time.monotonic()):
+        return  # one signal delivered twice
       twice = signum == signal.SIGINT and self.signum == signal.SIGINT
-      if twice and time.monotonic() - self._since < 1:  # one Ctrl-C delivered twice (GNU
-        return  # timeout passes it to its child and the group), not a second press
-      self._since = self._since if self.signum else time.monotonic()
       self.signum = self.signum or signum
       trainer = self._trainer
     if twice and self._previous:  # Python's handler, in the main thread

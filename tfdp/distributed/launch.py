@@ -37,6 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from tfdp import errors
 from tfdp.distributed import elastic
 from tfdp.distributed import gpus as gpus_lib
 from tfdp.distributed import isolation
@@ -166,20 +167,12 @@ def _signal_group(worker: _Worker, signum: int) -> None:
     pass  # The whole group is already gone.
 
 
-class _StopRequest:
-  """Signals that asked the launcher to stop, recorded by the handler. The same signal again
-  within a second is one request delivered twice (GNU timeout signals its child and then the
-  group), not "asked twice", which would skip the workers' stop checkpoint."""
-
-  def __init__(self):
-    self.signals: list[int] = []
-    self.last = 0.0
+class _StopRequest(errors.StopSignals):
+  """Signals that asked the launcher to stop, recorded by the handler."""
 
   def handler(self, signum, frame) -> None:
     del frame
-    if not (self.signals and self.signals[-1] == signum and time.monotonic() - self.last < 1):
-      self.signals.append(signum)
-      self.last = time.monotonic()
+    self.add(signum, time.monotonic())
 
 
 def _stopped_workers(workers: list[_Worker], now: float) -> list[_Worker]:
