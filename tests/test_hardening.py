@@ -317,7 +317,8 @@ CASES = [
     Case("checkpoint_of_another_width", ("ckpt-8", "(8,)", "(32,)"), trained=True,
          override="task.model.kwargs.filters=8"),
     # --start_over once moved a data folder's train/ and eval/ aside (issue 20, "Also").
-    Case("start_over_on_a_folder_without_a_run", ("--start_over", "{folder}/data", "no tfdp run"),
+    Case("start_over_on_a_folder_without_a_run", ("starting over would move", "{folder}/data",
+                                                  "no tfdp run"),
          args=("--model_dir={folder}/data", "--start_over"),
          setup=lambda folder: (write("data/train/a.txt", "mine\n")(folder),
                                write("data/eval/b.txt", "mine\n")(folder))),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tfdp import config as config_lib
+from tfdp import errors
 from tfdp import in_process
 from tfdp import logs
 from tfdp.core import outputs
@@ -27,13 +28,21 @@ def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
   from tfdp import cli  # pylint: disable=g-import-not-at-top
   if isinstance(config_files, (str, os.PathLike)):
     config_files = [config_files]
-  config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
-                                  in_process.overrides(params, "tfdp.train"))
-  logs.start_tensorflow()
-  from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
-  with in_process.users_state_kept():
-    return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
-                                    start_over=start_over))
+  with errors.speaking_as(TRAIN_TERMS):
+    config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
+                                    in_process.overrides(params, "tfdp.train"))
+    logs.start_tensorflow()
+    from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
+    with in_process.users_state_kept():
+      return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
+                                      start_over=start_over))
+
+
+TRAIN_TERMS = errors.Terms(
+    "tfdp.train", "model_dir", "pass start_over=True to move the earlier run aside (nothing is deleted) and "
+    "train from step 0", "params", "config_files",
+    "tfdp.train(start_over=True): the earlier run in %s was moved to %s",
+    "checkpoint saved in {model_dir}; call tfdp.train with the same model_dir to resume")
 
 
 def _finished(result: dict) -> dict:

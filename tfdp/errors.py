@@ -9,6 +9,9 @@ act on. The training operator retries a pod whose code is 128 or more and fails 
        never reads as a signal (128 + EX_TEMPFAIL, 75).
 """
 
+import contextlib
+import dataclasses
+
 EXIT_PERMANENT = 2
 EXIT_RESTART_GROUP = 203
 
@@ -37,6 +40,47 @@ class StopSignals:
     self.signals.append(signum)
     self._last = now
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Terms:
+  """A fix said in the words of whoever asked: tfdp-train's flags (CLI), or the arguments of
+  tfdp.train or tfdp.fit, which set theirs for their run (`speaking_as`). The library's
+  messages read `terms()`."""
+  caller: str  # what the user called: the start of a library function's one-line errors
+  model_dir: str
+  start_over: str  # the way to train from step 0 instead of resuming, a whole clause
+  overrides: str
+  config_files: str
+  moved_aside: str  # % (model_dir, where): said when a fresh run moved the earlier one aside
+  preempted: str  # where a stop's checkpoint is and how to resume; {model_dir} filled in
+
+
+CLI = Terms("tfdp-train", "--model_dir", "pass --start_over to move the earlier run aside (nothing is "
+            "deleted) and train from step 0", "--params_override", "--config_file",
+            "--start_over: the earlier run in %s was moved to %s",
+            "checkpoint saved, re-run the same command to resume")
+_terms = CLI
+
+
+def terms() -> Terms:
+  return _terms
+
+
+def as_caller(text: str) -> str:
+  """`text` said by the function the user called: "tfdp.fit: ...", "tfdp.evaluate: ..."."""
+  return f"{_terms.caller}: {text}"
+
+
+@contextlib.contextmanager
+def speaking_as(caller_terms: Terms):
+  """The library's messages in `caller_terms` while a run in this process lasts."""
+  global _terms
+  before, _terms = _terms, caller_terms
+  try:
+    yield
+  finally:
+    _terms = before
 
 
 class TfdpError(Exception):
@@ -80,12 +124,9 @@ class TrainingDiverged(TfdpError):
 
 class Preempted(Exception):
   """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes. `said`:
-  where the checkpoint is and how to resume from it, in the caller's terms (experiment.build's
-  preempted_said)."""
+  where the checkpoint is and how to resume from it, in the caller's terms (Terms.preempted)."""
 
-  SAID = "checkpoint saved, re-run the same command to resume"  # the apps' terms
-
-  def __init__(self, step: int, signum: int, said: str = SAID):
+  def __init__(self, step: int, signum: int, said: str = CLI.preempted):
     super().__init__(f"stopped at step {step} on request (signal {signum}); {said}")
     self.step = step
     self.exit_code = 128 + signum

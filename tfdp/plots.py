@@ -11,6 +11,7 @@ import io
 import os
 import time
 
+from tfdp import errors
 from tfdp.errors import OutputError
 
 METRICS_PNG = "metrics.png"
@@ -25,7 +26,7 @@ def read_metrics(model_dir: str):
   path = os.path.join(model_dir, "metrics.csv")
   if not os.path.exists(path):
     raise OutputError(f"no metrics.csv in '{model_dir}'; train first (a run writes it after "
-                      "each epoch), or give the run's --model_dir.")
+                      f"each epoch), or give the run's {errors.terms().model_dir}.")
   return pd.read_csv(path)
 
 

@@ -133,6 +133,9 @@ if os.path.isdir(said_dir):
   counts = ("epoch", "step", "train_steps", "eval_examples")
   out["resumed_epochs"] = resumed.epoch
   out["count_types"] = [{k: type(h.final[k]).__name__ for k in counts} for h in (resumed, again)]
+  # a resume refused, in tfdp.fit's words (its arguments, not tfdp-train's flags)
+  out["fit_resume_another_seed"] = one_line(lambda: tfdp.fit(
+      stopped, x, y, model_dir=said_dir, params="trainer.seed=7", **fit_args))
 out["resume_another_seed"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params="trainer.seed=7", model_dir="runs/config_run", verbose=False))
 # a list of overrides, as several --params_override
@@ -140,6 +143,8 @@ out["params_list"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params=["trainer.seed=7", "trainer.epochs=1"], model_dir="runs/config_run",
     verbose=False, start_over=True))
 out["moved_aside"] = len(glob.glob("runs/config_run/previous-*"))
+out["params_malformed"] = one_line(lambda: tfdp.train(
+    "tiny.yaml", params="trainer.epochs", model_dir="runs/config_run", verbose=False))
 out["params_wrong"] = attempt(lambda: one_line(lambda: tfdp.train(
     "tiny.yaml", params=["trainer.seed=7", 7], model_dir="runs/config_run", verbose=False)))
 print(json.dumps(out))

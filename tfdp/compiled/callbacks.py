@@ -7,6 +7,7 @@ workers in Keras 3, and tfdp does their job already (chief-only), so they are re
 """
 from __future__ import annotations
 
+from tfdp import errors
 from tfdp.errors import ConfigError
 
 # Keras callback → what tfdp does instead.
@@ -25,12 +26,12 @@ def check_callbacks(callbacks) -> list:
   callbacks = list(callbacks or [])
   for callback in callbacks:
     if not isinstance(callback, keras.callbacks.Callback):
-      raise ConfigError(f"tfdp.fit: callbacks holds a {type(callback).__name__}, not a "
-                        "keras.callbacks.Callback; pass Keras callback objects.")
+      raise ConfigError(errors.as_caller(f"callbacks holds a {type(callback).__name__}, not a "
+                                         "keras.callbacks.Callback; pass Keras callback objects."))
     for name, instead in REFUSED.items():
       if isinstance(callback, getattr(keras.callbacks, name)):
-        raise ConfigError(f"tfdp.fit: keras.callbacks.{name} races between workers in Keras 3; "
-                          f"{instead}: drop it from callbacks.")
+        raise ConfigError(errors.as_caller(f"keras.callbacks.{name} races between workers in Keras "
+                                           f"3; {instead}: drop it from callbacks."))
   return callbacks
 
 

@@ -19,6 +19,7 @@ import os
 from absl import logging
 
 from tfdp import config as config_lib
+from tfdp import errors
 from tfdp import in_process
 from tfdp import logs
 from tfdp.compiled import callbacks as callbacks_lib
@@ -29,11 +30,12 @@ from tfdp.errors import ConfigError
 DEFAULT_RUNS = "tfdp_runs"  # model_dir=None: tfdp_runs/<model name>, a fresh run each time
 
 
-def strategy_for(model, strategy, caller: str = "tfdp.fit"):
+def strategy_for(model, strategy):
   """The strategy the model's variables live in; a model built outside it is cloned into it
-  (Keras can clone functional and Sequential models), its weights copied back after training
-  (`caller` tfdp.fit; tfdp.evaluate and tfdp.predict only read the clone). Returns (strategy,
-  model to run, the user's model or None when no copy is needed)."""
+  (Keras can clone functional and Sequential models), with its weights. Returns (strategy,
+  model to run, the user's model or None when no copy is needed). Errors are said as the
+  function the user called (errors.terms())."""
+  caller = errors.terms().caller
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
@@ -82,16 +84,19 @@ def strategy_for(model, strategy, caller: str = "tfdp.fit"):
         f"into it ({type(e).__name__}); build and compile it under `with "
         "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
     ) from None
-  if caller != "tfdp.fit":  # evaluate, predict: the clone is read, the user's model unchanged
-    logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
-                    "inside it, with its weights", caller)
-    return strategy, clone, model
-  with strategy.scope():  # the user's optimizer state goes on in the clone (a second fit)
-    copy_optimizer_state(model.optimizer, clone.optimizer, clone.trainable_variables)
-  logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a clone "
-                  "made inside it; its weights and optimizer state are copied back into your "
-                  "model afterwards")
   return strategy, clone, model
+
+
+def _strategy_and_clone(model, strategy):
+  """strategy_for, and a clone trains on from the user's optimizer state (a second fit)."""
+  strategy, trained, users_model = strategy_for(model, strategy)
+  if users_model is not None:
+    with strategy.scope():
+      copy_optimizer_state(users_model.optimizer, trained.optimizer, trained.trainable_variables)
+    logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a "
+                    "clone made inside it; its weights and optimizer state are copied back into "
+                    "your model afterwards")
+  return strategy, trained, users_model
 
 
 def copy_optimizer_state(source, target, variables) -> None:
@@ -186,11 +191,23 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")
   logs.start_tensorflow()
-  with in_process.users_state_kept():  # the dtype policy and random streams are the user's again
+  # in tfdp.fit's words; the dtype policy and random streams are the user's again afterwards
+  with errors.speaking_as(terms(fresh=model_dir is None)), in_process.users_state_kept():
     return _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
                 validation_data, shuffle, class_weight, sample_weight, steps_per_epoch,
                 validation_steps, validation_batch_size, validation_freq, model_dir, strategy,
                 params, config_files)
+
+
+def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
+  """The words of tfdp.fit (and of tfdp.evaluate, tfdp.predict) for the library's fixes: their
+  arguments, not tfdp-train's flags."""
+  return errors.Terms(
+      caller, "model_dir", "pass model_dir=None to train a fresh run", "params", "config_files",
+      "tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: the earlier run "
+      "in %s was moved to %s (pass model_dir to resume a run instead)",
+      "checkpoint saved in {model_dir}; to resume from it, pass model_dir='{model_dir}' to "
+      "tfdp.fit" + (" (without it, tfdp.fit trains afresh)" if fresh else ""))
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
@@ -200,7 +217,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.core import optim  # pylint: disable=g-import-not-at-top
   if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
     optim.check_compiled_optimizer(getattr(model, "optimizer", None))
-  strategy, trained, users_model = strategy_for(model, given_strategy)
+  strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
   inputs = inputs_lib.make_inputs(
@@ -212,7 +229,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     first = next(iter(inputs.train.read([0]).take(1).batch(1)))
     if compiled_outside(trained, strategy):  # built outside, then cloned as any model built so
       trained(first["x"])
-      strategy, trained, users_model = strategy_for(model, given_strategy)
+      strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
     else:
       with strategy.scope():
         trained(first["x"])
@@ -227,7 +244,6 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     _check_traces(trained, task.sample["x"])
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
-  fresh = " (without it, tfdp.fit trains afresh)" if model_dir is None else ""
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
@@ -235,12 +251,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   built = experiment.build(
       config, model_dir, "train" if inputs.validation is None else "train_and_eval",
       train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
-      strategy=strategy, task=task, verbose=not quiet, start_over=start_over,
-      moved_aside_said=("tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: "
-                        "the earlier run in %s was moved to %s (pass model_dir to resume a run "
-                        "instead)"),
-      preempted_said=(f"checkpoint saved in {model_dir}; to resume from it, pass "
-                      f"model_dir='{model_dir}' to tfdp.fit{fresh}"))
+      strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
   # As Keras's fit with a use_ema optimizer: validation sees the raw weights, and the weights
   # become their moving average when training ends (also the export and the user's model).
   built.trainer.raw_weights_evaluated = True

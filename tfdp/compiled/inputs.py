@@ -14,13 +14,14 @@ from absl import logging
 import numpy as np
 
 from tfdp.core import data as data_lib
+from tfdp import errors
 from tfdp.errors import DataError
 
 DEFAULT_BATCH_SIZE = 32  # keras.Model.fit's
 
 
 def fail(argument: str, problem: str, fix: str) -> DataError:
-  return DataError(f"tfdp.fit: {argument} {problem}; {fix}.")
+  return DataError(errors.as_caller(f"{argument} {problem}; {fix}."))
 
 
 @dataclasses.dataclass
@@ -235,8 +236,9 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   weighed = sample_weight is not None or (
       is_dataset(x) and isinstance(x.element_spec, tuple) and len(x.element_spec) == 3)
   if class_weight and weighed:  # model.fit refuses the pair; said, never silently different
-    logging.warning("tfdp.fit: class_weight and sample_weight are both given; model.fit refuses "
-                    "the pair, tfdp weighs each example by their product")
+    logging.warning(errors.as_caller("class_weight and sample_weight are both given; model.fit "
+                                     "refuses the pair, tfdp weighs each example by their "
+                                     "product"))
   repeats = False
   if is_dataset(x):
     if y is not None or sample_weight is not None:

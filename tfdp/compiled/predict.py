@@ -5,6 +5,7 @@ back one row per real example, in the input's order, on every worker."""
 from __future__ import annotations
 
 import numpy as np
+from absl import logging
 
 from tfdp.compiled import inputs as inputs_lib
 
@@ -16,13 +17,10 @@ def _speaking_as(caller: str):
   def wrap(function):
     @functools.wraps(function)
     def called(*args, **kwargs):
-      from tfdp.errors import TfdpError  # pylint: disable=g-import-not-at-top
-      try:
+      from tfdp import errors  # pylint: disable=g-import-not-at-top
+      from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+      with errors.speaking_as(fit_lib.terms(caller=caller)):
         return function(*args, **kwargs)
-      except TfdpError as e:
-        if str(e).startswith("tfdp.fit: "):
-          raise type(e)(caller + str(e)[len("tfdp.fit"):]) from None
-        raise
     return called
   return wrap
 
@@ -53,7 +51,10 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  strategy, model, _ = fit_lib.strategy_for(model, strategy, caller)
+  strategy, model, users_model = fit_lib.strategy_for(model, strategy)
+  if users_model is not None:  # read only: the user's model stays as it was
+    logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
+                    "inside it, with its weights", caller)
   ranks = inputs_lib.input_ranks(model)
   inputs_lib.check_batch_size("batch_size", batch_size)
   if caller == "tfdp.predict":  # inputs alone (a dataset's labels are kept, unused)

@@ -18,6 +18,7 @@ import numpy as np
 
 from tfdp.core import task as tasks
 from tfdp.distributed import compat
+from tfdp import errors
 from tfdp.errors import ConfigError, DataError
 
 
@@ -39,9 +40,9 @@ def outputs_of(model, x):
   try:
     return model(x, training=False)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-    raise DataError(f"tfdp.fit: the model does not take x as given (x: {_spec_of(x)}; "
-                    f"Keras: {keras_error_line(e)[:240]}); pass x in the shape and "
-                    "structure of the model's inputs.") from None
+    raise DataError(errors.as_caller(f"the model does not take x as given (x: {_spec_of(x)}; "
+                                     f"Keras: {keras_error_line(e)[:240]}); pass x in the shape "
+                                     "and structure of the model's inputs.")) from None
 
 
 @tasks.register_task("keras_model")
@@ -76,14 +77,15 @@ class CompiledModelTask(tasks.Task):
     self.model, self.inputs = model, inputs
     compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
     if compile_loss is None or getattr(model, "optimizer", None) is None:
-      raise ConfigError("tfdp.fit: the model is not compiled with an optimizer and a loss; call "
-                        "model.compile(optimizer=..., loss=..., metrics=[...]) first.")
+      raise ConfigError(errors.as_caller("the model is not compiled with an optimizer and a loss; "
+                                         "call model.compile(optimizer=..., loss=..., "
+                                         "metrics=[...]) first."))
     check_not_overridden(model, steps)
     self.sample = sample = next(iter(inputs.train.read([0]).take(8).batch(8)))
     y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
-      raise DataError("tfdp.fit: y holds strings; pass numeric labels (class ids, e.g. from "
-                      "keras.layers.StringLookup, or numbers).")
+      raise DataError(errors.as_caller("y holds strings; pass numeric labels (class ids, e.g. from "
+                                       "keras.layers.StringLookup, or numbers)."))
     y_true = self._align(sample["y"], y_pred)
     _check_labels(model, compile_loss, y_true, y_pred)
     if not compile_loss.built:
@@ -111,10 +113,10 @@ class CompiledModelTask(tasks.Task):
       compile_metrics.reset_state()
       for variable in compile_metrics.variables:
         if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
-          raise ConfigError(f"tfdp.fit: metric variable '{variable.path}' is aggregated by "
-                            f"'{variable.aggregation}', not summed, so it cannot be combined "
-                            "across replicas; drop that metric or compute it after "
-                            "training with tfdp.predict.")
+          raise ConfigError(errors.as_caller(f"metric variable '{variable.path}' is aggregated by "
+                                             f"'{variable.aggregation}', not summed, so it cannot "
+                                             "be combined across replicas; drop that metric or "
+                                             "compute it after training with tfdp.predict."))
         self._metric_variables.append(variable)
         self._metric_initial.append(np.asarray(tf.identity(variable.value).numpy()))
     self._state_sizes = [int(v.size) for v in self._metric_initial]
@@ -317,13 +319,13 @@ def _reduction(loss, y_pred) -> str:
   reduction = {"sum_over_batch_size": "mean"}.get(reduction, reduction)
   name = getattr(loss, "name", type(loss).__name__)
   if reduction not in ("mean", "sum", "mean_with_sample_weight"):
-    raise ConfigError(f"tfdp.fit: loss '{name}' has reduction={reduction!r}, which gives no "
-                      "single loss to train; use sum_over_batch_size (the default), sum or "
-                      "mean_with_sample_weight.")
+    raise ConfigError(errors.as_caller(f"loss '{name}' has reduction={reduction!r}, which gives no "
+                                       "single loss to train; use sum_over_batch_size (the "
+                                       "default), sum or mean_with_sample_weight."))
   if reduction == "mean_with_sample_weight" and len(keras.ops.shape(y_pred)) > 2:
-    raise ConfigError(f"tfdp.fit: loss '{name}' with reduction={reduction!r} on outputs of "
-                      "several values per example is not supported; use sum_over_batch_size "
-                      "(the default).")
+    raise ConfigError(errors.as_caller(f"loss '{name}' with reduction={reduction!r} on outputs of "
+                                       "several values per example is not supported; use "
+                                       "sum_over_batch_size (the default)."))
   return reduction
 
 
@@ -360,10 +362,11 @@ def _check_metrics_add_up(model, metrics, x, y_true) -> None:
                          change(slice(0, count)))
   for variable, a, b, ab in zip(metrics.variables, first, second, both):
     if not (np.all(np.isfinite(ab)) and np.allclose(a + b, ab, rtol=1e-4, atol=1e-5)):
-      raise ConfigError(f"tfdp.fit: metric variable '{variable.path}' does not add up over "
-                        "batches (its update is not a sum of per-example parts, e.g. a running "
-                        "maximum), so tfdp cannot combine it across replicas; drop that metric or "
-                        "compute it after training with tfdp.predict.")
+      raise ConfigError(errors.as_caller(f"metric variable '{variable.path}' does not add up over "
+                                         "batches (its update is not a sum of per-example parts, "
+                                         "e.g. a running maximum), so tfdp cannot combine it "
+                                         "across replicas; drop that metric or compute it after "
+                                         "training with tfdp.predict."))
 
 
 def _plain(value):
@@ -411,13 +414,14 @@ def _check_labels(model, compile_loss, y_true, y_pred) -> None:
   width = y_pred.shape[-1]
   sparse = "sparse_categorical" in name
   if sparse and labels.ndim == len(y_pred.shape) and labels.shape[-1] == width > 1:
-    raise DataError(f"tfdp.fit: y looks one-hot (last dimension {width}), but the loss is {name}, "
-                    "which takes class ids; pass integer labels (y.argmax(-1)) or use "
-                    "CategoricalCrossentropy.")
+    raise DataError(errors.as_caller(f"y looks one-hot (last dimension {width}), but the loss is "
+                                     f"{name}, which takes class ids; pass integer labels "
+                                     "(y.argmax(-1)) or use CategoricalCrossentropy."))
   if "categorical" in name and not sparse and width > 1 and (
       labels.ndim < len(y_pred.shape) or labels.shape[-1] == 1):
-    raise DataError(f"tfdp.fit: y holds class ids, but the loss is {name}, which takes one-hot "
-                    "labels; use SparseCategoricalCrossentropy or keras.utils.to_categorical(y).")
+    raise DataError(errors.as_caller(f"y holds class ids, but the loss is {name}, which takes "
+                                     "one-hot labels; use SparseCategoricalCrossentropy or "
+                                     "keras.utils.to_categorical(y)."))
   if not (getattr(model, "_is_graph_network", False) or isinstance(model, keras.Sequential)):
     return  # a subclassed model's call() may apply its own softmax: no layer says so
   from_logits = getattr(loss, "from_logits", None)
@@ -427,11 +431,11 @@ def _check_labels(model, compile_loss, y_true, y_pred) -> None:
   last = model.layers[-1] if getattr(model, "layers", None) else None
   activation = getattr(getattr(last, "activation", None), "__name__", "")
   if from_logits and activation in ("softmax", "sigmoid"):
-    logging.warning("tfdp.fit: the loss has from_logits=True but the model's last layer applies "
-                    "%s; its outputs are probabilities, not logits (use from_logits=False or "
-                    "drop the activation).", activation)
+    logging.warning(errors.as_caller("the loss has from_logits=True but the model's last layer "
+                                     "applies %s; its outputs are probabilities, not logits (use "
+                                     "from_logits=False or drop the activation)."), activation)
   elif from_logits is False and activation in ("linear", "") and last is not None and (
       "crossentropy" in name):
-    logging.warning("tfdp.fit: the loss takes probabilities (from_logits=False) but the model's "
-                    "last layer has no softmax/sigmoid; if it outputs logits, pass "
-                    "from_logits=True.")
+    logging.warning(errors.as_caller("the loss takes probabilities (from_logits=False) but the "
+                                     "model's last layer has no softmax/sigmoid; if it outputs "
+                                     "logits, pass from_logits=True."))

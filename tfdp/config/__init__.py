@@ -17,6 +17,7 @@ from typing import Sequence
 import yaml
 from absl import logging
 
+from tfdp import errors
 from tfdp.config import loader
 from tfdp.config.checks import validate
 from tfdp.config.loader import (MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, MAX_INT, MAX_NESTING,
@@ -49,7 +50,7 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
       settings = _model_settings(where, data.pop(MODEL_SETTINGS, None))
       from_dict(data)  # reject unknown keys naming the file's own mistake early
       layers.append((where, data, settings))
-  layers += [("--params_override", parse_overrides(text), None) for text in overrides]
+  layers += [(errors.terms().overrides, parse_overrides(text), None) for text in overrides]
   merged = _merge(layers)
   model = _model_name(merged)
   stale = {i for i, (_, _, settings) in enumerate(layers) if settings and settings[0] != model}

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tfdp import errors
 from tfdp.errors import ConfigError
 
 MAX_INT = 2**31 - 1  # what TensorFlow's int32 shapes and counters hold
@@ -135,7 +136,7 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
       if isinstance(key, str) and key.split(".")[0] in names:
         raise ConfigError(f"config key '{prefix}{key}' is a dotted path inside a YAML mapping, "
                           f"where keys nest; write {_nested(prefix + key, value)}, or "
-                          f"{prefix}{key}={_yaml_text(value)} in --params_override.")
+                          f"{prefix}{key}={_yaml_text(value)} in {errors.terms().overrides}.")
       close = difflib.get_close_matches(str(key), names, n=1)
       hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(names)}."
       raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}")
@@ -203,38 +204,42 @@ def parse_overrides(text: str) -> dict:
   if not text:
     return {}
   if len(text) > MAX_CONFIG_BYTES:
-    raise ConfigError(f"--params_override is {len(text)} characters long; put settings that "
-                      "large in a --config_file.")
+    raise ConfigError(f"{errors.terms().overrides} is {len(text)} characters long; put settings "
+                      "that large in a config file.")
   if text.startswith("{") or "\n" in text or (":" in text and "=" not in text):
-    data = _safe_load(text, "--params_override")
+    data = _safe_load(text, errors.terms().overrides)
     if not isinstance(data, dict):
-      raise ConfigError(f"--params_override must be a mapping or a.b=1 pairs, got "
+      raise ConfigError(f"{errors.terms().overrides} must be a mapping or a.b=1 pairs, got "
                         f"{short_repr(text)}.")
-    check_nesting(data, "--params_override")
+    check_nesting(data, errors.terms().overrides)
     return data
   result: dict = {}
   for item in _split_top_level(text):
     if "=" not in item:
-      raise ConfigError(f"--params_override item '{item}' has no '='; write it as key.path=value.")
+      raise ConfigError(f"{errors.terms().overrides} item '{item}' has no '='; write it as "
+                        "key.path=value.")
     path, raw = item.split("=", 1)
     keys = path.strip().split(".")
     if len(keys) > MAX_NESTING:
-      raise ConfigError(f"--params_override key '{short_repr(path)}' is nested more than "
+      raise ConfigError(f"{errors.terms().overrides} key '{short_repr(path)}' is nested more than "
                         f"{MAX_NESTING} levels deep; tfdp keys are a few levels (a.b.c).")
     if not all(keys):
-      raise ConfigError(f"--params_override key '{path}' is malformed; write it as a.b.c=value.")
+      raise ConfigError(f"{errors.terms().overrides} key '{path}' is malformed; write it as "
+                        "a.b.c=value.")
     try:
-      value = _safe_load(raw, f"--params_override value of '{path}'") if raw.strip() else ""
+      value = (_safe_load(raw, f"{errors.terms().overrides} value of '{path}'") if raw.strip()
+               else "")
     except DuplicateKeyError:
       raise
     except ConfigError:
       value = raw  # not YAML: the plain string
-    check_nesting(value, f"--params_override value of '{path}'")
+    check_nesting(value, f"{errors.terms().overrides} value of '{path}'")
     node = result
     for k in keys[:-1]:
       node = node.setdefault(k, {})
       if not isinstance(node, dict):
-        raise ConfigError(f"--params_override sets '{path}' and a key inside it; keep one.")
+        raise ConfigError(f"{errors.terms().overrides} sets '{path}' and a key inside it; keep "
+                          "one.")
     node[keys[-1]] = value  # a key set again later wins, as a later --params_override does
   return result
 
@@ -295,13 +300,14 @@ def _safe_load(text: str, where: str) -> Any:
 def load_yaml(path: str) -> dict:
   if os.path.isdir(path):
     raise ConfigError(f"config file '{path}' is a directory; give the path of a YAML file in it, "
-                      "e.g. --config_file=configs/cifar10_quick.yaml.")
+                      "e.g. configs/cifar10_quick.yaml.")
   if not os.path.isfile(path):
     if path == os.environ.get(DEFAULT_CONFIG_VARIABLE):
       raise ConfigError(f"config file '{path}' does not exist; it is named by the environment "
                         f"variable {DEFAULT_CONFIG_VARIABLE}: fix or unset it, or pass "
-                        "--config_file.")
-    raise ConfigError(f"config file '{path}' does not exist; check the --config_file path.")
+                        f"{errors.terms().config_files}.")
+    raise ConfigError(f"config file '{path}' does not exist; check the "
+                      f"{errors.terms().config_files} path.")
   try:
     with open(path, "rb") as f:
       raw = f.read(MAX_CONFIG_BYTES + 1)

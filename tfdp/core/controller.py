@@ -254,14 +254,13 @@ class Controller:
   checkpoint; a stop request saves at the boundary every worker agreed on."""
 
   def __init__(self, trainer, train_dataset_fn, eval_dataset=None, eval_steps: int = 0,
-               hooks=None, preempted_said: str = Preempted.SAID):
+               hooks=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
     self.trainer = trainer
     # Extras as callables (Orbit): hooks.epoch_begin(epoch), hooks.epoch_end(epoch, row) -> stop,
     # hooks.train_end(row); every worker calls them with the same all-reduced row, so a stop
     # decided from it is the same everywhere (tfdp.fit's Keras callbacks).
     self.hooks = hooks
-    self.preempted_said = preempted_said  # how to resume, in the caller's terms (Preempted)
     self.cfg = trainer.config.trainer
     self.train_dataset_fn = train_dataset_fn
     self.eval_dataset = eval_dataset
@@ -312,7 +311,8 @@ class Controller:
   def _preempted(self, stop: StopRequest, step: int) -> Preempted:
     name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
     logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
-    return Preempted(step, stop.signum or signal.SIGTERM, self.preempted_said)
+    said = errors.terms().preempted.format(model_dir=self.trainer.write_plan.model_dir)
+    return Preempted(step, stop.signum or signal.SIGTERM, said)
 
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     if not self._eval_due(epoch, step):

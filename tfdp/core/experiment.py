@@ -11,6 +11,7 @@ from absl import logging
 
 from tfdp.distributed import cluster as cluster_lib
 from tfdp import config as config_lib
+from tfdp import errors
 from tfdp import logs
 from tfdp.core import data as data_lib
 from tfdp.core import local_shards
@@ -22,10 +23,7 @@ from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
 from tfdp.config.schema import TaskConfig
-from tfdp.errors import ClusterError, ConfigError, DataError, OutputError, Preempted
-
-START_OVER_SAID = "--start_over: the earlier run in %s was moved to %s"
-
+from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
               cluster: cluster_lib.Cluster, check_data: bool = True,
@@ -83,7 +81,6 @@ class Experiment:
   eval_dataset: Any
   trainer: Any
   hooks: Any = None  # controller.Controller's extras (tfdp.fit's Keras callbacks)
-  preempted_said: str = Preempted.SAID  # a stop's how-to-resume, in the caller's terms
 
   @property
   def replicas(self) -> int:
@@ -130,8 +127,7 @@ class Experiment:
             result["trained"] = f"nothing (the run had finished at step {start})"
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
-              self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks,
-              preempted_said=self.preempted_said).run())
+              self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
           result["step"] = trainer.global_step
           kept = (outputs.kept_export(self.write_plan, trainer.manager.latest_checkpoint)
                   if trainer.global_step == start else None)
@@ -161,16 +157,13 @@ class Experiment:
 def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval", *,
           cluster: cluster_lib.Cluster | None = None, train_source: data_lib.Source | None = None,
           eval_source: data_lib.Source | None = None, model_fn=None, strategy=None,
-          task=None, verbose: bool = True, start_over: bool = False,
-          moved_aside_said: str = START_OVER_SAID,
-          preempted_said: str = Preempted.SAID) -> Experiment:
+          task=None, verbose: bool = True, start_over: bool = False) -> Experiment:
   """config → cluster → strategy → data → task/model → trainer, in order. Sources, model_fn,
   strategy and the task itself may be given directly (the library API); otherwise the config's
   task builds them.
   `start_over` moves an earlier run in model_dir aside (model_dir/previous-<time>/) instead of
-  resuming it, warning `moved_aside_said` % (model_dir, where) in the caller's terms; a stop
-  (SIGINT, SIGTERM) raises Preempted saying `preempted_said` (where the checkpoint is, how to
-  resume). Nothing in model_dir changes until every check has passed."""
+  resuming it. Messages say their fixes in the caller's terms (errors.terms()). Nothing in
+  model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir, prior = preflight(config, model_dir, mode, cluster,
                                check_data=train_source is None, start_over=start_over)
@@ -184,16 +177,15 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
     built = tf.autograph.experimental.do_not_convert(_build_checked)(
         config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
         model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,
-        start_over=start_over and moved_aside_said)
-  built.preempted_said = preempted_said
+        start_over=start_over)
   return built
 
 
 def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                    cluster: cluster_lib.Cluster, prior: resume.Prior, *, train_source, eval_source, model_fn, strategy,
-                   task, verbose: bool, start_over: str) -> Experiment:
-  """`build` after preflight, with TensorFlow started. `start_over`: the line that says the earlier
-  run was moved aside, or empty to resume it."""
+                   task, verbose: bool, start_over: bool) -> Experiment:
+  """`build` after preflight, with TensorFlow started. `start_over`: move the earlier run aside
+  instead of resuming it."""
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
@@ -263,7 +255,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
       moved = outputs.move_run_aside(
           model_dir, task.artifacts(train_plan.source) if train_plan else ())
       if moved:
-        logging.warning(start_over, model_dir, moved)
+        logging.warning(errors.terms().moved_aside, model_dir, moved)
     from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
     import keras  # pylint: disable=g-import-not-at-top
     keras.utils.set_random_seed(trainer_cfg.seed)
@@ -382,9 +374,10 @@ def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.Strate
   said = "; ".join(f"{key} was {record[field]}, now {current[field]}"
                    f"{why if field == 'precision' else ''}" for field, key in changed)
   fix = " and ".join(f"{key}={record[field]}" for field, key in changed)
-  raise OutputError(f"--model_dir '{model_dir}' holds a run this config would resume in another "
+  raise OutputError(f"{errors.terms().model_dir} '{model_dir}' holds a run this config would "
+                    "resume in another "
                     f"precision: {said}. A resume keeps the run's numerics; set {fix} to go on "
-                    "as it trained, or pass --start_over to move the earlier run aside.")
+                    f"as it trained, or {errors.terms().start_over}.")
 
 
 def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, replicas: int,
@@ -416,10 +409,12 @@ def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, 
   if (split and sharding and sharding not in data_lib.UNEVEN_POLICIES
       and split.global_batch % (split.replicas * split.accumulation)):
     raise OutputError(
-        f"--model_dir '{model_dir}' holds a run with global batch {split.global_batch}, which "
+        f"{errors.terms().model_dir} '{model_dir}' holds a run with global batch "
+        f"{split.global_batch}, which "
         f"does not split evenly over {replicas} replicas, and its shard policy {sharding} cannot "
         f"split it unevenly (each worker reads its own shard, not its share of one order); "
-        f"resume on a replica count that divides {split.global_batch}, or pass --start_over.")
+        f"resume on a replica count that divides {split.global_batch}, or "
+        f"{errors.terms().start_over}.")
   if say and split and split.accumulation != config_accumulation:
     logging.info("resume: gradient_accumulation_steps %d (the recorded run's split on %d "
                  "replicas), not the config's %d, which is for a fresh run", split.accumulation,
@@ -444,7 +439,8 @@ def _check_saved_artifacts(task_class, task_config: TaskConfig, model_dir: str, 
   if resume_from:
     context = (tasks.SavedRunUse("--mode=eval", "evaluate with the files it was trained with")
                if mode == "eval" else tasks.SavedRunUse(
-                   "resume", "pass --start_over or a new --model_dir to train from scratch"))
+                   "resume", f"{errors.terms().start_over}, or use a new "
+                   f"{errors.terms().model_dir}"))
     task_class.check_saved_artifacts(task_config, model_dir, context)
   elif init:  # a fresh run: warm start from another run's weights (found by preflight)
     folder = os.path.dirname(init)
@@ -525,7 +521,8 @@ def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
       if value == states[0].get(key):
         continue
       if key in ("restored_step", "checkpoint"):
-        fix = (f"every worker must see the same --model_dir '{model_dir}' (a file system shared "
+        fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
+               "system shared "
                "by every host); share it, then restart the group")
       else:
         fix = ("every worker must read the same data: make the task.*_data paths name the same "

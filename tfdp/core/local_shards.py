@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tfdp import errors
 from tfdp.errors import ConfigError, OutputError
 
 if TYPE_CHECKING:
@@ -88,8 +89,9 @@ def check_resumed_shards(recorded: dict | None, shard_counts: list[int], num_wor
   else:
     was = f"{len(was)} shard(s) of {list(was)} examples"
   raise OutputError(
-      f"--model_dir '{model_dir}' holds a run that read {was} of {key} (a {{worker}} path), and "
+      f"{errors.terms().model_dir} '{model_dir}' holds a run that read {was} of {key} (a "
+      f"{{worker}} path), and "
       f"this group of {num_workers} worker(s) reads {len(shard_counts)} of "
       f"{list(shard_counts)}: the shard count is the data's, not the group's; map the run's "
       f"shards onto this group with {key}.shards_per_worker (worker i reads shards i*k..i*k+k-1) "
-      f"or {key}.worker_shards, resume on the run's worker count, or pass --start_over.")
+      f"or {key}.worker_shards, resume on the run's worker count, or {errors.terms().start_over}.")

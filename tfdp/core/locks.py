@@ -13,6 +13,7 @@ import time
 
 from absl import logging
 
+from tfdp import errors
 from tfdp.errors import OutputError
 
 LOCK_FILE = ".lock"  # flock'ed by the process that writes the folder; the file outlives it
@@ -40,9 +41,10 @@ def _in_use_error(model_dir: str, fd: int) -> OutputError:
   stale = host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
   who = ("a run that is starting: its pid and host are written once its checks pass"
          if not pid or stale else f"pid {pid} on host {host}, started {fields.get('since', '?')}")
-  return OutputError(f"--model_dir '{model_dir}' is in use by another tfdp run ({who}); two runs "
+  return OutputError(f"{errors.terms().model_dir} '{model_dir}' is in use by another tfdp run "
+                     f"({who}); two runs "
                      "in one folder overwrite each other's checkpoints and metrics: wait for it to "
-                     "end or stop it, or choose another --model_dir.")
+                     f"end or stop it, or choose another {errors.terms().model_dir}.")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -87,7 +89,8 @@ def lock_model_dir(model_dir: str) -> None:
     except FileExistsError:
       fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
   except OSError as e:
-    raise OutputError(f"cannot open the run lock '{path}' ({e.strerror}); --model_dir must be a "
+    raise OutputError(f"cannot open the run lock '{path}' ({e.strerror}); "
+                      f"{errors.terms().model_dir} must be a "
                       "folder you can write to.") from None
   deadline = time.monotonic() + _LOCK_RETRY_SECONDS
   while True:

@@ -17,6 +17,7 @@ import time
 from absl import logging
 
 from tfdp.core import locks
+from tfdp import errors
 from tfdp.errors import OutputError
 
 CONFIG_FILE = "config.yaml"
@@ -29,7 +30,8 @@ WEIGHTS_FILE = "model.weights.h5"  # the export of a model Keras cannot serializ
 def resolve_model_dir(model_dir: str) -> str:
   """--model_dir as an absolute path (the same folder for every process, whatever its cwd)."""
   if not model_dir:
-    raise OutputError("--model_dir is empty; give a folder for checkpoints and metrics.")
+    raise OutputError(f"{errors.terms().model_dir} is empty; give a folder for checkpoints and "
+                      "metrics.")
   return os.path.abspath(os.path.expanduser(model_dir))
 
 
@@ -37,7 +39,7 @@ def prepare_model_dir(model_dir: str) -> str:
   """Proves a resolved model_dir can be created and written, creating and touching nothing: a
   start that fails a later check leaves the file system as it was (create_model_dir makes it)."""
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise OutputError(f"--model_dir '{model_dir}' is a file; give a folder path.")
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' is a file; give a folder path.")
   if os.path.isdir(model_dir):
     check_model_dir_owner(model_dir)
     locks.check_not_in_use(model_dir)
@@ -45,13 +47,14 @@ def prepare_model_dir(model_dir: str) -> str:
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise OutputError(f"--model_dir '{model_dir}' cannot be created: '{existing}' is a file; "
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created: '{existing}' "
+                      "is a file; "
                       "choose a folder path.")
   try:
     with tempfile.NamedTemporaryFile(dir=existing, prefix=".tfdp-write-test-"):
       pass
   except OSError as e:
-    raise OutputError(f"--model_dir '{model_dir}' is not writable ({e.strerror} in "
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' is not writable ({e.strerror} in "
                       f"'{existing}'); choose a folder you can write to.") from None
   return model_dir
 
@@ -61,10 +64,12 @@ def check_model_dir_owner(model_dir: str) -> None:
   itself only: its parents are the system's (/tmp is world-writable, and sticky)."""
   info = os.stat(model_dir)
   if info.st_uid != os.geteuid():
-    raise OutputError(f"--model_dir '{model_dir}' belongs to another user (uid {info.st_uid}), "
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' belongs to another user (uid "
+                      f"{info.st_uid}), "
                       "who could replace its checkpoints; use a folder of your own.")
   if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
-    raise OutputError(f"--model_dir '{model_dir}' is writable by every user, who could replace "
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' is writable by every user, who "
+                      "could replace "
                       f"its checkpoints; run chmod o-w '{model_dir}', or use a folder of your own.")
 
 
@@ -79,13 +84,14 @@ def create_model_dir(model_dir: str) -> None:
         os.makedirs(model_dir)
         _MADE_DIRS.add(model_dir)
   except OSError as e:
-    raise OutputError(f"--model_dir '{model_dir}' cannot be created ({e.strerror}); choose a "
+    raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created ({e.strerror}); "
+                      "choose a "
                       "folder you can write to.") from None
   locks.lock_model_dir(model_dir)
 
 
-START_OVER_HINT = ("fix or remove it, or pass --start_over to move the earlier run aside "
-                   "(nothing is deleted) and train from step 0")
+def start_over_hint() -> str:
+  return f"fix or remove it, or {errors.terms().start_over}"
 
 
 def latest_checkpoint(model_dir: str) -> str | None:
@@ -106,11 +112,11 @@ def latest_checkpoint(model_dir: str) -> str | None:
       text = f.read(1 << 20).decode("utf-8")
   except (OSError, UnicodeDecodeError) as e:
     raise OutputError(f"checkpoint state '{state}' cannot be read ({e}); "
-                      f"{START_OVER_HINT}.") from None
+                      f"{start_over_hint()}.") from None
   match = re.search(r'^model_checkpoint_path:\s*"([^"\n]+)"\s*$', text, re.MULTILINE)
   if not match:
     raise OutputError(f"checkpoint state '{state}' is not a TensorFlow checkpoint state (no "
-                      f"model_checkpoint_path line); {START_OVER_HINT}.")
+                      f"model_checkpoint_path line); {start_over_hint()}.")
   prefix = os.path.join(directory, match.group(1))
   missing = (f"{prefix}.index" if not os.path.isfile(f"{prefix}.index")
              else f"{prefix}.data-*" if not _whole(prefix) else None)
@@ -154,11 +160,11 @@ def _point_state_at(directory: str, which: str, before: int | None = None) -> st
   whole = [p for p in prefixes if 0 <= _step(p) < (before if before is not None else float("inf"))
            and _whole(p)]
   if not whole:
-    return START_OVER_HINT
+    return start_over_hint()
   name = os.path.basename(max(whole, key=_step))
   return (f"to resume from {name}, {which}, run: echo 'model_checkpoint_path: \"{name}\"' > "
-          f"{shlex.quote(os.path.join(directory, 'checkpoint'))} (older checkpoints stay); or pass "
-          "--start_over to move the earlier run aside (nothing is deleted) and train from step 0")
+          f"{shlex.quote(os.path.join(directory, 'checkpoint'))} (older checkpoints stay); or "
+          f"{errors.terms().start_over}")
 
 
 # What only a tfdp run writes into model_dir: --start_over moves these aside, and refuses a folder
@@ -315,7 +321,8 @@ def disk_errors(path: str, consequence: str):
       raise
     full = (not isinstance(error, OSError)
             or error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
-    hint = (" free space (or choose a --model_dir with room) and re-run to resume." if full
+    hint = (f" free space (or choose a {errors.terms().model_dir} with room) and re-run to "
+            "resume." if full
             else " fix it and re-run to resume.")
     raise OutputError(f"cannot write '{path}' ({why}); {consequence};{hint}") from None
 
@@ -420,9 +427,9 @@ def keep_config(plan: WritePlan, text: str) -> None:
   if old != text:
     changed = changed_settings(old, text)
     logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
-                    "settings it trained with; this command's differ and were not used%s "
-                    "(--start_over trains afresh with them)", plan.model_dir,
-                    f": {changed}" if changed else "")
+                    "settings it trained with; this command's differ and were not used%s (to "
+                    "train with them, %s)", plan.model_dir, f": {changed}" if changed else "",
+                    errors.terms().start_over)
 
 
 def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:

@@ -9,7 +9,8 @@ import os
 import re
 
 from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RUN_FILES,
-                               START_OVER_HINT, atomic_write_text, latest_checkpoint)
+                               atomic_write_text, latest_checkpoint, start_over_hint)
+from tfdp import errors
 from tfdp.errors import OutputError
 
 RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
@@ -42,7 +43,7 @@ def read_run_record(model_dir: str) -> dict | None:
       raise ValueError("not a JSON object")
   except (OSError, ValueError) as e:
     raise OutputError(f"run record '{path}' cannot be read ({' '.join(str(e).split())[:200]}); "
-                      f"{START_OVER_HINT}.") from None
+                      f"{start_over_hint()}.") from None
   return record
 
 
@@ -76,10 +77,11 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
                    "learning-rate schedule that decays over the whole run)")
   if changed:
     raise OutputError(
-        f"--model_dir '{model_dir}' holds a run this config cannot resume: {'; '.join(changed)}. "
-        "Its checkpoint's step would mean another batch, data position or schedule; restore the "
-        "earlier value (a constant schedule may train longer), pass --start_over to move the "
-        "earlier run aside, or use a new --model_dir.")
+        f"{errors.terms().model_dir} '{model_dir}' holds a run this config cannot resume: "
+        f"{'; '.join(changed)}. Its checkpoint's step would mean another batch, data position or "
+        "schedule; restore the "
+        f"earlier value (a constant schedule may train longer), {errors.terms().start_over}, or "
+        f"use a new {errors.terms().model_dir}.")
 
 
 # What the checkpoint holds beside the weights: another optimizer's slots, or a weight average
@@ -97,9 +99,10 @@ def check_state_kept(record: dict | None, current: dict, model_dir: str) -> None
              if record and field in record and not same(record[field], current[field])]
   if changed:
     raise OutputError(
-        f"--model_dir '{model_dir}' holds a run whose checkpoint this config cannot restore: "
-        f"{'; '.join(changed)}. Set it back to resume, pass --start_over to move the earlier run "
-        "aside, or use a new --model_dir.")
+        f"{errors.terms().model_dir} '{model_dir}' holds a run whose checkpoint this config cannot "
+        f"restore: {'; '.join(changed)}. Set it back to resume, {errors.terms().start_over}, or "
+        "use a new "
+        f"{errors.terms().model_dir}.")
 
 
 def config_decided_fields(global_batch_size: int, seed: int, shard_policy: str) -> dict:
@@ -207,7 +210,8 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
     return None  # an old record, or another global batch (check_resume refuses it)
   was_workers, was_replicas = int(history[-1]["workers"]), int(history[-1]["replicas"])
   was_accumulation = int(record["gradient_accumulation_steps"])
-  started = f"--model_dir '{model_dir}' holds a run trained on {was_workers} worker(s)"
+  started = (f"{errors.terms().model_dir} '{model_dir}' holds a run trained on {was_workers} "
+             "worker(s)")
   if workers != was_workers:
     was_sharding = record.get("sharding", record.get("shard_policy"))
     steps_per_epoch = int(record.get("steps_per_epoch") or 0)
@@ -218,7 +222,7 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
           f"{started} with file shards, stopped at step {step} in the middle of an epoch; its "
           f"files go to {workers} worker(s) differently, so the rest of the epoch would repeat "
           f"some examples and skip others. Resume on {was_workers} workers (a change is fine from "
-          f"the epoch's end, step {end}), or pass --start_over.")
+          f"the epoch's end, step {end}), or {errors.terms().start_over}.")
   splits = record.get("batch_history") or []
   limit = max([int(s["per_replica_batch"]) for s in splits if "per_replica_batch" in s]
               or [int(record.get("per_replica_batch")
@@ -244,9 +248,11 @@ def check_start_over_target(model_dir: str) -> None:
   present = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
   if not present or _holds_tfdp_run(model_dir):
     return
-  raise OutputError(f"--start_over would move {', '.join(present)} out of --model_dir "
+  raise OutputError(f"starting over would move {', '.join(present)} out of "
+                    f"{errors.terms().model_dir} "
                     f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
-                    "checkpoint state); point --model_dir at a tfdp run or at a new folder.")
+                    f"checkpoint state); point {errors.terms().model_dir} at a tfdp run or at a "
+                    "new folder.")
 
 
 def _holds_tfdp_run(model_dir: str) -> bool:

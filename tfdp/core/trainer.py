@@ -27,6 +27,7 @@ from tfdp.core import outputs
 from tfdp.config.schema import ExperimentConfig
 from tfdp.core import optim
 from tfdp.core import resume
+from tfdp import errors
 from tfdp.errors import ConfigError, OutputError, TrainingDiverged
 
 
@@ -368,12 +369,14 @@ class Trainer:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
         config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
-        own = (f"give this run the config it trained with (--config_file={config}) or "
+        own = (f"give this run the config it trained with ({errors.terms().config_files}"
+               f"={config}) or "
                if os.path.exists(config) and not outputs.is_fit_record(config) else "")
         raise OutputError(
             f"checkpoint '{latest}' cannot be resumed by this run "
             f"({describe_restore_error(e)}); if it is another model's or config's, {own}use "
-            f"another --model_dir; if it is damaged, {outputs.older_checkpoint_fix(latest)}."
+            f"another {errors.terms().model_dir}; if it is damaged, "
+            f"{outputs.older_checkpoint_fix(latest)}."
         ) from None
       logging.info("resumed from %s at step %d", latest, self.global_step)
     return self.global_step

@@ -18,6 +18,7 @@ from tfdp.distributed import compat
 from tfdp.distributed import cpus
 from tfdp.distributed import gpus
 from tfdp.distributed import rendezvous
+from tfdp import errors
 from tfdp.errors import ConfigError
 
 
@@ -385,7 +386,8 @@ def check_workers_agree(plans: Sequence[dict]) -> None:
     for key, value in plan.items():
       if value != plans[0].get(key):
         if key == "config":
-          fix = "start every worker with the same config files, overrides and --model_dir"
+          fix = ("start every worker with the same config files, overrides and "
+                 f"{errors.terms().model_dir}")
         else:
           fix = ("give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
                  "CUDA_VISIBLE_DEVICES) and the same runtime settings")
