@@ -138,6 +138,9 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   without labels, predict on a dataset of inputs, and bad arguments, each naming its caller."""
   out, stderr = notebook_session
   assert out["same_strategy"] and out["fit_replicas"] == 2
+  # Seen failing: config.yaml said strategy auto, cpu_replicas 0 (the config's, not what ran)
+  assert out["fit_recorded_runtime"] == {"strategy": "mirrored", "cpu_replicas": 2,
+                                         "devices": []}, out["fit_recorded_runtime"]
   assert "training a clone" not in stderr, stderr[-3000:]
   assert "did you mean 'runtime.cpu_replicas'" in out["misspelt_setting"]
   assert out["evaluate_without_y"].startswith("tfdp.evaluate: y is None")  # scored zeros before

@@ -8,6 +8,7 @@ import random
 import signal
 
 import numpy as np
+import yaml
 
 import tfdp
 from errors_said import one_line
@@ -72,6 +73,9 @@ expected = seeded_draws()
 history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)
 out["random_kept_by_fit"] = random_draws() == expected
 out["fit_replicas"] = history.final["replicas"]
+with open("runs/fit/config.yaml") as f:  # what ran: the strategy given, not the config's auto
+  out["fit_recorded_runtime"] = {k: v for k, v in yaml.safe_load(f)["runtime"].items()
+                                 if k in ("strategy", "cpu_replicas", "devices")}
 out["evaluate_without_y"] = one_line(lambda: tfdp.evaluate(model, x))
 predicted = tfdp.predict(model, tf.data.Dataset.from_tensor_slices(x).batch(5))
 out["predict_inputs_dataset"] = float(np.max(np.abs(predicted - model.predict(x, verbose=0))))

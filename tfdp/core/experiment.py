@@ -194,6 +194,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     plan = dataclasses.replace(made or strategy_lib.StrategyPlan(kind=type(strategy).__name__),
                                kind=type(strategy).__name__, precision=precision,
                                precision_reason=why)
+    config = dataclasses.replace(config, runtime=strategy_lib.runtime_of(strategy,
+                                                                          config.runtime))
   replicas = strategy.num_replicas_in_sync
   strategy_lib.check_jit_compile(config.runtime, replicas)
   if cluster.is_multi_worker:

@@ -305,7 +305,8 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
   _MADE[:] = [strategy, plan, runtime]
   if plan.kind != "default":  # every variable made outside a scope is the default strategy's
-    _EVERY_MADE.insert(0, strategy)
+    # what ran: `auto` resolved to its kind
+    _EVERY_MADE.insert(0, (strategy, dataclasses.replace(runtime, strategy=plan.kind)))
   return strategy, plan
 
 
@@ -324,10 +325,33 @@ def last_made(runtime: RuntimeConfig | None = None):
 def strategy_of(variables):
   """The strategy this process made whose scope created every one of `variables`, or None."""
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  for strategy in _EVERY_MADE:
+  for strategy, _ in _EVERY_MADE:
     if all(compat.created_in_scope(strategy, v) for v in variables):
       return strategy
   return None
+
+
+# The settings that make a strategy (make_strategy reads them); the others act while it trains.
+MAKING_SETTINGS = ("strategy", "devices", "cpu_replicas", "cross_device_ops", "num_packs",
+                   "all_reduce", "bytes_per_pack", "heartbeat_timeout_seconds",
+                   "startup_timeout_seconds", "intra_op_threads", "inter_op_threads")
+_KINDS = {"MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
+          "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
+          "CollectiveAllReduceStrategy": "multi_worker_mirrored"}
+
+
+def runtime_of(strategy, runtime: RuntimeConfig) -> RuntimeConfig:
+  """`runtime` with the settings `strategy` was made from (the library API's strategy is given,
+  not made from the config), so a run's config.yaml records what ran: tfdp.make_strategy's
+  settings, or a strategy of the user's own by its kind and devices."""
+  made = next((r for s, r in _EVERY_MADE if s is strategy), None)
+  if made is not None:
+    return dataclasses.replace(runtime, **{k: getattr(made, k) for k in MAKING_SETTINGS})
+  kind = _KINDS.get(type(strategy).__name__)
+  if kind is None:  # the default strategy, or one tfdp does not know: left as the config says
+    return runtime
+  devices = list(strategy.extended.worker_devices) if kind != "multi_worker_mirrored" else []
+  return dataclasses.replace(runtime, strategy=kind, devices=devices, cpu_replicas=0)
 
 
 def plan_of(strategy) -> StrategyPlan | None:
