@@ -87,7 +87,7 @@ def _config_files() -> list[str]:
     return [cli.find_config(p) for p in FLAGS.config_file]
   default = [cli.find_config(DEFAULT_CONFIG)]  # configs/ beside the package, from any folder
   recorded = os.path.join(FLAGS.model_dir or "", outputs.CONFIG_FILE)
-  trained = os.path.join(FLAGS.model_dir or "", outputs.CHECKPOINT_DIR, "checkpoint")
+  trained = outputs.checkpoint_state(FLAGS.model_dir or "")
   if FLAGS.mode != "eval" or not (os.path.isfile(recorded) and os.path.isfile(trained)):
     return default  # nothing to evaluate: preflight says so
   if outputs.is_fit_record(recorded):

@@ -94,12 +94,17 @@ def start_over_hint() -> str:
   return f"fix or remove it, or {errors.terms().start_over}"
 
 
+def checkpoint_state(model_dir: str) -> str:
+  """TensorFlow's state file naming a run's latest checkpoint: a run has trained if it exists."""
+  return os.path.join(model_dir, CHECKPOINT_DIR, "checkpoint")
+
+
 def latest_checkpoint(model_dir: str) -> str | None:
   """The checkpoint a run in (resolved) model_dir resumes from, or None for a fresh model_dir. Reads
   TensorFlow's `checkpoint` state file itself: tf.train.latest_checkpoint takes an unreadable
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
-  directory = os.path.join(model_dir, CHECKPOINT_DIR)
-  state = os.path.join(directory, "checkpoint")
+  state = checkpoint_state(model_dir)
+  directory = os.path.dirname(state)
   if not os.path.exists(state):
     indexes = glob.glob(os.path.join(glob.escape(directory), "*.index"))  # `[` in paths
     if indexes:

@@ -8,6 +8,7 @@ import glob
 import os
 import re
 
+from tfdp.core import outputs
 from tfdp.errors import ConfigError
 
 
@@ -15,7 +16,7 @@ def find_init_checkpoint(path: str) -> str:
   """task.init_checkpoint as given: a run's model_dir, its checkpoints/ folder, or a checkpoint
   prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
   path = os.path.abspath(os.path.expanduser(path))
-  for folder in (os.path.join(path, "checkpoints"), path):
+  for folder in (os.path.join(path, outputs.CHECKPOINT_DIR), path):
     indexes = glob.glob(os.path.join(folder, "ckpt-*.index"))
     steps = [int(m.group(1)) for p in indexes if (m := re.search(r"ckpt-(\d+)\.index$", p))]
     if steps:
