@@ -27,17 +27,20 @@ def overrides(params, caller: str) -> list[str]:
 @contextlib.contextmanager
 def users_state_kept():
   """A run sets process-wide state for itself: the trainer's precision as Keras's global dtype
-  policy, experiment.build's seed for numpy's and Python's random. In a notebook that state is
-  the user's: theirs again afterwards, or a model built in a later cell computes in bfloat16 and
-  their random streams restart from tfdp's seed. Call it with TensorFlow started."""
+  policy, experiment.build's seed for numpy's, Python's, Keras's and TensorFlow's random. In a
+  notebook that state is the user's: theirs again afterwards, or a model built in a later cell
+  computes in bfloat16 and their random streams (and unseeded initializers) restart from
+  tfdp's seed. Call it with TensorFlow started."""
   import random  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  policy, numpy_state, python_state = (keras.config.dtype_policy(), np.random.get_state(),
-                                       random.getstate())
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  policy, numpy_state, python_state, seeds = (keras.config.dtype_policy(), np.random.get_state(),
+                                              random.getstate(), compat.seed_state())
   try:
     yield
   finally:
     keras.config.set_dtype_policy(policy)
     np.random.set_state(numpy_state)
     random.setstate(python_state)
+    compat.restore_seed_state(seeds)

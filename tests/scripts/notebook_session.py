@@ -32,17 +32,17 @@ def attempt(fn):
 
 
 def random_draws() -> list:
-  """The next draws of numpy's and Python's global random streams: the user's."""
-  return [float(np.random.rand()), random.random()]
+  """The next draws of numpy's, Python's, Keras's and TensorFlow's global random streams (the
+  user's) and of an unseeded initializer."""
+  return [float(np.random.rand()), random.random(), float(keras.random.uniform(())),
+          float(tf.random.uniform(())), float(keras.initializers.GlorotUniform()((1,))[0])]
 
 
 def seeded_draws() -> list:
-  """random_draws() right after seeding both streams with 5 (the session then re-seeds)."""
-  np.random.seed(5)
-  random.seed(5)
+  """random_draws() right after seeding every stream with 5 (the session then re-seeds)."""
+  keras.utils.set_random_seed(5)
   draws = random_draws()
-  np.random.seed(5)
-  random.seed(5)
+  keras.utils.set_random_seed(5)
   return draws
 
 
@@ -68,10 +68,10 @@ keras.config.set_dtype_policy("float32")
 expected = seeded_draws()
 tfdp.train("tiny.yaml", model_dir="runs/config_run", verbose=False)  # a path, not a list
 out["policy_after_train"] = keras.config.dtype_policy().name  # mixed_bfloat16 before
-out["random_kept_by_train"] = random_draws() == expected
+out["random_by_train"] = [random_draws(), expected]
 expected = seeded_draws()
 history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)
-out["random_kept_by_fit"] = random_draws() == expected
+out["random_by_fit"] = [random_draws(), expected]
 out["fit_replicas"] = history.final["replicas"]
 with open("runs/fit/config.yaml") as f:  # what ran: the strategy given, not the config's auto
   out["fit_recorded_runtime"] = {k: v for k, v in yaml.safe_load(f)["runtime"].items()

@@ -225,6 +225,32 @@ def created_in_scope(strategy, variable) -> bool:
   return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
 
 
+def seed_state() -> tuple:
+  """What keras.utils.set_random_seed sets besides numpy's and Python's streams: Keras's global
+  seed and SeedGenerator (keras/src/utils/rng_utils.py) and TensorFlow's global seed. None has a
+  public getter; no upstream issue found."""
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  from keras.src.random import seed_generator  # pylint: disable=g-import-not-at-top
+  from keras.src.utils import rng_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  return (global_state.get_global_attribute(rng_utils.GLOBAL_RANDOM_SEED),
+          global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR),
+          context.global_seed())
+
+
+def restore_seed_state(state: tuple) -> None:
+  """seed_state() as it was: the generator object goes on from where it was; TensorFlow's
+  op-level seeds restart from its global seed (tf.random.set_seed resets their counter)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  from keras.src.random import seed_generator  # pylint: disable=g-import-not-at-top
+  from keras.src.utils import rng_utils  # pylint: disable=g-import-not-at-top
+  keras_seed, generator, tf_seed = state
+  global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, keras_seed)
+  global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, generator)
+  tf.random.set_seed(tf_seed)
+
+
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
