@@ -51,6 +51,8 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  if caller == "tfdp.evaluate" and getattr(model, "weights", None):  # before any copy is made
+    task_lib.check_compiled(model)
   strategy, model, users_model = fit_lib.strategy_for(model, strategy)
   if users_model is not None:  # read only: the user's model stays as it was
     logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
@@ -118,7 +120,7 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
                                                         "tfdp.predict")
   del task
-  task_lib.check_not_overridden(model, ("predict_step",), "tfdp.predict")
+  task_lib.check_not_overridden(model, ("predict_step",))
   task_lib.outputs_of(model, next(iter(source.read([0]).take(2).batch(2)))["x"])
 
   def replica_outputs(batch):

@@ -75,11 +75,7 @@ class CompiledModelTask(tasks.Task):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import keras  # pylint: disable=g-import-not-at-top
     self.model, self.inputs = model, inputs
-    compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
-    if compile_loss is None or getattr(model, "optimizer", None) is None:
-      raise ConfigError(errors.as_caller("the model is not compiled with an optimizer and a loss; "
-                                         "call model.compile(optimizer=..., loss=..., "
-                                         "metrics=[...]) first."))
+    compile_loss, compile_metrics = check_compiled(model)
     check_not_overridden(model, steps)
     self.sample = sample = next(iter(inputs.train.read([0]).take(8).batch(8)))
     y_pred = outputs_of(model, sample["x"])
@@ -298,17 +294,27 @@ def _recorded_name(layer_or_optimizer) -> str:
   return made_up if re.fullmatch(rf"{re.escape(made_up)}(_\d+)?", name) else name
 
 
-def check_not_overridden(model, steps, caller: str = "tfdp.fit") -> None:
+def check_compiled(model):
+  """The model's compiled loss and metrics; one line if it was not compiled."""
+  compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
+  if compile_loss is None or getattr(model, "optimizer", None) is None:
+    raise ConfigError(errors.as_caller("the model is not compiled with an optimizer and a loss; "
+                                       "call model.compile(optimizer=..., loss=..., "
+                                       "metrics=[...]) first."))
+  return compile_loss, compile_metrics
+
+
+def check_not_overridden(model, steps) -> None:
   """tfdp's own loop runs the model's call, compiled losses and metrics, never Keras's step
   methods: a model that overrides one would train or score otherwise than it says."""
   mine = [name for name in steps
           if next(c for c in type(model).__mro__ if name in vars(c)).__module__.split(".")[0]
           != "keras"]
   if mine:
-    raise ConfigError(f"{caller}: {type(model).__name__} overrides {', '.join(mine)}, which "
-                      "tfdp's own training loop never calls (it runs call(), the compiled loss "
-                      "and metrics); move that logic into call(), a loss or a metric, or train "
-                      "with model.fit.")
+    raise ConfigError(errors.as_caller(
+        f"{type(model).__name__} overrides {', '.join(mine)}, which tfdp's own training loop "
+        "never calls (it runs call(), the compiled loss and metrics); move that logic into "
+        "call(), a loss or a metric, or train with model.fit."))
 
 
 def _reduction(loss, y_pred) -> str:
