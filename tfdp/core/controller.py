@@ -363,7 +363,7 @@ class Controller:
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
-        epoch_sums, epoch_start_time, epoch_examples = None, time.time(), 0
+        epoch_sums, epoch_start_time, epoch_steps = None, time.time(), 0
         progress.start_epoch(epoch)
         if self.hooks is not None:
           self.hooks.epoch_begin(epoch)
@@ -384,7 +384,7 @@ class Controller:
             epoch_sums = loop
           else:
             epoch_sums.add(loop)
-          epoch_examples += n * trainer.global_batch
+          epoch_steps += n
           examples_per_sec = n * trainer.global_batch / max(seconds, 1e-9)
           lr = float(trainer.schedule(step - 1))
           progress.loop_done(step, n, seconds, loop.values(), examples_per_sec, lr)
@@ -399,9 +399,9 @@ class Controller:
         row = {"epoch": epoch + 1, "step": step,
                **{f"train_{name}": value for name, value in epoch_sums.values().items()},
                # the steps train_* cover: fewer than the epoch's where it was resumed mid-way
-               "train_steps": epoch_examples // trainer.global_batch,
+               "train_steps": epoch_steps,
                "learning_rate": float(trainer.schedule(step - 1)),
-               "examples_per_sec": epoch_examples / max(epoch_seconds, 1e-9),
+               "examples_per_sec": epoch_steps * trainer.global_batch / max(epoch_seconds, 1e-9),
                "epoch_seconds": epoch_seconds, **memory_mb()}
         row["mfu"] = flops.mfu(flops_per_example, row["examples_per_sec"], peak_flops)
         self._precise_batchnorm_if_due(epoch, step)
