@@ -183,6 +183,15 @@ def test_the_users_dtype_policy_and_random_streams_are_theirs_after_train_and_fi
     assert after == expected  # numpy, Python, keras.random, tf.random, an initializer
 
 
+def test_a_notebooks_runs_leave_no_traced_training_loop_behind(notebook_session):
+  """tf.custom_gradient (ReplicaContext.all_reduce) registered each traced loop's gradient in
+  TF's global registry for good, with the loop's graph (tensorflow/tensorflow#97697): ~10 MB
+  per tfdp.train in a notebook. Seen failing without compat.drop_custom_gradients: one
+  train_loop graph alive per run of the session."""
+  out, _ = notebook_session
+  assert out["train_loops_alive"] == 0
+
+
 def test_train_takes_a_list_of_overrides(notebook_session):
   """Seen failing: params=["trainer.seed=7", ...] was dumped as a YAML list ("unknown config
   key '- trainer'")."""

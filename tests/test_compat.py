@@ -394,3 +394,42 @@ def test_the_global_seeds_a_run_sets_are_read_and_given_back():
   assert found["seeds"] == [3, 3]
   assert found["moved"] != found["first"]  # upstream: the run's seed moves both streams
   assert found["again"] == found["first"]  # the fix: they go on as the user's seed set them
+
+
+CUSTOM_GRADIENT_SCRIPT = textwrap.dedent("""
+    import gc, json, sys
+    import tensorflow as tf
+    from tfdp.distributed import compat
+    @tf.custom_gradient
+    def doubled(x):
+      return 2 * x, lambda dy: 2 * dy
+    def loop(x):
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = doubled(x)
+      return tape.gradient(y, x)
+    alive = []
+    for _ in range(3):  # three runs, each with its own traced loop, then dropped
+      fn = loop if sys.argv[1] == "upstream" else compat.custom_gradients_dropped(loop)
+      step = tf.function(fn, autograph=False)
+      grad = float(step(tf.constant(1.0)))
+      del step
+      gc.collect()
+      alive.append(sum(type(o).__name__ == "FuncGraph" for o in gc.get_objects()))
+    print(json.dumps({"grad": grad, "alive": alive}))
+""")
+
+
+def test_a_traced_custom_gradient_does_not_keep_its_graph():
+  """compat.custom_gradients_dropped: tf.custom_gradient in graph mode registers its gradient
+  function in TF's global registry for good, holding the traced graph
+  (tensorflow/tensorflow#97697); the trainer's loop uses it (ReplicaContext.all_reduce). Upstream
+  one more graph stays alive per trace; with the fix none, and the gradient is still right."""
+  found = {}
+  for mode in ("upstream", "fixed"):
+    proc = subprocess.run([sys.executable, "-c", CUSTOM_GRADIENT_SCRIPT, mode],
+                          capture_output=True, text=True, env=helpers.env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert found["upstream"]["alive"] == [1, 2, 3]
+  assert found["fixed"]["alive"] == [0, 0, 0] and found["fixed"]["grad"] == 2.0

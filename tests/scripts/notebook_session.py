@@ -1,6 +1,7 @@
 """A notebook session as one process (tests/test_api.py judges what it prints): cells run in
 the README's order, a config run in between, re-run cells, a Ctrl-C, and a few mistakes. Prints
 JSON."""
+import gc
 import json
 import glob
 import os
@@ -151,4 +152,8 @@ out["params_malformed"] = one_line(lambda: tfdp.train(
     "tiny.yaml", params="trainer.epochs", model_dir="runs/config_run", verbose=False))
 out["params_wrong"] = attempt(lambda: one_line(lambda: tfdp.train(
     "tiny.yaml", params=["trainer.seed=7", 7], model_dir="runs/config_run", verbose=False)))
+# Every run's traced training loop is gone with its trainer (none of theirs is kept here)
+gc.collect()
+out["train_loops_alive"] = sum(type(o).__name__ == "FuncGraph" and o.name.startswith("train_loop")
+                               for o in gc.get_objects())
 print(json.dumps(out))

@@ -309,7 +309,6 @@ class Trainer:
   def _make_train_loop(self):
     strategy = self.strategy
 
-    @tf.function(autograph=False)
     def train_loop(iterator, num_steps):
       totals = strategy.run(lambda: tf.zeros(self._num_sums + 1))
       if self._lookahead is not None:
@@ -342,7 +341,7 @@ class Trainer:
       strategy.run(lambda: compat.average_across_replicas(self._replica_local))
       return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None), taken
 
-    return train_loop
+    return tf.function(compat.custom_gradients_dropped(train_loop), autograph=False)
 
   def _train_step_with_flag(self, batches, totals, stop_flag):
     totals, agreed = self._train_step(batches, totals[:-1], stop_flag)

@@ -251,6 +251,29 @@ def restore_seed_state(state: tuple) -> None:
   tf.random.set_seed(tf_seed)
 
 
+def custom_gradients_dropped(function):
+  """`function`, which TensorFlow traces once per input signature, unregistering the gradient
+  functions its trace registered. tf.custom_gradient in graph mode registers each call's
+  gradient function in TF's global gradient registry for good, and that function holds the
+  traced tensors, so every traced training loop (ReplicaContext.all_reduce is a
+  custom_gradient) stayed in memory after its run: ~10 MB per tfdp.train in a notebook
+  (tensorflow/tensorflow#97697). The registry is read only while a gradient is traced, and the
+  loop's gradients are traced inside the loop's own trace."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  registry = ops._gradient_registry._registry  # pylint: disable=protected-access
+
+  @functools.wraps(function)
+  def traced(*args, **kwargs):
+    before = set(registry)
+    try:
+      return function(*args, **kwargs)
+    finally:
+      for name in [n for n in registry if n not in before and n.startswith("CustomGradient-")]:
+        del registry[name]
+  return traced
+
+
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
