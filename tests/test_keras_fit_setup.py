@@ -60,6 +60,25 @@ def test_class_weight_maps_labels_as_keras_does(weights_result, case):
   assert_same_run(weights_result[case])
 
 
+def test_validation_is_model_fits_with_swapped_ema_weights_and_validation_freq(weights_result):
+  """Seen failing before: SwapEMAWeights's on_test_begin/on_test_end were never called, so
+  validation used the raw weights (val_loss 1.0975 against Keras's 1.1179 in the probe); and
+  validation_freq=2 over 3 epochs also validated after the last epoch (extra val_* entries)."""
+  assert_same_run(weights_result["swap_ema"])
+  keras_history, ours, _ = weights_result["validation_freq"]
+  assert len(ours["val_loss"]) == len(keras_history["val_loss"]) == 1
+  assert_same_run(weights_result["validation_freq"])
+
+
+def test_what_tfdp_does_otherwise_than_model_fit_is_said(weights_result):
+  """A callback's batch hooks are never called, and a resume keeps the checkpoint's learning
+  rate over compile()'s: both were silent (a probe)."""
+  stderr = weights_result["stderr"]
+  assert "callback BatchHooked has on_train_batch_end, which tfdp never calls" in stderr, \
+      stderr[-3000:]
+  assert "learning rate 0.01 (its checkpoint's), not compile()'s 0.5" in stderr, stderr[-3000:]
+
+
 def test_class_and_sample_weight_together_are_said(weights_result):
   said = [l for l in weights_result["stderr"].splitlines()
           if "class_weight and sample_weight are both given" in l]
@@ -74,6 +93,13 @@ def test_optimizer_settings_tf_distribute_cannot_run_are_one_line(weights_result
   assert_one_line(errors["accumulation"], "gradient_accumulation_steps",
                   "'gradient_accumulation_steps': 2")
   assert_one_line(errors["ema_overwrite"], "ema_overwrite_frequency", "drop it")
+  # Seen failing (a probe): Recall(thresholds=[0.3, 0.7]) reported as the mean of its two
+  # values; an uncompiled model built outside the scope: AttributeError 'optimizer'; one
+  # compiled in the scope but built outside it: a RuntimeError once the whole run had trained.
+  assert_one_line(errors["vector_metric"], "gives 2 values", "one metric per threshold")
+  assert_one_line(errors["uncompiled_outside"], "not compiled", "model.compile(")
+  assert_one_line(errors["built_outside"], "outside the strategy's scope",
+                  "tfdp.make_strategy().scope()")
   assert weights_result["bad_dir_untouched"]
   assert weights_result["accumulation_instead"] < 1e-5
 

@@ -71,10 +71,44 @@ def weights_case() -> dict:
   accumulating = compiled(lambda: keras.optimizers.SGD(0.5, gradient_accumulation_steps=2))
   overwriting = compiled(lambda: keras.optimizers.Adam(0.05, use_ema=True,
                                                        ema_overwrite_frequency=3))
+  # Recall at two thresholds is two values (reported as their mean before).
+  thresholds = compiled(sgd, "binary_crossentropy", outputs=1, activation="sigmoid",
+                        metrics=[keras.metrics.Recall(thresholds=[0.3, 0.7])])
+  uncompiled_outside = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+  with strategy.scope():  # compiled in the scope, built outside it (model.build for a summary)
+    built_outside = keras.Sequential([keras.layers.Dense(16), keras.layers.Dense(3)])
+    built_outside.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  built_outside.build((None, 8))
   out["errors"] = {
       "accumulation": one_line(lambda: tfdp.fit(accumulating, X, Y, model_dir="runs/bad_1")),
-      "ema_overwrite": one_line(lambda: tfdp.fit(overwriting, X, Y, model_dir="runs/bad_2"))}
-  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in (1, 2))
+      "ema_overwrite": one_line(lambda: tfdp.fit(overwriting, X, Y, model_dir="runs/bad_2")),
+      "vector_metric": one_line(lambda: tfdp.fit(thresholds, X, (Y > 0).astype("float32"),
+                                                 model_dir="runs/bad_3")),
+      "uncompiled_outside": one_line(lambda: tfdp.fit(uncompiled_outside, X, Y,
+                                                      model_dir="runs/bad_4")),
+      "built_outside": one_line(lambda: tfdp.fit(built_outside, X, Y, model_dir="runs/bad_5"))}
+  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 6))
+  # Validation as model.fit does it: SwapEMAWeights swaps around it (its test hooks), and
+  # validation_freq=2 over 3 epochs validates after the second only (tfdp added the last).
+  validation = (X[:64], Y[:64])
+  ema = lambda in_scope: compiled(  # noqa: E731
+      lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.5), in_scope=in_scope)
+  out["swap_ema"] = against_keras(ema, epochs=2, validation_data=validation, name="swap_ema",
+                                  callbacks=[keras.callbacks.SwapEMAWeights()])
+  plain = lambda in_scope: compiled(sgd, in_scope=in_scope)  # noqa: E731
+  out["validation_freq"] = against_keras(plain, epochs=3, validation_data=validation,
+                                         validation_freq=2, name="freq")
+
+  class BatchHooked(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      pass
+  tfdp.fit(plain(in_scope=True), X, Y, epochs=1, callbacks=[BatchHooked()], model_dir="runs/hooked",
+           **ARGS)
+  # The same model_dir with another compiled learning rate resumes with the checkpoint's: said.
+  tfdp.fit(compiled(lambda: keras.optimizers.Adam(0.01)), X, Y, epochs=1,
+           model_dir="runs/resumed", **ARGS)
+  tfdp.fit(compiled(lambda: keras.optimizers.Adam(0.5)), X, Y, epochs=2,
+           model_dir="runs/resumed", **ARGS)
   # What the accumulation line names instead: the same weights as Keras's accumulation.
   reference = compiled(lambda: keras.optimizers.SGD(0.5, gradient_accumulation_steps=2),
                        in_scope=False)

@@ -31,8 +31,21 @@ def check_callbacks(callbacks) -> list:
     for name, instead in REFUSED.items():
       if isinstance(callback, getattr(keras.callbacks, name)):
         raise ConfigError(errors.as_caller(f"keras.callbacks.{name} races between workers in Keras "
-                                           f"3; {instead}: drop it from callbacks."))
+                                           f"3; {instead}; drop it from callbacks."))
+    uncalled = [hook for hook in UNCALLED_HOOKS if hook in vars(callback) or
+                getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)]
+    if uncalled:
+      from absl import logging  # pylint: disable=g-import-not-at-top
+      logging.warning(errors.as_caller(
+          f"callback {type(callback).__name__} has {', '.join(uncalled)}, which tfdp never "
+          "calls (its steps run as one compiled call); the train, epoch and test begin/end hooks "
+          "are called, as model.fit calls them"))
   return callbacks
+
+
+# Keras's batch hooks: tfdp's loop runs steps_per_loop steps in one compiled call
+UNCALLED_HOOKS = tuple(f"on_{stage}_batch_{when}" for stage in ("train", "test", "predict")
+                       for when in ("begin", "end")) + ("on_batch_begin", "on_batch_end")
 
 
 def keras_logs(row: dict) -> dict:
@@ -71,6 +84,12 @@ class KerasCallbacks:
   def epoch_begin(self, epoch: int) -> None:
     self._begin()
     self.callbacks.on_epoch_begin(epoch)
+
+  def evaluation_begin(self) -> None:  # model.fit's validation: SwapEMAWeights swaps here
+    self.callbacks.on_test_begin()
+
+  def evaluation_end(self, values: dict) -> None:
+    self.callbacks.on_test_end(dict(values))
 
   def epoch_end(self, epoch: int, row: dict) -> bool:
     self.callbacks.on_epoch_end(epoch, keras_logs(row))

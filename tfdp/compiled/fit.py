@@ -91,12 +91,29 @@ def _strategy_and_clone(model, strategy):
   """strategy_for, and a clone trains on from the user's optimizer state (a second fit)."""
   strategy, trained, users_model = strategy_for(model, strategy)
   if users_model is not None:
+    _check_optimizer_builds(users_model)  # its state comes back into it after training
     with strategy.scope():
       copy_optimizer_state(users_model.optimizer, trained.optimizer, trained.trainable_variables)
     logging.warning("tfdp.fit: the model was built outside the strategy's scope: training a "
                     "clone made inside it; its weights and optimizer state are copied back into "
                     "your model afterwards")
   return strategy, trained, users_model
+
+
+def _check_optimizer_builds(model) -> None:
+  """The user's optimizer must hold state for their model's weights, as model.fit builds it
+  first: one compiled in a strategy's scope but built for weights made outside it cannot (seen:
+  a traceback once the whole run had trained, when its state was copied back)."""
+  optimizer = getattr(model, "optimizer", None)
+  if optimizer is None or optimizer.built:
+    return
+  try:
+    optimizer.build(model.trainable_variables)
+  except (RuntimeError, ValueError):
+    raise ConfigError(
+        "tfdp.fit: the model's optimizer cannot hold state for its weights: they were made "
+        "outside the strategy's scope it was compiled in (model.fit refuses it too); build and "
+        "compile the model in one place, e.g. both under tfdp.make_strategy().scope().") from None
 
 
 def copy_optimizer_state(source, target, variables) -> None:
@@ -216,6 +233,8 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   import keras  # pylint: disable=g-import-not-at-top
   from tfdp.core import optim  # pylint: disable=g-import-not-at-top
   if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
+    from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
+    task_lib.check_compiled(model)
     optim.check_compiled_optimizer(getattr(model, "optimizer", None))
   strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
@@ -237,6 +256,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   precision = policy if policy in ("float32", "mixed_bfloat16", "mixed_float16") else "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)
   config.trainer.eval_every_epochs = validation_freq
+  config.trainer.eval_at_end = False  # model.fit validates on validation_freq's epochs only
   config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
@@ -248,10 +268,17 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   quiet = verbose == 0
+  compiled_rate = _learning_rate(trained.optimizer)
   built = experiment.build(
       config, model_dir, "train" if inputs.validation is None else "train_and_eval",
       train_source=inputs.train, eval_source=inputs.validation, model_fn=lambda: trained,
       strategy=strategy, task=task, verbose=not quiet, start_over=start_over)
+  restored_rate = _learning_rate(trained.optimizer)
+  if compiled_rate != restored_rate:  # a resume restores the optimizer's state, its rate too
+    logging.warning("tfdp.fit: resuming the run in %s with its optimizer's state: learning rate "
+                    "%.6g (its checkpoint's), not compile()'s %.6g; to train with compile()'s, "
+                    "pass another model_dir (or none: a fresh run)", built.model_dir,
+                    restored_rate, compiled_rate)
   # As Keras's fit with a use_ema optimizer: validation sees the raw weights, and the weights
   # become their moving average when training ends (also the export and the user's model).
   built.trainer.raw_weights_evaluated = True
@@ -279,6 +306,12 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
+
+
+def _learning_rate(optimizer) -> float | None:
+  """The optimizer's learning rate as a number; None for a schedule (a function of the step)."""
+  rate = optimizer.get_config().get("learning_rate") if optimizer is not None else None
+  return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
 
 
 def _check_traces(model, x) -> None:

@@ -106,6 +106,7 @@ class CompiledModelTask(tasks.Task):
       if not compile_metrics.built:
         compile_metrics.build(y_true, y_pred)
       _check_metrics_add_up(model, compile_metrics, sample["x"], y_true)
+      _check_one_value_each(compile_metrics)
       compile_metrics.reset_state()
       for variable in compile_metrics.variables:
         if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
@@ -373,6 +374,19 @@ def _check_metrics_add_up(model, metrics, x, y_true) -> None:
                                          "e.g. a running maximum), so tfdp cannot combine it "
                                          "across replicas; drop that metric or compute it after "
                                          "training with tfdp.predict."))
+
+
+def _check_one_value_each(metrics) -> None:
+  """A metric of several values (one per threshold or class) was reported as their mean: tfdp's
+  metrics.csv, History and evaluate hold one number per metric."""
+  import keras  # pylint: disable=g-import-not-at-top
+  for name, value in metrics.result().items():
+    size = int(np.size(keras.ops.convert_to_numpy(value)))
+    if size > 1:
+      raise ConfigError(errors.as_caller(
+          f"metric '{name}' gives {size} values (one per threshold or class), and tfdp reports "
+          "one number per metric; pass one metric per threshold (e.g. Recall(thresholds=0.3, "
+          "name='recall_at_0.3')), or average='macro' or 'micro' (F1Score, FBetaScore)."))
 
 
 def _plain(value):

@@ -150,6 +150,8 @@ class TrainerConfig:
   # steps, the data streaming on across its passes (Keras's steps_per_epoch); 0: one pass
   steps_per_loop: int = 50  # steps per compiled call (tf.function with a tf.range loop)
   eval_every_epochs: int = 1
+  eval_at_end: bool = True  # also after the last epoch when eval_every_epochs skips it
+  # (tfdp.fit: off, as model.fit's validation_freq)
   checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
   max_checkpoints: int = 3
   export_model: bool = True

@@ -258,7 +258,8 @@ class Controller:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
     self.trainer = trainer
     # Extras as callables (Orbit): hooks.epoch_begin(epoch), hooks.epoch_end(epoch, row) -> stop,
-    # hooks.train_end(row); every worker calls them with the same all-reduced row, so a stop
+    # hooks.train_end(row), and if it has them hooks.evaluation_begin() and
+    # hooks.evaluation_end(values); every worker calls them with the same all-reduced row, so a stop
     # decided from it is the same everywhere (tfdp.fit's Keras callbacks).
     self.hooks = hooks
     self.cfg = trainer.config.trainer
@@ -294,7 +295,7 @@ class Controller:
   def _eval_due(self, epoch: int, step: int) -> bool:
     is_last = step >= self.trainer.total_steps
     return self.eval_dataset is not None and ((epoch + 1) % self.cfg.eval_every_epochs == 0
-                                              or is_last)
+                                              or is_last and self.cfg.eval_at_end)
 
   def _precise_batchnorm_if_due(self, epoch: int, step: int) -> None:
     """Before an evaluation, and at the end (the checkpoint and export carry them), with the
@@ -318,8 +319,14 @@ class Controller:
     if not self._eval_due(epoch, step):
       return
     started = time.time()
+    begin, end = (getattr(self.hooks, name, None) for name in ("evaluation_begin",
+                                                               "evaluation_end"))
+    if begin is not None:
+      begin()
     with self.trainer.evaluation_weights():  # the weights' moving average, if kept
       result = self.trainer.evaluate(self.eval_dataset, self.eval_steps)
+    if end is not None:
+      end(result.values())
     row.update({f"eval_{name}": value for name, value in result.values().items()},
                eval_examples=int(result.examples), evaluation_seconds=time.time() - started)
     self._summarize(self.eval_writer, step, result, {})
