@@ -70,6 +70,14 @@ def test_validation_is_model_fits_with_swapped_ema_weights_and_validation_freq(w
   assert_same_run(weights_result["validation_freq"])
 
 
+def test_mean_iou_trains_as_in_model_fit(weights_result):
+  """Seen failing on the old additivity check (it assigned in cross-replica context, which
+  divides an int64 update by the replica count): 'metric variable ... total_confusion_matrix
+  does not add up over batches'."""
+  assert not isinstance(weights_result["mean_iou"], str), weights_result["mean_iou"]
+  assert_same_run(weights_result["mean_iou"])
+
+
 def test_what_tfdp_does_otherwise_than_model_fit_is_said(weights_result):
   """A callback's batch hooks are never called, and a resume keeps the checkpoint's learning
   rate over compile()'s: both were silent (a probe)."""

@@ -52,7 +52,9 @@ def compile_multi(model, lr=0.05):
       loss={"klass": "sparse_categorical_crossentropy", "binary": "binary_crossentropy",
             "value": "mse"},
       loss_weights={"klass": 1.0, "binary": 0.5, "value": 0.25},
-      metrics={"klass": ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)],
+      # MeanIoU: an int64 confusion matrix (once refused as not adding up over batches)
+      metrics={"klass": ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2),
+                         keras.metrics.MeanIoU(4, sparse_y_pred=False, name="miou")],
                "binary": [keras.metrics.BinaryAccuracy(), keras.metrics.AUC(name="auc"),
                           keras.metrics.Precision(name="precision"),
                           keras.metrics.Recall(name="recall"), Positives()],

@@ -348,20 +348,26 @@ def _summed_over_replicas(value):
 def _check_metrics_add_up(model, metrics, x, y_true) -> None:
   """tfdp combines a metric across replicas and steps by summing each step's change to its
   variables: check that on up to 8 examples, half at a time against all at once. A first update
-  also creates the variables of metrics built lazily (F1Score, R2Score, AUC(multi_label))."""
+  also creates the variables of metrics built lazily (F1Score, R2Score, AUC(multi_label)). The
+  changes are read in a StatelessScope, as metric_state reads them: an update assigned in
+  cross-replica context is divided by the replica count, which an int64 variable (MeanIoU's
+  confusion matrix) cannot take (a probe: refused as not adding up)."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  part = lambda rows: lambda t: t[rows]  # pylint: disable=unnecessary-lambda-assignment
+  metrics.update_state(keras.tree.map_structure(part(slice(0, 1)), y_true),  # builds them
+                       model(tf.nest.map_structure(part(slice(0, 1)), x), training=False))
+  metrics.reset_state()
+  start = [tf.identity(v.value) for v in metrics.variables]
 
   def change(rows):
-    metrics.reset_state()
-    start = [np.asarray(v.numpy(), np.float64) for v in metrics.variables]
-    part = lambda t: t[rows]  # pylint: disable=unnecessary-lambda-assignment
-    metrics.update_state(keras.tree.map_structure(part, y_true),
-                         model(tf.nest.map_structure(part, x), training=False))
-    return [np.asarray(v.numpy(), np.float64) - s if len(start) == len(metrics.variables) else
-            None for v, s in zip(metrics.variables, start)]
+    with keras.StatelessScope(state_mapping=list(zip(metrics.variables, start))) as scope:
+      metrics.update_state(keras.tree.map_structure(part(rows), y_true),
+                           model(tf.nest.map_structure(part(rows), x), training=False))
+      updated = [scope.get_current_value(v) for v in metrics.variables]
+    return [np.asarray(new, np.float64) - np.asarray(old, np.float64)
+            for new, old in zip(updated, start)]
 
-  change(slice(0, 1))  # creates lazily built variables
   count = int(tf.nest.flatten(x)[0].shape[0])
   if count < 2:
     return
