@@ -108,6 +108,9 @@ def test_optimizer_settings_tf_distribute_cannot_run_are_one_line(weights_result
   assert_one_line(errors["uncompiled_outside"], "not compiled", "model.compile(")
   assert_one_line(errors["built_outside"], "outside the strategy's scope",
                   "tfdp.make_strategy().scope()")
+  # Keras's multi-line ValueError ("tuple arity mismatch") came through as a traceback
+  assert_one_line(errors["metrics_per_output"], "do not match the model's outputs",
+                  "per output")
   assert weights_result["bad_dir_untouched"]
   assert weights_result["accumulation_instead"] < 1e-5
 

@@ -79,6 +79,12 @@ def weights_case() -> dict:
     built_outside = keras.Sequential([keras.layers.Dense(16), keras.layers.Dense(3)])
     built_outside.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   built_outside.build((None, 8))
+  with strategy.scope():  # one metric name for two outputs: Keras's multi-line ValueError
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8)(inputs)
+    two_outputs = keras.Model(inputs, [keras.layers.Dense(3, name="cls")(hidden),
+                                       keras.layers.Dense(1, name="reg")(hidden)])
+    two_outputs.compile("sgd", "mse", metrics=["mae"])
   out["errors"] = {
       "accumulation": one_line(lambda: tfdp.fit(accumulating, X, Y, model_dir="runs/bad_1")),
       "ema_overwrite": one_line(lambda: tfdp.fit(overwriting, X, Y, model_dir="runs/bad_2")),
@@ -86,8 +92,11 @@ def weights_case() -> dict:
                                                  model_dir="runs/bad_3")),
       "uncompiled_outside": one_line(lambda: tfdp.fit(uncompiled_outside, X, Y,
                                                       model_dir="runs/bad_4")),
-      "built_outside": one_line(lambda: tfdp.fit(built_outside, X, Y, model_dir="runs/bad_5"))}
-  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 6))
+      "built_outside": one_line(lambda: tfdp.fit(built_outside, X, Y, model_dir="runs/bad_5")),
+      "metrics_per_output": one_line(lambda: tfdp.fit(
+          two_outputs, X, [RNG.normal(size=(128, 3)), RNG.normal(size=(128, 1))],
+          model_dir="runs/bad_6"))}
+  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 7))
   # Validation as model.fit does it: SwapEMAWeights swaps around it (its test hooks), and
   # validation_freq=2 over 3 epochs validates after the second only (tfdp added the last).
   validation = (X[:64], Y[:64])

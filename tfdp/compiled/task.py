@@ -12,6 +12,7 @@ single-device Keras reports on the same weights and data.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -32,6 +33,19 @@ def keras_error_line(error) -> str:
   said = [line.strip() for line in plain.splitlines() if line.strip() and not
           line.startswith(("Exception encountered", "Arguments received", "•"))]
   return (said or [type(error).__name__])[0]
+
+
+@contextlib.contextmanager
+def _said_as_compile_mismatch():
+  """Keras's multi-line error when compile()'s losses or metrics do not fit the outputs (as
+  model.fit fails on them too), in one line."""
+  try:
+    yield
+  except ValueError as e:
+    raise ConfigError(errors.as_caller(
+        f"compile()'s losses or metrics do not match the model's outputs (Keras: "
+        f"{keras_error_line(e)[:200]}); give them per output, e.g. metrics={{'<output name>': "
+        "['mae']}, or as a list in the outputs' order.")) from None
 
 
 def outputs_of(model, x):
@@ -84,8 +98,9 @@ class CompiledModelTask(tasks.Task):
                                        "keras.layers.StringLookup, or numbers)."))
     y_true = self._align(sample["y"], y_pred)
     _check_labels(model, compile_loss, y_true, y_pred)
-    if not compile_loss.built:
-      compile_loss.build(y_true, y_pred)
+    with _said_as_compile_mismatch():
+      if not compile_loss.built:
+        compile_loss.build(y_true, y_pred)
     self._flat_losses, loss_names = [], []
     for path, loss, weight, name in compile_loss._flat_losses:  # pylint: disable=protected-access
       reduction = _reduction(loss, _at(y_pred, path))
@@ -103,8 +118,9 @@ class CompiledModelTask(tasks.Task):
     self._metrics = compile_metrics
     self._metric_variables, self._metric_initial = [], []
     if compile_metrics is not None:
-      if not compile_metrics.built:
-        compile_metrics.build(y_true, y_pred)
+      with _said_as_compile_mismatch():
+        if not compile_metrics.built:
+          compile_metrics.build(y_true, y_pred)
       _check_metrics_add_up(model, compile_metrics, sample["x"], y_true)
       _check_one_value_each(compile_metrics)
       compile_metrics.reset_state()
