@@ -155,6 +155,35 @@ def test_a_run_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path
   assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) <= 1e-6
 
 
+def test_an_epochs_row_lost_after_its_checkpoint_is_written_on_the_next_start(tmp_path):
+  """A second Ctrl-C (or SIGKILL) during an epoch's evaluation, after its checkpoint: the
+  resumed run started after that epoch and its metrics.csv row was missing for good. Now the
+  next start writes it, evaluated on the checkpoint (the epoch's own weights: the same values
+  as the lost row) and without train_* values. Seen failing on the old controller: 1 row."""
+  overrides = ",".join([
+      "task.model.name=small_cnn", "task.model.kwargs={filters: 8}",
+      "task.train_data.source=synthetic", "task.train_data.num_examples=256",
+      "task.train_data.image_size=8", "task.train_data.num_classes=4",
+      "task.eval_data.source=synthetic", "task.eval_data.num_examples=64",
+      "task.eval_data.image_size=8", "task.eval_data.num_classes=4",
+      "trainer.global_batch_size=64", "trainer.epochs=2", "trainer.export_model=false"])
+  args = (f"--model_dir={tmp_path / 'run'}", f"--params_override={overrides}")
+  first = helpers.run_train(*args)
+  assert first.returncode == 0, first.stderr[-3000:]
+  metrics = tmp_path / "run" / "metrics.csv"
+  rows = pd.read_csv(metrics)
+  assert list(rows["epoch"]) == [1, 2]
+  rows.iloc[:1].to_csv(metrics, index=False)  # what the process killed in epoch 2's evaluation left
+  again = helpers.run_train(*args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "metrics.csv has no row for epoch 2" in again.stderr, again.stderr[-3000:]
+  written = pd.read_csv(metrics)
+  assert list(written["epoch"]) == [1, 2], written
+  lost, found = rows.iloc[1], written.iloc[1]
+  assert found["eval_loss"] == lost["eval_loss"] and found["eval_accuracy"] == lost["eval_accuracy"]
+  assert found["train_steps"] == 0 and pd.isna(found["train_loss"]) and found["step"] == lost["step"]
+
+
 def installed_script(name):
   beside_python = Path(sys.executable).parent / name
   script = beside_python if beside_python.exists() else shutil.which(name)

@@ -334,11 +334,32 @@ class Controller:
       shown = " ".join(f"{name} {value:.4f}" for name, value in result.values().items())
       print(f"eval: {shown} ({int(result.examples)} examples)", flush=True)
 
+  def _write_a_lost_row(self, step: int) -> None:
+    """A process killed between an epoch's checkpoint and its metrics row (a second Ctrl-C,
+    SIGKILL during the evaluation) resumes after that epoch, whose row would be missing for
+    good: it is written now, with its evaluation (the checkpoint holds the epoch's weights) and
+    without train_* values, which died with the process. Every worker reads the chief's file."""
+    steps_per_epoch, total = self.trainer.steps_per_epoch, self.trainer.total_steps
+    if not step or step % steps_per_epoch and step < total:
+      return  # a fresh run, or a stop inside an epoch: its row comes when the epoch ends
+    epoch = -(-step // steps_per_epoch) - 1  # the epoch that ended at `step`
+    if int(outputs.last_metrics_row(self.trainer.write_plan).get("epoch", 0)) != epoch:
+      return  # the row is there (or more than one is missing: not a lost last row)
+    logging.warning("metrics.csv has no row for epoch %d, whose checkpoint (step %d) was saved "
+                    "before the process ended: writing it now, evaluated on that checkpoint, "
+                    "without train_* values", epoch + 1, step)
+    row = {"epoch": epoch + 1, "step": step, "train_steps": 0,
+           "learning_rate": float(self.trainer.schedule(step - 1)), **memory_mb()}
+    self._evaluate_if_due(epoch, step, row)
+    row["wall_time"] = time.time()
+    outputs.append_metrics(self.trainer.write_plan, row, last=step >= total)
+
   def run(self) -> dict:
     """Trains from the restored step to total_steps. Returns the last epoch's metrics row."""
     trainer, cfg = self.trainer, self.cfg
     steps_per_epoch, total = trainer.steps_per_epoch, trainer.total_steps
     start = trainer.global_step
+    self._write_a_lost_row(start)
     if start >= total:  # re-run of a finished (or at its last step stopped) run: its result again
       logging.info("already trained: step %d of %d; the result is metrics.csv's last row", start,
                    total)
