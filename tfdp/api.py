@@ -30,7 +30,7 @@ def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
     config_files = [config_files]
   with errors.speaking_as(TRAIN_TERMS):
     config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
-                                    in_process.overrides(params, "tfdp.train"))
+                                    in_process.overrides(params))
     logs.start_tensorflow()
     from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
     with in_process.users_state_kept():
@@ -39,8 +39,8 @@ def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
 
 
 TRAIN_TERMS = errors.Terms(
-    "tfdp.train", "model_dir", "pass start_over=True to move the earlier run aside (nothing is deleted) and "
-    "train from step 0", "params", "config_files",
+    "tfdp.train", "model_dir", f"pass start_over=True {errors.START_OVER_DOES}", "params",
+    "config_files",
     "tfdp.train(start_over=True): the earlier run in %s was moved to %s",
     "checkpoint saved in {model_dir}; call tfdp.train with the same model_dir to resume")
 

@@ -56,8 +56,9 @@ class Terms:
   preempted: str  # where a stop's checkpoint is and how to resume; {model_dir} filled in
 
 
-CLI = Terms("tfdp-train", "--model_dir", "pass --start_over to move the earlier run aside (nothing is "
-            "deleted) and train from step 0", "--params_override", "--config_file",
+START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"
+CLI = Terms("tfdp-train", "--model_dir", f"pass --start_over {START_OVER_DOES}",
+            "--params_override", "--config_file",
             "--start_over: the earlier run in %s was moved to %s",
             "checkpoint saved, re-run the same command to resume")
 _terms = CLI

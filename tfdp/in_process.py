@@ -7,10 +7,11 @@ import contextlib
 import yaml
 
 from tfdp import config as config_lib
+from tfdp import errors
 from tfdp.errors import ConfigError
 
 
-def overrides(params, caller: str) -> list[str]:
+def overrides(params) -> list[str]:
   """`params` as the config loader's --params_override texts: one string ("a.b=v,c=w"), a dict,
   or a list of them (one override each, later ones winning)."""
   if not params:
@@ -18,9 +19,9 @@ def overrides(params, caller: str) -> list[str]:
   items = list(params) if isinstance(params, (list, tuple)) else [params]
   wrong = [item for item in items if not isinstance(item, (str, dict))]
   if wrong:
-    raise ConfigError(f"{caller}: params holds {config_lib.short_repr(wrong[0])} (type "
-                      f"{type(wrong[0]).__name__}); pass 'a.b=v,c=w', a dict, or a list of "
-                      "'a.b=v' strings.")
+    raise ConfigError(errors.as_caller(
+        f"params holds {config_lib.short_repr(wrong[0])} (type {type(wrong[0]).__name__}); pass "
+        "'a.b=v,c=w', a dict, or a list of 'a.b=v' strings."))
   return [item if isinstance(item, str) else yaml.safe_dump(item) for item in items if item]
 
 

@@ -159,7 +159,7 @@ def _users_objects(model) -> dict:
 
 
 def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
-  config = config_lib.load_config(list(config_files), in_process.overrides(params, "tfdp.fit"))
+  config = config_lib.load_config(list(config_files), in_process.overrides(params))
   config.task.name = "keras_model"
   config.task.model = config_lib.ModelConfig(name="keras_model")
   for data in (config.task.train_data, config.task.eval_data):
@@ -231,9 +231,9 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
          shuffle, class_weight, sample_weight, steps_per_epoch, validation_steps,
          validation_batch_size, validation_freq, model_dir, given_strategy, params, config_files):
   import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import optim  # pylint: disable=g-import-not-at-top
   if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
-    from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
     task_lib.check_compiled(model)
     optim.check_compiled_optimizer(getattr(model, "optimizer", None))
   strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
@@ -258,7 +258,6 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   config.trainer.eval_every_epochs = validation_freq
   config.trainer.eval_at_end = False  # model.fit validates on validation_freq's epochs only
   config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
-  from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
   if getattr(trained, "run_eagerly", False):
     _check_traces(trained, task.sample["x"])

@@ -377,9 +377,8 @@ def _check_precision_kept(record: dict, current: dict, plan: strategy_lib.Strate
                    f"{why if field == 'precision' else ''}" for field, key in changed)
   fix = " and ".join(f"{key}={record[field]}" for field, key in changed)
   raise OutputError(f"{errors.terms().model_dir} '{model_dir}' holds a run this config would "
-                    "resume in another "
-                    f"precision: {said}. A resume keeps the run's numerics; set {fix} to go on "
-                    f"as it trained, or {errors.terms().start_over}.")
+                    f"resume in another precision: {said}. A resume keeps the run's numerics; set "
+                    f"{fix} to go on as it trained, or {errors.terms().start_over}.")
 
 
 def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, replicas: int,
@@ -412,10 +411,9 @@ def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, 
       and split.global_batch % (split.replicas * split.accumulation)):
     raise OutputError(
         f"{errors.terms().model_dir} '{model_dir}' holds a run with global batch "
-        f"{split.global_batch}, which "
-        f"does not split evenly over {replicas} replicas, and its shard policy {sharding} cannot "
-        f"split it unevenly (each worker reads its own shard, not its share of one order); "
-        f"resume on a replica count that divides {split.global_batch}, or "
+        f"{split.global_batch}, which does not split evenly over {replicas} replicas, and its "
+        f"shard policy {sharding} cannot split it unevenly (each worker reads its own shard, not "
+        f"its share of one order); resume on a replica count that divides {split.global_batch}, or "
         f"{errors.terms().start_over}.")
   if say and split and split.accumulation != config_accumulation:
     logging.info("resume: gradient_accumulation_steps %d (the recorded run's split on %d "
@@ -524,8 +522,7 @@ def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
         continue
       if key in ("restored_step", "checkpoint"):
         fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
-               "system shared "
-               "by every host); share it, then restart the group")
+               "system shared by every host); share it, then restart the group")
       else:
         fix = ("every worker must read the same data: make the task.*_data paths name the same "
                "files on every host, then restart the group")

@@ -90,8 +90,7 @@ def check_resumed_shards(recorded: dict | None, shard_counts: list[int], num_wor
     was = f"{len(was)} shard(s) of {list(was)} examples"
   raise OutputError(
       f"{errors.terms().model_dir} '{model_dir}' holds a run that read {was} of {key} (a "
-      f"{{worker}} path), and "
-      f"this group of {num_workers} worker(s) reads {len(shard_counts)} of "
-      f"{list(shard_counts)}: the shard count is the data's, not the group's; map the run's "
-      f"shards onto this group with {key}.shards_per_worker (worker i reads shards i*k..i*k+k-1) "
-      f"or {key}.worker_shards, resume on the run's worker count, or {errors.terms().start_over}.")
+      f"{{worker}} path), and this group of {num_workers} worker(s) reads {len(shard_counts)} of "
+      f"{list(shard_counts)}: the shard count is the data's, not the group's; map the run's shards "
+      f"onto this group with {key}.shards_per_worker (worker i reads shards i*k..i*k+k-1) or "
+      f"{key}.worker_shards, resume on the run's worker count, or {errors.terms().start_over}.")

@@ -42,9 +42,9 @@ def _in_use_error(model_dir: str, fd: int) -> OutputError:
   who = ("a run that is starting: its pid and host are written once its checks pass"
          if not pid or stale else f"pid {pid} on host {host}, started {fields.get('since', '?')}")
   return OutputError(f"{errors.terms().model_dir} '{model_dir}' is in use by another tfdp run "
-                     f"({who}); two runs "
-                     "in one folder overwrite each other's checkpoints and metrics: wait for it to "
-                     f"end or stop it, or choose another {errors.terms().model_dir}.")
+                     f"({who}); two runs in one folder overwrite each other's checkpoints and "
+                     "metrics: wait for it to end or stop it, or choose another "
+                     f"{errors.terms().model_dir}.")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -90,8 +90,7 @@ def lock_model_dir(model_dir: str) -> None:
       fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
   except OSError as e:
     raise OutputError(f"cannot open the run lock '{path}' ({e.strerror}); "
-                      f"{errors.terms().model_dir} must be a "
-                      "folder you can write to.") from None
+                      f"{errors.terms().model_dir} must be a folder you can write to.") from None
   deadline = time.monotonic() + _LOCK_RETRY_SECONDS
   while True:
     try:

@@ -48,8 +48,7 @@ def prepare_model_dir(model_dir: str) -> str:
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created: '{existing}' "
-                      "is a file; "
-                      "choose a folder path.")
+                      "is a file; choose a folder path.")
   try:
     with tempfile.NamedTemporaryFile(dir=existing, prefix=".tfdp-write-test-"):
       pass
@@ -65,12 +64,12 @@ def check_model_dir_owner(model_dir: str) -> None:
   info = os.stat(model_dir)
   if info.st_uid != os.geteuid():
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' belongs to another user (uid "
-                      f"{info.st_uid}), "
-                      "who could replace its checkpoints; use a folder of your own.")
+                      f"{info.st_uid}), who could replace its checkpoints; use a folder of your "
+                      "own.")
   if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' is writable by every user, who "
-                      "could replace "
-                      f"its checkpoints; run chmod o-w '{model_dir}', or use a folder of your own.")
+                      f"could replace its checkpoints; run chmod o-w '{model_dir}', or use a "
+                      "folder of your own.")
 
 
 _MADE_DIRS: set[str] = set()  # model_dirs this process created: a start that fails removes them
@@ -85,8 +84,7 @@ def create_model_dir(model_dir: str) -> None:
         _MADE_DIRS.add(model_dir)
   except OSError as e:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created ({e.strerror}); "
-                      "choose a "
-                      "folder you can write to.") from None
+                      "choose a folder you can write to.") from None
   locks.lock_model_dir(model_dir)
 
 

@@ -79,9 +79,8 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
     raise OutputError(
         f"{errors.terms().model_dir} '{model_dir}' holds a run this config cannot resume: "
         f"{'; '.join(changed)}. Its checkpoint's step would mean another batch, data position or "
-        "schedule; restore the "
-        f"earlier value (a constant schedule may train longer), {errors.terms().start_over}, or "
-        f"use a new {errors.terms().model_dir}.")
+        "schedule; restore the earlier value (a constant schedule may train longer), "
+        f"{errors.terms().start_over}, or use a new {errors.terms().model_dir}.")
 
 
 # What the checkpoint holds beside the weights: another optimizer's slots, or a weight average
@@ -101,8 +100,7 @@ def check_state_kept(record: dict | None, current: dict, model_dir: str) -> None
     raise OutputError(
         f"{errors.terms().model_dir} '{model_dir}' holds a run whose checkpoint this config cannot "
         f"restore: {'; '.join(changed)}. Set it back to resume, {errors.terms().start_over}, or "
-        "use a new "
-        f"{errors.terms().model_dir}.")
+        f"use a new {errors.terms().model_dir}.")
 
 
 def config_decided_fields(global_batch_size: int, seed: int, shard_policy: str) -> dict:
@@ -249,10 +247,9 @@ def check_start_over_target(model_dir: str) -> None:
   if not present or _holds_tfdp_run(model_dir):
     return
   raise OutputError(f"starting over would move {', '.join(present)} out of "
-                    f"{errors.terms().model_dir} "
-                    f"'{model_dir}', which holds no tfdp run (no tfdp config.yaml, metrics.csv or "
-                    f"checkpoint state); point {errors.terms().model_dir} at a tfdp run or at a "
-                    "new folder.")
+                    f"{errors.terms().model_dir} '{model_dir}', which holds no tfdp run (no tfdp "
+                    "config.yaml, metrics.csv or checkpoint state); point "
+                    f"{errors.terms().model_dir} at a tfdp run or at a new folder.")
 
 
 def _holds_tfdp_run(model_dir: str) -> bool:

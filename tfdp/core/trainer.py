@@ -368,8 +368,8 @@ class Trainer:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
         config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
-        own = (f"give this run the config it trained with ({errors.terms().config_files}"
-               f"={config}) or "
+        own = (f"give this run the config it trained with ({errors.terms().config_files}={config}) "
+               "or "
                if os.path.exists(config) and not outputs.is_fit_record(config) else "")
         raise OutputError(
             f"checkpoint '{latest}' cannot be resumed by this run "
