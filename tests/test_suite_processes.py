@@ -38,3 +38,28 @@ def test_the_summary_names_a_fixture_built_on_two_workers():
                          line("gw0", "once0", "test_a"), line("gw1", "test_c0", "test_c", False)])
   assert "4 Python processes, 20 CPU s; 3 imported TensorFlow, 15 CPU s" in text, text
   assert "{'common0': ['popen-gw0', 'popen-gw1']}" in text, text  # not once0, not a test's own tmp_path
+
+
+def test_a_process_that_leaves_from_a_thread_while_tensorflow_imports_leaves_with_its_code(tmp_path):
+  """tfdp's signal thread calls os._exit while the main thread may be importing TensorFlow
+  (tests/test_stop.py): the hook's line must not import anything there, or the import deadlocks
+  and the main thread dies of a _DeadlockError with code 1 first."""
+  script = load_script()
+  log = tmp_path / "log.jsonl"
+  code = """if True:
+    import os, sys, threading, time
+    from tfdp.distributed import compat
+    def leave():
+      while "tensorflow.python.autograph" not in sys.modules:
+        time.sleep(0.0005)
+      os._exit(7)
+    threading.Thread(target=leave, daemon=True).start()
+    import tensorflow
+    time.sleep(30)"""
+  env = helpers.env(TFDP_PROCLOG=str(log), PYTHONPATH=f"{script.HOOK}:{helpers.REPO}")
+  for _ in range(4):  # a race: the old hook's import failed in about half the runs
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == 7, proc.stderr[-2000:]
+  lines = [json.loads(text) for text in log.read_text().splitlines()]
+  assert len(lines) == 4 and all(line["tensorflow"] and line["autograph"] == [] for line in lines)

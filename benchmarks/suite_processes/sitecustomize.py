@@ -33,11 +33,9 @@ if os.environ.get("TFDP_PROCLOG"):
   def _autograph_converted():
     if "tensorflow" not in sys.modules:
       return []
-    try:
-      from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-      return compat.autograph_converted_functions()
-    except Exception:  # pylint: disable=broad-except  (a process without tfdp on its path)
-      return None
+    # No import here: a process may leave from another thread while its main thread imports.
+    compat = sys.modules.get("tfdp.distributed.compat")
+    return compat.autograph_converted_functions() if compat else None  # None: not a tfdp process
 
   atexit.register(_write_line)
   _os_exit = os._exit

@@ -4,6 +4,7 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 """
 from __future__ import annotations
 
+import sys
 import types
 
 
@@ -318,7 +319,6 @@ def defer_unused_imports(names=UNUSED_AT_IMPORT) -> None:
   (importlib.util.LazyLoader would not do: an import statement reads __spec__, which loads its
   modules.)"""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   if "tensorflow" in sys.modules:
     return
   for name in names:
@@ -351,7 +351,9 @@ def autograph_converted_functions() -> list[str]:
   """'file:function' of every function autograph has converted in this process (its transpiler's
   cache): tfdp traces without autograph (tfdp/core/trainer.py), so this lists only what other
   code converted. For tests and benchmarks/suite_processes."""
-  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  # Imports nothing: this may run as a process leaves, in a signal's thread while the main thread
+  # is importing TensorFlow, where an import deadlocks (_DeadlockError in the main thread).
+  api = sys.modules.get("tensorflow.python.autograph.impl.api")
   cache = getattr(getattr(api, "_TRANSPILER", None), "_cache", None)
   codes = list(getattr(cache, "_cache", {}).keys())
   return sorted(f"{code.co_filename}:{code.co_name}" for code in codes
