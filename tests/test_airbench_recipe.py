@@ -2,6 +2,7 @@
 learning-rate multiplier, Dirac initialization, translate test-time augmentation. Each is
 checked against a reference written here from airbench's definition."""
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -156,7 +157,10 @@ def test_dirac_initialization_passes_each_input_channel_through():
   import keras  # pylint: disable=g-import-not-at-top
   from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
   for dirac in (True, False):
-    model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 16), dirac_init=dirac)
+    with warnings.catch_warnings():  # NumPy 2's DeprecationWarning on np.array(a variable)
+      warnings.simplefilter("error", DeprecationWarning)
+      model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 16),
+                                 dirac_init=dirac)
     convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)
              and l.kernel_size == (3, 3)]
     assert len(convs) == 6

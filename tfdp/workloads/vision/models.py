@@ -201,7 +201,7 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
     layer = layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=init())
     y = layer(x)
     if dirac_init:
-      layer.kernel.assign(dirac_kernel(layer.kernel))
+      layer.kernel.assign(dirac_kernel(layer.kernel.numpy()))  # np.array(variable) warns in NumPy 2
     return y
 
   stem_width = 2 * 2 * 2 * input_shape[-1]  # every 2x2 patch direction, and its negative
