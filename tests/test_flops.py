@@ -75,7 +75,8 @@ def test_attention_and_einsum_dense_count_as_by_hand():
       "einsum_dense": 2 * tokens * width * 5}
 
 
-def test_a_layer_it_cannot_count_makes_the_count_unknown():
+def with_a_layer_of_its_own():
+  """Dense(2) after a weighted layer of a kind no count knows, named "s"."""
   import keras  # pylint: disable=g-import-not-at-top
 
   class Scale(keras.layers.Layer):
@@ -86,7 +87,11 @@ def test_a_layer_it_cannot_count_makes_the_count_unknown():
       return x * self.w
 
   inputs = keras.Input((4,))
-  count = flops.count_flops(keras.Model(inputs, keras.layers.Dense(2)(Scale(name="s")(inputs))))
+  return keras.Model(inputs, keras.layers.Dense(2)(Scale(name="s")(inputs)))
+
+
+def test_a_layer_it_cannot_count_makes_the_count_unknown():
+  count = flops.count_flops(with_a_layer_of_its_own())
   assert count.uncounted == ["s (Scale)"]
   assert math.isnan(count.training_per_example)
 
@@ -241,3 +246,100 @@ def test_workers_on_one_host_share_its_cores_in_the_peak():
   one, how = flops.job_peak_flops(_MultiWorker(["127.0.0.1:1", "127.0.0.1:2"]), "float32")
   two, how_two = flops.job_peak_flops(_MultiWorker(["node1:2222", "node2:2222"]), "float32")
   assert two == pytest.approx(2 * one) and "2 hosts x" in how_two and "hosts" not in how
+
+
+# ---- the traced count (a model the layer walk cannot count) --------------------------------------
+
+def _spec(**shapes):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return {name: tf.TensorSpec(shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
+def test_the_traced_graph_counts_what_the_layer_walk_counts():
+  """Two independent counts of the same work: the layers' shapes, and the ops TensorFlow runs
+  (a strided and a 1x1 conv, a depthwise conv, Dense on tokens, attention, ResNet-20)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  tokens = keras.Input((16, 8))
+  attention = keras.layers.MultiHeadAttention(2, 4)(tokens, tokens)
+  text = keras.Model(tokens, keras.layers.Dense(3)(attention))
+  depthwise_in = keras.Input((8, 8, 3))
+  depthwise = keras.Model(depthwise_in, keras.layers.DepthwiseConv2D(3, depth_multiplier=2)(
+      depthwise_in))
+  for model, shape in ((tiny_cnn(), (None, 8, 8, 3)), (text, (None, 16, 8)),
+                       (depthwise, (None, 8, 8, 3)),
+                       (models.build_model("resnet20", (32, 32, 3), 10), (None, 32, 32, 3))):
+    walked = flops.count_flops(model)
+    assert not walked.uncounted and walked.forward_per_example > 0
+    traced = flops.traced_forward_flops(lambda batch, m=model: m(batch["x"], training=False),
+                                        _spec(x=(shape, tf.float32)))
+    assert traced == walked.forward_per_example, model.name
+
+
+def test_a_bert_masked_lm_is_counted_from_its_traced_graph_as_by_hand():
+  """keras_hub's TransformerEncoder and the masked-LM head are layers the walk does not know:
+  the masked-LM jobs had no MFU. The sequence length is the data's (the backbone's is None)."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seq, hidden, heads, ffn, vocab, masks, layers = 32, 64, 4, 128, 1000, 5, 2
+  backbone = keras_hub.models.BertBackbone(vocab, layers, heads, hidden, ffn,
+                                           max_sequence_length=seq)
+  model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+  assert flops.count_flops(model).uncounted  # the walk alone: unknown
+  spec = _spec(token_ids=((None, seq), tf.int32), padding_mask=((None, seq), tf.bool),
+               segment_ids=((None, seq), tf.int32), mask_positions=((None, masks), tf.int32),
+               mask_labels=((None, masks), tf.int32))  # in the batch, not a model input
+  inputs = lambda batch: {k: batch[k] for k in ("token_ids", "padding_mask", "segment_ids",
+                                                "mask_positions")}
+  encoder_layer = (4 * seq * hidden * hidden  # q, k, v, output projections
+                   + 2 * seq * seq * hidden  # scores and context, over every head
+                   + 2 * seq * hidden * ffn)  # the feed-forward block
+  head = masks * (hidden * hidden + hidden * vocab)  # at the masked positions: dense, logits
+  pooled = hidden * hidden  # the backbone's pooled [CLS] output, computed whether used or not
+  assert flops.traced_forward_flops(lambda batch: model(inputs(batch), training=False), spec) == (
+      2 * (layers * encoder_layer + head + pooled))
+
+
+def test_a_loop_or_a_shape_known_only_at_run_time_leaves_the_traced_count_unknown():
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  inputs = keras.Input((6, 4))
+  rnn = keras.Model(inputs, keras.layers.SimpleRNN(3)(inputs))  # its matmuls are in a loop body
+  forward = lambda batch, m=rnn: m(batch["x"], training=False)
+  assert flops.traced_forward_flops(forward, _spec(x=((None, 6, 4), tf.float32))) is None
+  dense = keras.Sequential([keras.layers.Dense(2)])
+  forward = lambda batch: dense(batch["x"])
+  assert flops.traced_forward_flops(forward, _spec(x=((None, None, 4), tf.float32))) is None
+
+
+def test_the_traced_count_is_asked_only_when_the_walk_cannot_count():
+  asked = []
+
+  def traced():
+    asked.append(True)
+    return 1000
+
+  strategy = _MultiWorker(["h:1"])
+  per_example, _, how = flops.training_flops_and_peak(tiny_cnn(), strategy, "float32", traced)
+  assert per_example == 3 * 2 * sum(TINY_CNN_MACS.values()) and not asked
+  unknown = with_a_layer_of_its_own()
+  per_example, _, how = flops.training_flops_and_peak(unknown, strategy, "float32", traced)
+  assert per_example == 3000 and asked and "traced forward graph" in how
+  per_example, _, how = flops.training_flops_and_peak(unknown, strategy, "float32", lambda: None)
+  assert math.isnan(per_example) and "FLOPs not counted: s (Scale)" in how
+
+
+def test_transposed_matmuls_and_einsums_count_their_inner_dimension():
+  """A layer of your own may call tf.matmul with adjoints or tf.einsum directly (an Einsum op;
+  Keras's own einsums reach the graph as BatchMatMulV2)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def forward(batch):
+    x = batch["x"]  # (1, 5, 3) traced
+    return [tf.matmul(x, x, adjoint_a=True),  # (3, 5) x (5, 3): 3*3 outputs x 5
+            tf.matmul(tf.reshape(x, (5, 3)), tf.ones((5, 2)), transpose_a=True),  # 3*2 x 5
+            tf.einsum("...ij,...jk->...ik", x, tf.ones((1, 3, 2))),  # 5*2 outputs x 3
+            tf.einsum("bij,bik->bjk", x, x)]  # 3*3 outputs x 5
+  spec = _spec(x=((None, 5, 3), tf.float32))
+  assert flops.traced_forward_flops(forward, spec) == 2 * (9 * 5 + 6 * 5 + 10 * 3 + 9 * 5)

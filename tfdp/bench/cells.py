@@ -87,9 +87,11 @@ def _wait_for_peers(folder: str, count: int, timeout: float = 600.0) -> None:
 
 def _flops(exp) -> dict:
   """The model's training FLOPs per example and the peak of the devices this cell trains on."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import flops  # pylint: disable=g-import-not-at-top
-  per_example, peak, how = flops.training_flops_and_peak(exp.trainer.model, exp.trainer.strategy,
-                                                         exp.trainer.precision)
+  per_example, peak, how = flops.trainer_flops_and_peak(
+      exp.trainer, lambda: exp.train_dataset_fn(epochs=1)(
+          tf.distribute.InputContext()).element_spec)
   return {"train_flops_per_example": per_example, "peak_flops": peak, "peak_how": how,
           "precision": exp.trainer.precision}
 

@@ -373,8 +373,8 @@ class Controller:
     watchdog = Watchdog(trainer.config.runtime.watchdog_seconds)
     step, last_row = start, {}
     logging.info("training: steps %d-%d in loops of up to %d", start + 1, total, cfg.steps_per_loop)
-    flops_per_example, peak_flops, peak_how = flops.training_flops_and_peak(
-        trainer.model, trainer.strategy, trainer.precision)
+    flops_per_example, peak_flops, peak_how = flops.trainer_flops_and_peak(
+        trainer, lambda: iterator.element_spec)
     logging.info("MFU against a peak of %.4g FLOP/s (%s)", peak_flops, peak_how)
     progress = logs.Progress(total, steps_per_epoch, trainer.task.reported_metric_names(),
                              enabled=trainer.verbose, flops_per_example=flops_per_example,

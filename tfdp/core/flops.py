@@ -8,6 +8,10 @@ pooling, additions, softmax (a few FLOPs per activation, beside hundreds per out
 A training step costs 3x the forward pass (the backward pass computes two matmuls per forward
 one: gradients of the inputs and of the weights). Rematerialization and the optimizer's update
 are not model FLOPs, so MFU leaves them out by design.
+
+Two counts of the same work: the layer walk (count_flops, from the layers' shapes), and for a
+model with layers it does not know (keras_hub's TransformerEncoder, a user's own) the forward
+graph traced on one example of the data (traced_forward_flops, from the ops' shapes).
 """
 from __future__ import annotations
 
@@ -123,6 +127,80 @@ def count_flops(model) -> FlopCount:
   return FlopCount(sum(per_layer.values()), per_layer, uncounted)
 
 
+# ---- the traced count: a model of layers the walk does not know ---------------------------------
+
+# Ops whose multiply-adds are counted from their shapes; the same work the layer walk counts
+# (a Dense on 3-D inputs is a MatMul, attention's einsums become BatchMatMulV2, a Conv1D a Conv2D).
+_CONTRACTIONS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
+                 "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+                 "Conv3DBackpropInputV2")
+# Ops whose bodies are other graphs (an RNN's loop, a nested tf.function): not walked, so a graph
+# holding one has an unknown count.
+_BODIES = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+           "PartitionedCall", "StatefulPartitionedCall")
+
+
+def traced_forward_flops(forward, element_spec) -> int | None:
+  """Forward FLOPs per example of `forward(batch)` (the model on a task's batch), from its graph
+  traced on one example of zeros shaped as `element_spec` (the training data's; a distributed
+  iterator's per-replica spec, its first replica's). Counts the multiply-adds of the matmuls,
+  einsums and convolutions, as the layer walk does; None where the count is unknown: a shape
+  known only at run time, a loop or nested function in the graph, a model that fails on zeros."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def one_example(spec):
+    spec = tf.nest.flatten(spec, expand_composites=True)[0]  # a PerReplicaSpec: one replica's
+    if not isinstance(spec, tf.TensorSpec) or None in spec.shape[1:]:
+      raise TypeError("not a dense tensor of known shape")
+    shape = [1, *spec.shape[1:]] if spec.shape.rank else []
+    return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+  try:
+    graph = tf.function(lambda: forward(tf.nest.map_structure(one_example, element_spec)),
+                        autograph=False).get_concrete_function().graph
+    macs = 0
+    for op in graph.get_operations():
+      if op.type in _BODIES:
+        return None
+      if op.type in _CONTRACTIONS:
+        macs += _op_macs(op)
+    return 2 * macs
+  except Exception:  # pylint: disable=broad-except  (an MFU is never worth a failed run)
+    return None
+
+
+def _op_macs(op) -> int:
+  dims = lambda tensor: [int(d) for d in tensor.shape]  # TypeError on an unknown dimension
+  out = _size(dims(op.outputs[0]))
+  kind = op.type
+  if kind == "MatMul":
+    a = dims(op.inputs[0])
+    return out * (a[0] if op.get_attr("transpose_a") else a[1])
+  if kind.startswith("BatchMatMul"):
+    a = dims(op.inputs[0])
+    return out * (a[-2] if op.get_attr("adj_x") else a[-1])
+  if kind == "Einsum":
+    return out * _size(_einsum_contracted(op.get_attr("equation").decode(),
+                                          [dims(t) for t in op.inputs]).values())
+  if kind in ("Conv2D", "Conv3D"):  # filter (*window, in/groups, out)
+    return out * _size(dims(op.inputs[1])[:-1])
+  if kind == "DepthwiseConv2dNative":  # filter (h, w, in, multiplier): one input channel each
+    return out * _size(dims(op.inputs[1])[:2])
+  # Conv2DBackpropInput / Conv3DBackpropInputV2 (a transposed convolution's forward pass): every
+  # input position meets the whole filter (*window, out, in).
+  return _size(dims(op.inputs[2])[:-1]) * _size(dims(op.inputs[1]))
+
+
+def _einsum_contracted(equation: str, shapes: list) -> dict:
+  """{letter: size} of the letters summed over (in an input, not in the output)."""
+  inputs, output = equation.replace(" ", "").split("->")
+  sizes = {}
+  for letters, shape in zip(inputs.split(","), shapes):
+    letters = letters.replace("...", "")  # broadcast dims are kept in the output: not contracted
+    sizes.update(zip(letters, shape[len(shape) - len(letters):]))
+  return {letter: size for letter, size in sizes.items() if letter not in output}
+
+
 # ---- peaks ---------------------------------------------------------------------------------------
 
 # Two FMA pipes per core on every x86 core since Haswell / Zen 2 (Intel Xeon Bronze and some
@@ -210,11 +288,28 @@ def mfu(flops_per_example: float, examples_per_sec: float, peak: float) -> float
   return flops_per_example * examples_per_sec / peak if peak else math.nan
 
 
-def training_flops_and_peak(model, strategy, precision: str) -> tuple[float, float, str]:
+def training_flops_and_peak(model, strategy, precision: str,
+                            traced_forward=None) -> tuple[float, float, str]:
   """(training FLOPs per example, the job's peak FLOP/s, how the peak was made); NaN for what is
-  unknown (a layer it cannot count, a GPU not in the table)."""
+  unknown (a layer no count knows, a GPU not in the table). `traced_forward`: a callable giving
+  traced_forward_flops for the job's data, asked only when the layer walk leaves layers
+  uncounted (keras_hub's TransformerEncoder; a layer of your own)."""
   count = count_flops(model)
+  per_example = count.training_per_example
   peak, how = job_peak_flops(strategy, precision)
   if count.uncounted:
-    how += f"; FLOPs not counted: {', '.join(count.uncounted[:3])}"
-  return count.training_per_example, peak, how
+    traced = traced_forward() if traced_forward else None
+    if traced:
+      per_example = float(TRAINING_OVER_FORWARD * traced)
+      how += "; FLOPs counted in the traced forward graph"
+    else:
+      how += f"; FLOPs not counted: {', '.join(count.uncounted[:3])}"
+  return per_example, peak, how
+
+
+def trainer_flops_and_peak(trainer, data_spec) -> tuple[float, float, str]:
+  """training_flops_and_peak for a trainer; `data_spec()` gives its training data's element
+  spec, asked only when the layer walk cannot count the model."""
+  forward = lambda batch: trainer.model(trainer.task.model_inputs(batch), training=False)
+  return training_flops_and_peak(trainer.model, trainer.strategy, trainer.precision,
+                                 lambda: traced_forward_flops(forward, data_spec()))
