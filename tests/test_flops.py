@@ -343,3 +343,23 @@ def test_transposed_matmuls_and_einsums_count_their_inner_dimension():
             tf.einsum("bij,bik->bjk", x, x)]  # 3*3 outputs x 5
   spec = _spec(x=((None, 5, 3), tf.float32))
   assert flops.traced_forward_flops(forward, spec) == 2 * (9 * 5 + 6 * 5 + 10 * 3 + 9 * 5)
+
+
+def test_tracing_a_model_with_a_custom_gradient_leaves_no_graph_alive():
+  """tf.custom_gradient registers each traced call's gradient function globally, holding its
+  graph (tensorflow/tensorflow#97697): the throwaway trace must not stay in memory for good."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.custom_gradient
+  def doubled(x):
+    return x * 2, lambda dy: dy * 2
+
+  inputs = keras.Input((4,))
+  model = keras.Model(inputs, keras.layers.Lambda(doubled)(keras.layers.Dense(3)(inputs)))
+  graphs = lambda: (gc.collect(), sum(type(o).__name__ == "FuncGraph" for o in gc.get_objects()))[1]
+  before = graphs()
+  spec = _spec(x=((None, 4), tf.float32))
+  assert flops.traced_forward_flops(lambda batch: model(batch["x"]), spec) == 2 * 4 * 3
+  assert graphs() == before

@@ -147,6 +147,7 @@ def traced_forward_flops(forward, element_spec) -> int | None:
   einsums and convolutions, as the layer walk does; None where the count is unknown: a shape
   known only at run time, a loop or nested function in the graph, a model that fails on zeros."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
 
   def one_example(spec):
     spec = tf.nest.flatten(spec, expand_composites=True)[0]  # a PerReplicaSpec: one replica's
@@ -156,8 +157,10 @@ def traced_forward_flops(forward, element_spec) -> int | None:
     return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
   try:
-    graph = tf.function(lambda: forward(tf.nest.map_structure(one_example, element_spec)),
-                        autograph=False).get_concrete_function().graph
+    # A tf.custom_gradient in the model would keep this throwaway graph alive for good.
+    trace = compat.custom_gradients_dropped(
+        lambda: forward(tf.nest.map_structure(one_example, element_spec)))
+    graph = tf.function(trace, autograph=False).get_concrete_function().graph
     macs = 0
     for op in graph.get_operations():
       if op.type in _BODIES:
