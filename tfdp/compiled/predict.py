@@ -25,11 +25,13 @@ def _speaking_as(caller: str):
   return wrap
 
 
-def _keras_arguments(caller: str, verbose, steps, callbacks) -> None:
+def _keras_arguments(verbose, steps, callbacks) -> None:
   """Keras's evaluate/predict arguments tfdp has no use for: `verbose` is taken (tfdp prints
   no progress bar: its loop is one compiled call); `steps` and `callbacks` are refused."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  caller = errors.terms().caller
   if not (verbose == "auto" if isinstance(verbose, str) else
           isinstance(verbose, int) and not isinstance(verbose, bool) and 0 <= verbose <= 2):
     shown = (config_lib.short_repr(verbose) if isinstance(verbose, (str, int, float))
@@ -44,26 +46,27 @@ def _keras_arguments(caller: str, verbose, steps, callbacks) -> None:
                       "calls a callback's epoch hooks).")
 
 
-def _setup(model, x, y, sample_weight, batch_size, strategy, caller: str):
-  """`caller`: tfdp.evaluate (which needs labels) or tfdp.predict (inputs alone)."""
+def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool):
+  """`needs_labels`: tfdp.evaluate's; tfdp.predict reads inputs alone."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  if caller == "tfdp.evaluate" and getattr(model, "weights", None):  # before any copy is made
+  if needs_labels and getattr(model, "weights", None):  # before any copy is made
     task_lib.check_compiled(model)
   strategy, model, users_model = fit_lib.strategy_for(model, strategy)
   if users_model is not None:  # read only: the user's model stays as it was
     logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
-                    "inside it, with its weights", caller)
+                    "inside it, with its weights", errors.terms().caller)
   ranks = inputs_lib.input_ranks(model)
   inputs_lib.check_batch_size("batch_size", batch_size)
-  if caller == "tfdp.predict":  # inputs alone (a dataset's labels are kept, unused)
-    source = inputs_lib.predict_source(x, ranks)
-  else:
+  if needs_labels:
     source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight, batch_size=1,
                                     model_input_ranks=ranks).train
+  else:  # inputs alone (a dataset's labels are kept, unused)
+    source = inputs_lib.predict_source(x, ranks)
   batch = batch_size or inputs_lib.DEFAULT_BATCH_SIZE
   replicas = strategy.num_replicas_in_sync
   batch = -(-batch // replicas) * replicas  # whole per-replica batches; padding is weight 0
@@ -87,9 +90,9 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  _keras_arguments("tfdp.evaluate", verbose, steps, callbacks)
+  _keras_arguments(verbose, steps, callbacks)
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
-                                                        strategy, "tfdp.evaluate")
+                                                        strategy, needs_labels=True)
   task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False),
               steps=("test_step", "compute_loss", "compute_metrics"))
   size = 1 + 2 * len(task.metric_names) + task.metric_state_size
@@ -116,9 +119,9 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  _keras_arguments("tfdp.predict", verbose, steps, callbacks)
+  _keras_arguments(verbose, steps, callbacks)
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
-                                                        "tfdp.predict")
+                                                        needs_labels=False)
   del task
   task_lib.check_not_overridden(model, ("predict_step",))
   task_lib.outputs_of(model, next(iter(source.read([0]).take(2).batch(2)))["x"])
