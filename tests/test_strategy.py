@@ -48,12 +48,26 @@ def test_single_host_strategy_with_a_multi_worker_cluster_is_refused():
     strategy_lib.plan_strategy(runtime(strategy="mirrored"), TWO_WORKERS, CPUS)
 
 
-def test_make_strategy_default_in_process():
+def test_make_strategy_default_in_process(monkeypatch):
+  monkeypatch.setattr(strategy_lib, "_MADE", [])  # this worker's later in-process runs see none
   strategy, plan = strategy_lib.make_strategy(runtime(strategy="default"))
   assert plan.kind == "default" and strategy.num_replicas_in_sync == 1
   options = strategy_lib.communication_options(runtime(bytes_per_pack=1024,
                                                        collective_timeout_seconds=30), "ring")
   assert options.bytes_per_pack == 1024 and options.timeout_seconds == 30
+
+
+def test_a_default_strategy_made_earlier_claims_no_variable_and_records_nothing(monkeypatch):
+  """Every variable made outside a scope is the default strategy's: a `strategy: default` made
+  earlier in a notebook must not claim a model built outside the scope of the one made last
+  (tfdp.fit then trains a copy in that one's scope, and says so), nor stand for the settings
+  a run records."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(strategy_lib, "_MADE", [])
+  default, _ = strategy_lib.make_strategy(runtime(strategy="default"))
+  assert strategy_lib.strategy_of([tf.Variable(1.0)]) is None
+  assert strategy_lib.runtime_of(default, runtime(cpu_replicas=3)) == runtime(cpu_replicas=3)
+  assert strategy_lib.last_made() is default and strategy_lib.plan_of(default).kind == "default"
 
 
 def test_cpu_replicas_on_a_gpu_host_say_what_was_chosen_and_why():

@@ -303,31 +303,43 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   else:
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
-  _MADE[:] = [strategy, plan, runtime]
-  if plan.kind != "default":  # every variable made outside a scope is the default strategy's
-    # what ran: `auto` resolved to its kind
-    _EVERY_MADE.insert(0, (strategy, dataclasses.replace(runtime, strategy=plan.kind)))
+  _MADE.insert(0, _Made(strategy, plan, runtime))
   return strategy, plan
 
 
-_MADE: list = []  # the strategy this process made last, its plan and runtime settings: tfdp.fit
-# trains a model built in its scope, and its log line says what the strategy reduces with
-_EVERY_MADE: list = []  # newest first: a notebook may have made several (tfdp.train makes one)
+@dataclasses.dataclass(frozen=True)
+class _Made:
+  """A strategy make_strategy made, its plan, and the settings it was asked for (`auto` as
+  given): tfdp.fit trains a model built in its scope, and says what it reduces with."""
+  strategy: object
+  plan: StrategyPlan
+  runtime: RuntimeConfig
+
+  @property
+  def in_a_scope(self) -> bool:  # every variable made outside a scope is the default strategy's
+    return self.plan.kind != "default"
+
+
+_MADE: list[_Made] = []  # newest first: a notebook may make several (tfdp.train makes one)
+
+
+def _made(strategy) -> _Made | None:
+  return next((made for made in _MADE if made.strategy is strategy), None)
 
 
 def last_made(runtime: RuntimeConfig | None = None):
   """The strategy made last; with `runtime`, only if it was made from those settings."""
-  if not _MADE or (runtime is not None and _MADE[2] != runtime):
+  if not _MADE or (runtime is not None and _MADE[0].runtime != runtime):
     return None
-  return _MADE[0]
+  return _MADE[0].strategy
 
 
 def strategy_of(variables):
   """The strategy this process made whose scope created every one of `variables`, or None."""
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  for strategy, _ in _EVERY_MADE:
-    if all(compat.created_in_scope(strategy, v) for v in variables):
-      return strategy
+  for made in _MADE:
+    if made.in_a_scope and all(compat.created_in_scope(made.strategy, v) for v in variables):
+      return made.strategy
   return None
 
 
@@ -344,9 +356,10 @@ def runtime_of(strategy, runtime: RuntimeConfig) -> RuntimeConfig:
   """`runtime` with the settings `strategy` was made from (the library API's strategy is given,
   not made from the config), so a run's config.yaml records what ran: tfdp.make_strategy's
   settings, or a strategy of the user's own by its kind and devices."""
-  made = next((r for s, r in _EVERY_MADE if s is strategy), None)
-  if made is not None:
-    return dataclasses.replace(runtime, **{k: getattr(made, k) for k in MAKING_SETTINGS})
+  made = _made(strategy)
+  if made is not None and made.in_a_scope:  # what ran: `auto` resolved to its kind
+    ran = dataclasses.replace(made.runtime, strategy=made.plan.kind)
+    return dataclasses.replace(runtime, **{k: getattr(ran, k) for k in MAKING_SETTINGS})
   kind = _KINDS.get(type(strategy).__name__)
   if kind is None:  # the default strategy, or one tfdp does not know: left as the config says
     return runtime
@@ -355,8 +368,9 @@ def runtime_of(strategy, runtime: RuntimeConfig) -> RuntimeConfig:
 
 
 def plan_of(strategy) -> StrategyPlan | None:
-  """The plan make_strategy made `strategy` from, if it made it last."""
-  return _MADE[1] if _MADE and _MADE[0] is strategy else None
+  """The plan make_strategy made `strategy` from, if it made it."""
+  made = _made(strategy)
+  return made.plan if made is not None else None
 
 
 def describe(plan: StrategyPlan, num_replicas: int) -> str:
