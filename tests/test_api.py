@@ -162,7 +162,7 @@ def test_library_runs_say_their_fixes_in_their_own_arguments(notebook_session):
   train_said = out["resume_another_seed"]
   assert "model_dir '" in train_said and "pass start_over=True" in train_said, train_said
   assert "tfdp.train(start_over=True): the earlier run in " in stderr, stderr[-3000:]
-  assert out["params_malformed"].startswith("params item 'trainer.epochs' has no '='")
+  assert out["params_malformed"].startswith("tfdp.train: params item 'trainer.epochs' has no '='")
   fit_said = out["fit_resume_another_seed"]
   assert "model_dir '" in fit_said and "pass model_dir=None" in fit_said, fit_said
   for said in (train_said, out["params_malformed"], fit_said):

@@ -4,6 +4,7 @@ Keras's own metrics exact under padding, callbacks, a usable model and History a
 The cases run in tests/scripts/keras_fit_cases.py, one process each (the multi-worker one under
 tfdp-launch); these tests judge what they report."""
 import json
+import re
 import subprocess
 import sys
 
@@ -112,10 +113,12 @@ def test_keras_methods_work_on_the_trained_model_and_one_hot_metrics_are_exact(f
 
 
 def assert_one_lines(errors: dict, expected: dict) -> None:
-  """Each case's error is one line (no terminal escapes either) holding the expected words."""
+  """Each case's error is one line (no terminal escapes either) holding the expected words,
+  said by the function the user called ("tfdp.fit: ...")."""
   for case, words in expected.items():
     line = errors[case]
     assert words in line and "\n" not in line and "\x1b" not in line, (case, line)
+    assert re.match(r"tfdp\.(fit|evaluate|predict): ", line), (case, line)
 
 
 def test_bad_input_is_one_line_naming_the_fix(forms_result):

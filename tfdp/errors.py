@@ -11,6 +11,7 @@ act on. The training operator retries a pod whose code is 128 or more and fails 
 
 import contextlib
 import dataclasses
+import re
 
 EXIT_PERMANENT = 2
 EXIT_RESTART_GROUP = 203
@@ -75,11 +76,18 @@ def as_caller(text: str) -> str:
 
 @contextlib.contextmanager
 def speaking_as(caller_terms: Terms):
-  """The library's messages in `caller_terms` while a run in this process lasts."""
+  """The library's messages in `caller_terms` while a run in this process lasts; an error that
+  reaches the caller starts with what they called ("tfdp.fit: ..."), as tfdp-train's start
+  with "tfdp-train: error:"."""
   global _terms
   before, _terms = _terms, caller_terms
   try:
     yield
+  except TfdpError as error:
+    said = str(error)
+    if not re.match(r"tfdp[.-]\w+:", said):  # not already said as a tfdp function or app
+      error.args = (as_caller(said),)
+    raise
   finally:
     _terms = before
 
