@@ -39,7 +39,8 @@ def test_losses_and_metrics_are_keras_own_with_a_last_batch_of_other_size(cases,
     ("own_compute_loss", "tfdp.fit: OwnComputeLoss overrides compute_loss"),
     ("own_predict_step", "tfdp.predict: OwnPredictStep overrides predict_step"),
     ("running_max", "tfdp.fit: metric variable 'running_max/largest' does not add up"),
-    ("no_reduction", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction='none'")])
+    ("no_reduction", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction='none'"),
+    ("reduction_none", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction=None")])
 def test_what_tfdp_cannot_honour_is_refused_in_one_line(cases, case, said):
   """Each was trained or scored silently otherwise before (an override ignored, a running
   maximum summed over batches)."""

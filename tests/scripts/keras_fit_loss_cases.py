@@ -130,6 +130,7 @@ out = {
     "own_predict_step": refused(OwnPredictStep, call=tfdp.predict),
     "running_max": refused(metrics=[RunningMax()]),
     "no_reduction": refused(reduction="none"),
+    "reduction_none": refused(reduction=None),  # Keras takes None for "none"
 }
 print(json.dumps(out))
 os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown)

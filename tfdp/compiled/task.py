@@ -338,11 +338,11 @@ def _reduction(loss, y_pred) -> str:
   """Keras's reduction of a compiled loss, as tfdp.fit applies it: mean, sum or
   mean_with_sample_weight; others are refused."""
   import keras  # pylint: disable=g-import-not-at-top
-  reduction = getattr(loss, "reduction", "sum_over_batch_size") or "none"
-  reduction = {"sum_over_batch_size": "mean"}.get(reduction, reduction)
+  given = getattr(loss, "reduction", "sum_over_batch_size")
+  reduction = {"sum_over_batch_size": "mean"}.get(given or "none", given or "none")
   name = getattr(loss, "name", type(loss).__name__)
   if reduction not in ("mean", "sum", "mean_with_sample_weight"):
-    raise ConfigError(errors.as_caller(f"loss '{name}' has reduction={reduction!r}, which gives no "
+    raise ConfigError(errors.as_caller(f"loss '{name}' has reduction={given!r}, which gives no "
                                        "single loss to train; use sum_over_batch_size (the "
                                        "default), sum or mean_with_sample_weight."))
   if reduction == "mean_with_sample_weight" and len(keras.ops.shape(y_pred)) > 2:
