@@ -1,6 +1,7 @@
-"""Model FLOPs and MFU (tfdp.core.flops): the layer count against hand counts, the CPU peak
-formula on given /proc/cpuinfo facts, the GPU table, and where the numbers are shown (the
-training log's line, tfdp-bench's throughput table). No training."""
+"""Model FLOPs and MFU (tfdp.core.flops): the layer count against hand counts, the traced
+graph's count against the layer count and hand counts, the CPU peak formula on given
+/proc/cpuinfo facts, the GPU table, and where the numbers are shown (the training log's line,
+tfdp-bench's throughput table). No training."""
 import io
 import math
 
