@@ -7,7 +7,6 @@ import contextlib
 import yaml
 
 from tfdp import config as config_lib
-from tfdp import errors
 from tfdp.errors import ConfigError
 
 
@@ -19,9 +18,9 @@ def overrides(params) -> list[str]:
   items = list(params) if isinstance(params, (list, tuple)) else [params]
   wrong = [item for item in items if not isinstance(item, (str, dict))]
   if wrong:
-    raise ConfigError(errors.as_caller(
+    raise ConfigError(
         f"params holds {config_lib.short_repr(wrong[0])} (type {type(wrong[0]).__name__}); pass "
-        "'a.b=v,c=w', a dict, or a list of 'a.b=v' strings."))
+        "'a.b=v,c=w', a dict, or a list of 'a.b=v' strings.")
   return [item if isinstance(item, str) else yaml.safe_dump(item) for item in items if item]
 
 

@@ -26,12 +26,12 @@ def check_callbacks(callbacks) -> list:
   callbacks = list(callbacks or [])
   for callback in callbacks:
     if not isinstance(callback, keras.callbacks.Callback):
-      raise ConfigError(errors.as_caller(f"callbacks holds a {type(callback).__name__}, not a "
-                                         "keras.callbacks.Callback; pass Keras callback objects."))
+      raise ConfigError(f"callbacks holds a {type(callback).__name__}, not a "
+                        "keras.callbacks.Callback; pass Keras callback objects.")
     for name, instead in REFUSED.items():
       if isinstance(callback, getattr(keras.callbacks, name)):
-        raise ConfigError(errors.as_caller(f"keras.callbacks.{name} races between workers in Keras "
-                                           f"3; {instead}; drop it from callbacks."))
+        raise ConfigError(f"keras.callbacks.{name} races between workers in Keras "
+                          f"3; {instead}; drop it from callbacks.")
     uncalled = [hook for hook in UNCALLED_HOOKS if hook in vars(callback) or
                 getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)]
     if uncalled:

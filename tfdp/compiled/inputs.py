@@ -21,7 +21,7 @@ DEFAULT_BATCH_SIZE = 32  # keras.Model.fit's
 
 
 def fail(argument: str, problem: str, fix: str) -> DataError:
-  return DataError(errors.as_caller(f"{argument} {problem}; {fix}."))
+  return DataError(f"{argument} {problem}; {fix}.")
 
 
 @dataclasses.dataclass

@@ -42,10 +42,10 @@ def _said_as_compile_mismatch():
   try:
     yield
   except ValueError as e:
-    raise ConfigError(errors.as_caller(
+    raise ConfigError(
         f"compile()'s losses or metrics do not match the model's outputs (Keras: "
         f"{keras_error_line(e)[:200]}); give them per output, e.g. metrics={{'<output name>': "
-        "['mae']}, or as a list in the outputs' order.")) from None
+        "['mae']}, or as a list in the outputs' order.") from None
 
 
 def outputs_of(model, x):
@@ -54,9 +54,9 @@ def outputs_of(model, x):
   try:
     return model(x, training=False)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-    raise DataError(errors.as_caller(f"the model does not take x as given (x: {_spec_of(x)}; "
-                                     f"Keras: {keras_error_line(e)[:240]}); pass x in the shape "
-                                     "and structure of the model's inputs.")) from None
+    raise DataError(f"the model does not take x as given (x: {_spec_of(x)}; "
+                    f"Keras: {keras_error_line(e)[:240]}); pass x in the shape "
+                    "and structure of the model's inputs.") from None
 
 
 @tasks.register_task("keras_model")
@@ -94,8 +94,8 @@ class CompiledModelTask(tasks.Task):
     self.sample = sample = next(iter(inputs.train.read([0]).take(8).batch(8)))
     y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
-      raise DataError(errors.as_caller("y holds strings; pass numeric labels (class ids, e.g. from "
-                                       "keras.layers.StringLookup, or numbers)."))
+      raise DataError("y holds strings; pass numeric labels (class ids, e.g. from "
+                      "keras.layers.StringLookup, or numbers).")
     y_true = self._align(sample["y"], y_pred)
     _check_labels(model, compile_loss, y_true, y_pred)
     with _said_as_compile_mismatch():
@@ -126,10 +126,10 @@ class CompiledModelTask(tasks.Task):
       compile_metrics.reset_state()
       for variable in compile_metrics.variables:
         if getattr(variable, "aggregation", "sum") not in ("sum", "none", None):
-          raise ConfigError(errors.as_caller(f"metric variable '{variable.path}' is aggregated by "
-                                             f"'{variable.aggregation}', not summed, so it cannot "
-                                             "be combined across replicas; drop that metric or "
-                                             "compute it after training with tfdp.predict."))
+          raise ConfigError(f"metric variable '{variable.path}' is aggregated by "
+                            f"'{variable.aggregation}', not summed, so it cannot "
+                            "be combined across replicas; drop that metric or "
+                            "compute it after training with tfdp.predict.")
         self._metric_variables.append(variable)
         self._metric_initial.append(np.asarray(tf.identity(variable.value).numpy()))
     self._state_sizes = [int(v.size) for v in self._metric_initial]
@@ -315,9 +315,9 @@ def check_compiled(model):
   """The model's compiled loss and metrics; one line if it was not compiled."""
   compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
   if compile_loss is None or getattr(model, "optimizer", None) is None:
-    raise ConfigError(errors.as_caller("the model is not compiled with an optimizer and a loss; "
-                                       "call model.compile(optimizer=..., loss=..., "
-                                       "metrics=[...]) first."))
+    raise ConfigError("the model is not compiled with an optimizer and a loss; "
+                      "call model.compile(optimizer=..., loss=..., "
+                      "metrics=[...]) first.")
   return compile_loss, compile_metrics
 
 
@@ -328,10 +328,10 @@ def check_not_overridden(model, steps) -> None:
           if next(c for c in type(model).__mro__ if name in vars(c)).__module__.split(".")[0]
           != "keras"]
   if mine:
-    raise ConfigError(errors.as_caller(
+    raise ConfigError(
         f"{type(model).__name__} overrides {', '.join(mine)}, which tfdp's own training loop "
         "never calls (it runs call(), the compiled loss and metrics); move that logic into "
-        "call(), a loss or a metric, or train with model.fit."))
+        "call(), a loss or a metric, or train with model.fit.")
 
 
 def _reduction(loss, y_pred) -> str:
@@ -342,13 +342,13 @@ def _reduction(loss, y_pred) -> str:
   reduction = {"sum_over_batch_size": "mean"}.get(given or "none", given or "none")
   name = getattr(loss, "name", type(loss).__name__)
   if reduction not in ("mean", "sum", "mean_with_sample_weight"):
-    raise ConfigError(errors.as_caller(f"loss '{name}' has reduction={given!r}, which gives no "
-                                       "single loss to train; use sum_over_batch_size (the "
-                                       "default), sum or mean_with_sample_weight."))
+    raise ConfigError(f"loss '{name}' has reduction={given!r}, which gives no "
+                      "single loss to train; use sum_over_batch_size (the "
+                      "default), sum or mean_with_sample_weight.")
   if reduction == "mean_with_sample_weight" and len(keras.ops.shape(y_pred)) > 2:
-    raise ConfigError(errors.as_caller(f"loss '{name}' with reduction={reduction!r} on outputs of "
-                                       "several values per example is not supported; use "
-                                       "sum_over_batch_size (the default)."))
+    raise ConfigError(f"loss '{name}' with reduction={reduction!r} on outputs of "
+                      "several values per example is not supported; use "
+                      "sum_over_batch_size (the default).")
   return reduction
 
 
@@ -391,11 +391,11 @@ def _check_metrics_add_up(model, metrics, x, y_true) -> None:
                          change(slice(0, count)))
   for variable, a, b, ab in zip(metrics.variables, first, second, both):
     if not (np.all(np.isfinite(ab)) and np.allclose(a + b, ab, rtol=1e-4, atol=1e-5)):
-      raise ConfigError(errors.as_caller(f"metric variable '{variable.path}' does not add up over "
-                                         "batches (its update is not a sum of per-example parts, "
-                                         "e.g. a running maximum), so tfdp cannot combine it "
-                                         "across replicas; drop that metric or compute it after "
-                                         "training with tfdp.predict."))
+      raise ConfigError(f"metric variable '{variable.path}' does not add up over "
+                        "batches (its update is not a sum of per-example parts, "
+                        "e.g. a running maximum), so tfdp cannot combine it "
+                        "across replicas; drop that metric or compute it after "
+                        "training with tfdp.predict.")
 
 
 def _check_one_value_each(metrics) -> None:
@@ -405,10 +405,10 @@ def _check_one_value_each(metrics) -> None:
   for name, value in metrics.result().items():
     size = int(np.size(keras.ops.convert_to_numpy(value)))
     if size > 1:
-      raise ConfigError(errors.as_caller(
+      raise ConfigError(
           f"metric '{name}' gives {size} values (one per threshold or class), and tfdp reports "
           "one number per metric; pass one metric per threshold (e.g. Recall(thresholds=0.3, "
-          "name='recall_at_0.3')), or average='macro' or 'micro' (F1Score, FBetaScore)."))
+          "name='recall_at_0.3')), or average='macro' or 'micro' (F1Score, FBetaScore).")
 
 
 def _plain(value):
@@ -456,14 +456,14 @@ def _check_labels(model, compile_loss, y_true, y_pred) -> None:
   width = y_pred.shape[-1]
   sparse = "sparse_categorical" in name
   if sparse and labels.ndim == len(y_pred.shape) and labels.shape[-1] == width > 1:
-    raise DataError(errors.as_caller(f"y looks one-hot (last dimension {width}), but the loss is "
-                                     f"{name}, which takes class ids; pass integer labels "
-                                     "(y.argmax(-1)) or use CategoricalCrossentropy."))
+    raise DataError(f"y looks one-hot (last dimension {width}), but the loss is "
+                    f"{name}, which takes class ids; pass integer labels "
+                    "(y.argmax(-1)) or use CategoricalCrossentropy.")
   if "categorical" in name and not sparse and width > 1 and (
       labels.ndim < len(y_pred.shape) or labels.shape[-1] == 1):
-    raise DataError(errors.as_caller(f"y holds class ids, but the loss is {name}, which takes "
-                                     "one-hot labels; use SparseCategoricalCrossentropy or "
-                                     "keras.utils.to_categorical(y)."))
+    raise DataError(f"y holds class ids, but the loss is {name}, which takes "
+                    "one-hot labels; use SparseCategoricalCrossentropy or "
+                    "keras.utils.to_categorical(y).")
   if not (getattr(model, "_is_graph_network", False) or isinstance(model, keras.Sequential)):
     return  # a subclassed model's call() may apply its own softmax: no layer says so
   from_logits = getattr(loss, "from_logits", None)
