@@ -111,7 +111,7 @@ def _check_optimizer_builds(model) -> None:
     optimizer.build(model.trainable_variables)
   except (RuntimeError, ValueError):
     raise ConfigError(
-        "tfdp.fit: the model's optimizer cannot hold state for its weights: they were made "
+        "the model's optimizer cannot hold state for its weights: they were made "
         "outside the strategy's scope it was compiled in (model.fit refuses it too); build and "
         "compile the model in one place, e.g. both under tfdp.make_strategy().scope().") from None
 
@@ -325,7 +325,7 @@ def _check_traces(model, x) -> None:
   except Exception as e:  # pylint: disable=broad-except  (whatever call() does eagerly only)
     said = task_lib.keras_error_line(e) if str(e).strip() else ""
     raise ConfigError(
-        f"tfdp.fit: the model is compiled with run_eagerly=True and its call() fails when traced "
+        f"the model is compiled with run_eagerly=True and its call() fails when traced "
         f"({type(e).__name__}: {said[:200]}); tfdp trains compiled: make call() "
         "graph-friendly (keras.ops or tf.cond, no Python on tensor values), or debug it eagerly "
         "with model.fit.") from None

@@ -110,7 +110,7 @@ def check_compiled_optimizer(optimizer) -> None:
   steps = getattr(optimizer, "gradient_accumulation_steps", None)
   if steps:
     raise ConfigError(
-        f"tfdp.fit: the optimizer's gradient_accumulation_steps={steps} cannot run under "
+        f"the optimizer's gradient_accumulation_steps={steps} cannot run under "
         "tf.distribute (Keras applies it in a cond that needs a merge_call); drop it from the "
         f"optimizer and pass a batch_size {steps}x larger with params={{'trainer': "
         f"{{'gradient_accumulation_steps': {steps}}}}}: each step then takes the mean gradient "
@@ -119,7 +119,7 @@ def check_compiled_optimizer(optimizer) -> None:
   every = getattr(optimizer, "ema_overwrite_frequency", None)
   if getattr(optimizer, "use_ema", False) and every:
     raise ConfigError(
-        f"tfdp.fit: the optimizer's ema_overwrite_frequency={every} cannot run under "
+        f"the optimizer's ema_overwrite_frequency={every} cannot run under "
         "tf.distribute (Keras overwrites the weights in a cond that needs a merge_call); drop "
         "it: use_ema=True alone still ends fit with the weights' moving average, as model.fit "
         "does.")
