@@ -19,13 +19,16 @@ def cases(tmp_path_factory):
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["masked_steps", "summed_and_regularized", "weighted_mean"])
+@pytest.mark.parametrize("case", ["masked_steps", "summed_and_regularized",
+                                  "activity_regularized", "weighted_mean"])
 def test_losses_and_metrics_are_keras_own_with_a_last_batch_of_other_size(cases, case):
   """Every history value and the final weights equal model.fit's (60 examples in batches of 16).
   Seen failing on the old tfdp/compiled/task.py: a masked per-step loss was averaged over the
   padded steps too (loss 0.61 for Keras's 1.01) and an accuracy on it crashed; reduction="sum"
   trained a mean (gradients 16x smaller); the regularization was missing from loss and val_loss;
-  F1Score and R2Score, whose variables a first update creates, were missing from the history."""
+  F1Score and R2Score, whose variables a first update creates, were missing from the history;
+  an activity regularization counted the padded rows and was read, after the summed loss's
+  all-reduce, from another replica's call (weights 0.2 apart with the old trainer)."""
   result = cases[case]
   assert set(result["tfdp"]) == set(result["keras"]), result
   assert len(result["keras"]) >= 4, result  # loss, a metric, and their val_ forms

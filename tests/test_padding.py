@@ -5,6 +5,7 @@ import pytest
 import helpers
 from tfdp import config as config_lib
 from tfdp.core import data as data_lib
+from tfdp.core import regularization
 from tfdp.core import task as tasks
 
 tf = pytest.importorskip("tensorflow")
@@ -78,6 +79,26 @@ def test_weighted_loss_and_accuracy_count_every_example_once():
   last = batches(plan, data, training=False)[-1]
   ids = helpers.image_ids(last["image"].numpy())
   assert list(ids) == [24, 25] * 4 and list(last["weight"].numpy()) == [1, 1] + [0] * 6
+
+
+def test_activity_regularization_counts_the_real_rows_only():
+  """A padded batch (5 real rows, then copies of 3 of them at weight 0): inside a replica step,
+  Keras's f(output) / rows counts the real rows alone (still divided by all 8 rows, the trainer's
+  global-batch convention), and the layer has its own regularizer back afterwards."""
+  inner = keras.layers.Dense(3, activity_regularizer=keras.regularizers.L2(0.5))
+  model = keras.Sequential([keras.Input((4,)), keras.Sequential([inner]), keras.layers.Dense(2)])
+  x = tf.random.stateless_normal([5, 4], seed=[2, 3])
+  padded, real = tf.concat([x, x[:3]], axis=0), tf.constant([1.0] * 5 + [0.0] * 3)
+  own = inner.activity_regularizer
+  layers = regularization.regularized_layers(model)
+  assert layers == [inner]
+  with regularization.replica_step(layers, real) as step:
+    model(padded)
+    (kept,) = step.keep(model)
+  assert inner.activity_regularizer is own
+  np.testing.assert_allclose(float(kept), float(own(inner(x))) / 8, rtol=1e-6)
+  model(padded)  # outside a step: Keras's own, every row
+  np.testing.assert_allclose(float(model.losses[0]), float(own(inner(padded))) / 8, rtol=1e-6)
 
 
 def test_whole_padding_batches_repeat_the_last_and_a_resume_sees_the_same(tmp_path):

@@ -49,14 +49,26 @@ def masked_steps():
 
 
 def summed_and_regularized():
-  """A summed loss, an L2 kernel regularizer, a lazily built F1Score. (An activity regularizer
-  is a mean over each replica's rows, the padded last batch's copies included: not exact.)"""
+  """A summed loss, an L2 kernel regularizer, a lazily built F1Score."""
   inputs = keras.Input((6,))
   h = keras.layers.Dense(8, activation="relu",
                          kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
   model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
   model.compile(keras.optimizers.SGD(0.01), keras.losses.CategoricalCrossentropy(reduction="sum"),
                 metrics=[keras.metrics.F1Score(average="macro"), "accuracy"])
+  return model
+
+
+def activity_regularized():
+  """An activity regularizer (Keras: f(output) / the batch's rows) beside a summed loss, whose
+  counts are all-reduced between the model call and the read of model.losses: the padded last
+  batch's copies must not count, and each replica must read its own regularization."""
+  inputs = keras.Input((6,))
+  h = keras.layers.Dense(8, activation="relu",
+                         activity_regularizer=keras.regularizers.L2(0.05))(inputs)
+  model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+  model.compile(keras.optimizers.SGD(0.01), keras.losses.CategoricalCrossentropy(reduction="sum"),
+                metrics=["accuracy"])
   return model
 
 
@@ -123,6 +135,8 @@ out = {
     "masked_steps": both(masked_steps, tokens[:N], steps_y[:N], (tokens[N:], steps_y[N:])),
     "summed_and_regularized": both(summed_and_regularized, x[:N], one_hot[:N],
                                    (x[N:], one_hot[N:])),
+    "activity_regularized": both(activity_regularized, x[:N], one_hot[:N],
+                                 (x[N:], one_hot[N:])),
     "weighted_mean": both(weighted_mean, x[:N], target[:N], (x[N:], target[N:]),
                           sample_weight=weights),
     "own_train_step": refused(OwnTrainStep),

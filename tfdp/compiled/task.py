@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from tfdp.core import regularization
 from tfdp.core import task as tasks
 from tfdp.distributed import compat
 from tfdp import errors
@@ -201,6 +202,15 @@ class CompiledModelTask(tasks.Task):
         batch_rows if isinstance(count, float) else tf.math.divide_no_nan(batch_rows, next(divisors)))
             for values, count in zip(per_output, counts)]
 
+  def activity_scale(self, batch):
+    """Keras divides a batch's activity regularization by its own rows: all rows over real rows,
+    counted over every replica (1 but for a padded batch)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    real = batch["weight"]
+    totals = tf.stop_gradient(_summed_over_replicas(tf.stack(
+        [tf.cast(tf.shape(real)[0], tf.float32), tf.reduce_sum(real)])))
+    return tf.math.divide_no_nan(totals[0], totals[1])
+
   def per_example_loss(self, batch, outputs):
     weighted = [v * w for v, (_, _, w, _) in zip(self._losses(batch, outputs, "all"),
                                                    self._flat_losses)]
@@ -216,8 +226,10 @@ class CompiledModelTask(tasks.Task):
       per_example_loss = sum(v * w for v, (_, _, w, _) in zip(losses, self._flat_losses)) * (
           batch["sample_weight"])
     total = tf.reduce_sum(per_example_loss * weight)
-    if self.model.losses:  # Keras reports the regularization in its loss, once per batch
-      total += tf.cast(tf.add_n(self.model.losses), tf.float32) * count
+    regularizers = regularization.model_losses(self.model)
+    if regularizers:  # Keras reports the regularization in its loss, once per batch
+      total += tf.cast(tf.add_n(regularizers), tf.float32) * count
+      total += regularization.reported_once(count, tf.shape(weight)[0])
     sums = {"loss": (total, count)}
     if len(self.metric_names) > 1:
       for name, values in zip(self.metric_names[1:], losses):

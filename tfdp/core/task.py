@@ -154,6 +154,12 @@ class Task:
     weight = batch["weight"]
     return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight))}
 
+  def activity_scale(self, batch: dict):
+    """The factor on a layer's activity regularization, which Keras divides by the batch's rows
+    (padding included): None keeps that, the trainer's global-batch convention."""
+    del batch
+    return None
+
   def metric_state(self, batch: dict, outputs):
     """A float32 [metric_state_size] vector: this batch's additive contribution to metrics that
     are not one quotient (an AUC's confusion counts); summed over replicas, steps and workers."""

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tfdp.distributed import compat
 from tfdp.core import outputs
+from tfdp.core import regularization
 from tfdp.config.schema import ExperimentConfig
 from tfdp.core import optim
 from tfdp.core import resume
@@ -186,6 +187,7 @@ class Trainer:
       self.model = model_fn()
       self._replica_local = (compat.replica_local_statistics(self.model)
                              if strategy.num_replicas_in_sync > 1 else [])
+      self._regularized = regularization.regularized_layers(self.model)
       own_optimizer = task.make_optimizer(self.model)  # a compiled model's (tfdp.fit)
       if own_optimizer is None:
         self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
@@ -253,19 +255,23 @@ class Trainer:
                       self.task.metric_state_values)
 
   def _forward_backward(self, batch):
-    with tf.GradientTape() as tape:
-      outputs = self.model(self.task.model_inputs(batch), training=True)
-      per_example = per_example_loss(self.task, batch, outputs)
-      # Divide by the *global* batch: the all-reduce SUM of replica gradients is then the
-      # gradient of the mean loss over the whole batch, whatever the replica count.
-      loss = tf.nn.compute_average_loss(per_example, sample_weight=batch["weight"],
-                                        global_batch_size=self.global_batch)
-      if self.model.losses:  # once per optimizer step, whatever the micro-steps
-        loss += (tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
-                 / self.accumulation_steps)
-      scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
-    grads = tape.gradient(scaled, self.model.trainable_variables)
-    return grads, self._sums(batch, outputs, per_example)
+    with regularization.replica_step(self._regularized, batch["weight"],
+                                     lambda: self.task.activity_scale(batch)) as step:
+      with tf.GradientTape() as tape:
+        outputs = self.model(self.task.model_inputs(batch), training=True)
+        regularizers = step.keep(self.model)
+        per_example = per_example_loss(self.task, batch, outputs)
+        # Divide by the *global* batch: the all-reduce SUM of replica gradients is then the
+        # gradient of the mean loss over the whole batch, whatever the replica count.
+        loss = tf.nn.compute_average_loss(per_example, sample_weight=batch["weight"],
+                                          global_batch_size=self.global_batch)
+        if regularizers:  # once per optimizer step, whatever the micro-steps
+          loss += (tf.nn.scale_regularization_loss(tf.add_n(regularizers))
+                   / self.accumulation_steps)
+        scaled = (self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss")
+                  else loss)
+      grads = tape.gradient(scaled, self.model.trainable_variables)
+      return grads, self._sums(batch, outputs, per_example)
 
   def _train_step(self, batches, totals, stop_flag=None):
     """One optimizer step from `gradient_accumulation_steps` micro-batches on this replica.
@@ -301,8 +307,11 @@ class Trainer:
     return totals if stop_flag is None else (totals, tf.cast(agreed[0], tf.float32))
 
   def _eval_sums(self, batch):
-    outputs = self.task.eval_outputs(self.model, batch)
-    return self._sums(batch, outputs, per_example_loss(self.task, batch, outputs))
+    with regularization.replica_step(self._regularized, batch["weight"],
+                                     lambda: self.task.activity_scale(batch)) as step:
+      outputs = self.task.eval_outputs(self.model, batch)
+      step.keep(self.model)
+      return self._sums(batch, outputs, per_example_loss(self.task, batch, outputs))
 
   # ---- compiled loops ------------------------------------------------------------------------
 
