@@ -72,6 +72,39 @@ def activity_regularized():
   return model
 
 
+def regularized_twice():
+  """A kernel and an activity regularizer (strong: most of the loss), a float32 head."""
+  inputs = keras.Input((6,))
+  h = keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.5),
+                         activity_regularizer=keras.regularizers.L2(0.5))(inputs)
+  model = keras.Model(inputs, keras.layers.Dense(3, dtype="float32")(h))
+  model.compile(keras.optimizers.SGD(0.01),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+def mixed_bfloat16_regularized(x, y, validation):
+  """Under mixed_bfloat16 the activity regularization is bfloat16 and the kernel's float32, which
+  Keras 3.15's own compute_loss cannot add (TypeError: a list of bfloat16 and float32); tfdp adds
+  them in float32. Its history against float32 model.fit's (bfloat16's rounding apart)."""
+  keras.utils.set_random_seed(3)
+  expected = regularized_twice().fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                                     validation_data=validation).history
+  keras.config.set_dtype_policy("mixed_bfloat16")
+  try:
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+      ours = regularized_twice()
+    got = tfdp.fit(ours, x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                   validation_data=validation, model_dir="runs/mixed_bfloat16").history
+  except Exception as error:  # pylint: disable=broad-except
+    return {"error": f"{type(error).__name__}: {error}"[:500]}
+  finally:
+    keras.config.set_dtype_policy("float32")
+  return {"keras": {k: [float(v) for v in vs] for k, vs in expected.items()},
+          "tfdp": {k: [float(v) for v in got[k]] for k in expected if k in got}}
+
+
 def weighted_mean():
   """mean_with_sample_weight: divided by the batch's weights; R2Score, built lazily."""
   inputs = keras.Input((6,))
@@ -139,6 +172,8 @@ out = {
                                  (x[N:], one_hot[N:])),
     "weighted_mean": both(weighted_mean, x[:N], target[:N], (x[N:], target[N:]),
                           sample_weight=weights),
+    "mixed_bfloat16_regularized": mixed_bfloat16_regularized(
+        x[:N], np.argmax(one_hot[:N], axis=1), (x[N:], np.argmax(one_hot[N:], axis=1))),
     "own_train_step": refused(OwnTrainStep),
     "own_compute_loss": refused(OwnComputeLoss),
     "own_predict_step": refused(OwnPredictStep, call=tfdp.predict),

@@ -47,9 +47,11 @@ class Step:
     self.real, self.scale, self.recorded, self.losses = real, scale, [], None
 
   def keep(self, model) -> list:
-    """`model.losses` now, right after the model call: before an all-reduce lets another
-    replica's thread call the model."""
-    self.losses = list(model.losses)
+    """`model.losses` now, right after the model call (before an all-reduce lets another
+    replica's thread call the model), in float32: under a mixed policy an activity
+    regularization is in the compute dtype and a kernel's in float32, which add_n cannot add."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self.losses = [tf.cast(loss, tf.float32) for loss in model.losses]
     return self.losses
 
 
