@@ -23,9 +23,9 @@ _LOCK = threading.Lock()
 
 
 def _open_steps() -> list:
-  if not hasattr(_LOCAL, "scopes"):
-    _LOCAL.scopes = []
-  return _LOCAL.scopes
+  if not hasattr(_LOCAL, "steps"):
+    _LOCAL.steps = []
+  return _LOCAL.steps
 
 
 def regularized_layers(model) -> list:
@@ -43,6 +43,8 @@ def regularized_layers(model) -> list:
 
 
 class Step:
+  """One replica step's padding mask, activity scale, recorded activity sums and kept losses."""
+
   def __init__(self, real, scale):
     self.real, self.scale, self.recorded, self.losses = real, scale, [], None
 
@@ -63,17 +65,17 @@ class _RealRows:
 
   def __call__(self, output):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    scopes = _open_steps()
-    if not scopes:  # a call outside tfdp's steps (another thread's step is open)
+    steps = _open_steps()
+    if not steps:  # a call outside tfdp's steps (another thread's step is open)
       return self.regularizer(output)
-    scope = scopes[-1]
-    rank, rows = output.shape.rank, scope.real.shape[0]
+    step = steps[-1]
+    rank, rows = output.shape.rank, step.real.shape[0]
     if not rank or rows is None or output.shape[0] != rows:
       return self.regularizer(output)  # rows the padding mask does not describe: as Keras
-    mask = tf.reshape(tf.cast(scope.real > 0, output.dtype), [-1] + [1] * (rank - 1))
+    mask = tf.reshape(tf.cast(step.real > 0, output.dtype), [-1] + [1] * (rank - 1))
     value = self.regularizer(output * mask)
-    scope.recorded.append(tf.cast(value, tf.float32))
-    return value if scope.scale is None else value * tf.cast(scope.scale, value.dtype)
+    step.recorded.append(tf.cast(value, tf.float32))
+    return value if step.scale is None else value * tf.cast(step.scale, value.dtype)
 
 
 @contextlib.contextmanager
@@ -81,7 +83,7 @@ def replica_step(layers: list, real, scale_of=lambda: None):
   """Open while a replica's step is traced. `layers` (regularized_layers) have their activity
   regularizers see only the rows whose weight in `real` (the batch's padding mask, [rows]) is
   above 0, times `scale_of()` (asked only when there are such layers: it may all-reduce)."""
-  scopes = _open_steps()
+  steps = _open_steps()
   with _LOCK:
     for layer in layers:
       entry = _INSTALLED.setdefault(id(layer), [layer, layer.activity_regularizer, 0])
@@ -91,11 +93,11 @@ def replica_step(layers: list, real, scale_of=lambda: None):
   step = None
   try:
     step = Step(real, scale_of() if layers else None)
-    scopes.append(step)
+    steps.append(step)
     yield step
   finally:
-    if step is not None and scopes and scopes[-1] is step:
-      scopes.pop()
+    if step is not None and steps and steps[-1] is step:
+      steps.pop()
     with _LOCK:
       for layer in layers:
         entry = _INSTALLED[id(layer)]
@@ -107,9 +109,9 @@ def replica_step(layers: list, real, scale_of=lambda: None):
 
 def model_losses(model) -> list:
   """The losses this thread's innermost open step kept, else `model.losses`."""
-  scopes = _open_steps()
-  if scopes and scopes[-1].losses is not None:
-    return scopes[-1].losses
+  steps = _open_steps()
+  if steps and steps[-1].losses is not None:
+    return steps[-1].losses
   return model.losses
 
 
@@ -119,11 +121,11 @@ def reported_once(count, rows):
   regularization recorded in this thread's innermost open step count once, as Keras's does:
   Keras divided it by the `rows` of the padded batch. 0.0 when none was recorded."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  scopes = _open_steps()
-  if not scopes or not scopes[-1].recorded:
+  steps = _open_steps()
+  if not steps or not steps[-1].recorded:
     return 0.0
-  scope = scopes[-1]
+  step = steps[-1]
   share = tf.cast(count, tf.float32) / tf.cast(rows, tf.float32)
-  if scope.scale is not None:
-    share *= tf.cast(scope.scale, tf.float32)
-  return tf.add_n(scope.recorded) * (1.0 - share)
+  if step.scale is not None:
+    share *= tf.cast(step.scale, tf.float32)
+  return tf.add_n(step.recorded) * (1.0 - share)
