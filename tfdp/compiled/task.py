@@ -193,9 +193,8 @@ class CompiledModelTask(tasks.Task):
         counts.append(tf.reduce_sum(tf.reduce_sum(steps, axis=1) * real))
     if not self._global_counts:
       return per_output
-    summed = [c for c in counts if c is not None and not isinstance(c, float)]
-    totals = tf.stop_gradient(_summed_over_replicas(tf.stack(
-        [tf.cast(tf.shape(real)[0], tf.float32), tf.reduce_sum(real), *summed])))
+    totals = _rows_over_replicas(
+        real, [c for c in counts if c is not None and not isinstance(c, float)])
     batch_rows = totals[0] if rows == "all" else totals[1]
     divisors = iter(tf.unstack(totals[2:]))
     return [values if count is None else values * (
@@ -206,9 +205,7 @@ class CompiledModelTask(tasks.Task):
     """Keras divides a batch's activity regularization by its own rows: all rows over real rows,
     counted over every replica (1 but for a padded batch)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    real = batch["weight"]
-    totals = tf.stop_gradient(_summed_over_replicas(tf.stack(
-        [tf.cast(tf.shape(real)[0], tf.float32), tf.reduce_sum(real)])))
+    totals = _rows_over_replicas(batch["weight"])
     return tf.math.divide_no_nan(totals[0], totals[1])
 
   def per_example_loss(self, batch, outputs):
@@ -350,8 +347,8 @@ def _reduction(loss, y_pred) -> str:
   """Keras's reduction of a compiled loss, as tfdp.fit applies it: mean, sum or
   mean_with_sample_weight; others are refused."""
   import keras  # pylint: disable=g-import-not-at-top
-  given = getattr(loss, "reduction", "sum_over_batch_size")
-  reduction = {"sum_over_batch_size": "mean"}.get(given or "none", given or "none")
+  given = getattr(loss, "reduction", "sum_over_batch_size")  # None is Keras's "none" too
+  reduction = {"sum_over_batch_size": "mean", None: "none"}.get(given, given)
   name = getattr(loss, "name", type(loss).__name__)
   if reduction not in ("mean", "sum", "mean_with_sample_weight"):
     raise ConfigError(f"loss '{name}' has reduction={given!r}, which gives no "
@@ -362,6 +359,14 @@ def _reduction(loss, y_pred) -> str:
                       "several values per example is not supported; use "
                       "sum_over_batch_size (the default).")
   return reduction
+
+
+def _rows_over_replicas(real, counts=()):
+  """[the batch's rows, its real rows (`real`: the padding mask), *counts], each summed over
+  every replica and worker; constants to the gradient."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.stop_gradient(_summed_over_replicas(tf.stack(
+      [tf.cast(tf.shape(real)[0], tf.float32), tf.reduce_sum(real), *counts])))
 
 
 def _summed_over_replicas(value):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from tfdp.core import model_walk
+
 # The open steps are each replica thread's own; the layers (and their stand-ins) are shared.
 _LOCAL = threading.local()
 _INSTALLED: dict = {}  # id(layer) -> [layer, its own regularizer, steps open on it]
@@ -30,16 +32,8 @@ def _open_steps() -> list:
 
 def regularized_layers(model) -> list:
   """Every layer of `model` (nested models too) that has an activity regularizer."""
-  found, stack, seen = [], [model], set()
-  while stack:
-    layer = stack.pop()
-    if id(layer) in seen:
-      continue
-    seen.add(id(layer))
-    if getattr(layer, "activity_regularizer", None) is not None:
-      found.append(layer)
-    stack.extend(getattr(layer, "layers", []))
-  return found
+  return [layer for layer in model_walk.every_layer(model)
+          if getattr(layer, "activity_regularizer", None) is not None]
 
 
 class Step:

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.distributed import compat
+from tfdp.core import model_walk
 from tfdp.core import outputs
 from tfdp.core import regularization
 from tfdp.config.schema import ExperimentConfig
@@ -473,13 +474,8 @@ class Trainer:
   # ---- precise BatchNorm statistics -----------------------------------------------------------
 
   def batchnorm_layers(self) -> list:
-    found, stack = [], [self.model]
-    while stack:
-      layer = stack.pop()
-      if isinstance(layer, keras.layers.BatchNormalization):
-        found.append(layer)
-      stack.extend(getattr(layer, "layers", []))
-    return found
+    return [layer for layer in model_walk.every_layer(self.model)
+            if isinstance(layer, keras.layers.BatchNormalization)]
 
   def precise_batchnorm(self, dataset, num_batches: int) -> int:
     """PreciseBN (pycls, Detectron2): replaces BatchNorm's moving statistics, which lag the
