@@ -56,13 +56,14 @@ def main(argv):
   try:
     config_files = _config_files()
     model_dir = FLAGS.model_dir or default_model_dir(config_files)
+    # Before the config is loaded: a model module it names may import Keras, and so TensorFlow.
+    logs.quiet_tensorflow(logs.tf_log_level(FLAGS.tf_log_level))
     config = config_lib.load_config(config_files, FLAGS.params_override or [])
     if FLAGS.print_config:
       print(config_lib.dump_yaml(config))
       return 0
-    # The level is set now; TensorFlow starts in experiment.build once the checks that need no
-    # TensorFlow (config, cluster, model_dir, data paths) have passed.
-    logs.quiet_tensorflow(logs.tf_log_level(FLAGS.tf_log_level))
+    # TensorFlow starts in experiment.build once the checks that need no TensorFlow (config,
+    # cluster, model_dir, data paths) have passed.
     from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
     logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
                  "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)

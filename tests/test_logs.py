@@ -1,6 +1,7 @@
 """What a run prints when its output goes to a file: one plain line per compiled loop, no escape
 codes, none of TensorFlow's start-up noise unless --tf_log_level asks for it."""
 import io
+import os
 import re
 import subprocess
 import sys
@@ -106,3 +107,27 @@ def test_a_jupyter_kernel_is_known_by_its_shell_also_under_another_name(monkeypa
   found["IPython without ipykernel"] = logs.in_jupyter_kernel()
   assert found == {"jupyter": True, "colab": True, "terminal": False, "python": False,
                    "IPython without ipykernel": False}
+
+
+def test_a_model_module_that_imports_keras_starts_tensorflow_quietly(tmp_path):
+  """The config's model module is imported while the config is checked: one that imports Keras
+  at its top loads TensorFlow there, before the run would, and must load it as quietly."""
+  (tmp_path / "keras_first.py").write_text(
+      "from absl import logging\nimport keras\nimport tfdp\n\n"
+      "logging.warning('keras_first: imported')  # the user's own line, kept\n\n\n"
+      "@tfdp.register_model('keras_first')\n"
+      "def build(input_shape, num_classes):\n"
+      "  inputs = keras.Input(input_shape)\n"
+      "  x = keras.layers.GlobalAveragePooling2D()(inputs)\n"
+      "  return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n")
+  module = "--params_override=task.model.name=keras_first,task.model.module=keras_first"
+  env = helpers.env(PYTHONPATH=f"{tmp_path}{os.pathsep}{helpers.env()['PYTHONPATH']}")
+  env.pop("TF_CPP_MIN_LOG_LEVEL")  # the default, as a user starts it
+  for extra in ("trainer.optimizer.momentum=-5", "trainer.epochs=1"):  # refused, then trained
+    proc = subprocess.run([sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+                           f"--params_override={TINY}", f"{module},{extra}"], capture_output=True,
+                          text=True, env=env, cwd=str(helpers.REPO), timeout=600)
+    text = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == extra.endswith("=1"), text[-3000:]
+    assert [noise for noise in TF_NOISE if noise in text] == [], text[-3000:]
+    assert "keras_first: imported" in text, text[-3000:]

@@ -3,6 +3,7 @@
 hidden unless asked for (`--tf_log_level`)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -20,7 +21,8 @@ _CPP_TO_NAME = {cpp: name for name, (cpp, _) in TF_LOG_LEVELS.items()}
 # TF_CPP_MIN_LOG_LEVEL applies): "WARNING: All log messages before absl::InitializeLog() ..." and
 # "I0000 00:00:1796075493.118210   22802 port.cc:153] oneDNN custom operations are on ...".
 _STARTUP_LINE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)"
-                           r"|[IW]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] )")
+                           r"|[IW]0000 00:00:[\d.]+\s+\d+ [\w.]+:\d+\] )")
+# (dated 0000 00:00: no log is set up yet. A Python absl line while a module imports is kept.)
 
 
 # While import_tensorflow captures fd 2: a dup of the real stderr. A signal that ends the process
@@ -89,9 +91,19 @@ def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
   print while loading are dropped (everything else they print is passed on)."""
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   compat.defer_unused_imports()
-  if level not in ("off", "error") or "tensorflow" in sys.modules:
+  with tensorflow_loading(level):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf
+  return tf
+
+
+@contextlib.contextmanager
+def tensorflow_loading(level: str | None = None):
+  """Around code that may load TensorFlow first (TensorFlow's import, a config's model module
+  that imports Keras): at level 'off' or 'error' (`tf_log_level`) the lines its C++ libraries
+  print while loading are dropped from fd 2, and the rest passed on."""
+  if tf_log_level(level) not in ("off", "error") or "tensorflow" in sys.modules:
+    yield
+    return
   global _real_stderr_fd
   sys.stderr.flush()
   saved = os.dup(2)
@@ -100,8 +112,9 @@ def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
       _real_stderr_fd = saved
       os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      yield
     finally:
+      sys.stderr.flush()
       with _stderr_lock:
         os.dup2(saved, 2)
         _real_stderr_fd = None
@@ -111,7 +124,6 @@ def import_tensorflow(level: str = DEFAULT_TF_LOG_LEVEL):
               if not _STARTUP_LINE.match(line)]
       if kept:
         print("\n".join(kept), file=sys.stderr, flush=True)
-  return tf
 
 
 def is_interactive(stream=None) -> bool:
