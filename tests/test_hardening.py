@@ -214,6 +214,18 @@ CASES = [
     Case("model_kwargs_rejected_by_keras", ("task.model.kwargs", "small_cnn"),
          override="task.model.kwargs.filters=-4"),
     Case("model_kwargs_unknown", ("task.model.kwargs", "small_cnn"), override="task.model.kwargs.widht=3"),
+    # A builder of another signature, or one with a bug: the builder is named, not the kwargs.
+    Case("model_builder_signature", ("model 'noargs'", "sig_mod.noargs", "input_shape, num_classes"),
+         override="task.model.module=sig_mod,task.model.name=noargs,task.model.kwargs={}",
+         env={"PYTHONPATH": "{folder}"},
+         setup=write("sig_mod.py", "import tfdp\n\n\n@tfdp.register_model('noargs')\n"
+                                   "def noargs():\n  return None\n")),
+    Case("model_builder_raises", ("model 'buggy'", "bug_mod.py:6", "ValueError: a bug",
+                                  "the builder (bug_mod)"),
+         override="task.model.module=bug_mod,task.model.name=buggy,task.model.kwargs={}",
+         env={"PYTHONPATH": "{folder}"},
+         setup=write("bug_mod.py", "import tfdp\n\n\n@tfdp.register_model('buggy')\n"
+                                   "def buggy(input_shape, num_classes):\n  raise ValueError('a bug')\n")),
     Case("model_module_syntax_error", ("task.model.module", "syntax error", "broken_mod.py"),
          override="task.model.module=broken_mod", env={"PYTHONPATH": "{folder}"},
          setup=write("broken_mod.py", "def f(:\n")),

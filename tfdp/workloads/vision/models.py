@@ -37,29 +37,57 @@ def takes_sample_images(name: str) -> bool:
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, **kwargs):
-  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError, TfdpError  # pylint: disable=g-import-not-at-top
   if name not in _REGISTRY:
     raise ConfigError(f"model '{name}' is not registered; use one of {', '.join(registered_models())}.")
   import inspect  # pylint: disable=g-import-not-at-top
   builder = _REGISTRY[name]
+  who = f"model '{name}' ({builder.__module__}.{builder.__qualname__})"
   given = {k: v for k, v in kwargs.items() if k != "sample_images"}  # the config's, not data
+  signature = inspect.signature(builder)
+  try:  # tfdp's own arguments first: a builder of another signature is the builder's to fix
+    signature.bind(input_shape, num_classes, **{k: v for k, v in kwargs.items() if k not in given})
+  except TypeError as e:
+    raise ConfigError(f"{who} cannot be called as {builder.__name__}(input_shape, num_classes, "
+                      f"**task.model.kwargs) ({e}); give it that signature, e.g. "
+                      f"def {builder.__name__}(input_shape, num_classes, **kwargs).") from None
   try:
-    inspect.signature(builder).bind(input_shape, num_classes, **kwargs)
+    signature.bind(input_shape, num_classes, **kwargs)
   except TypeError as e:  # a name the builder does not take
     raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({e}); fix "
                       "task.model.kwargs.") from None
   try:
     model = builder(input_shape, num_classes, **kwargs)
-  except (TypeError, ValueError) as e:  # Keras rejects e.g. filters=-4 with a ValueError
-    if not given:
-      raise  # nothing of the config's: the builder's own error, with its traceback
-    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({first_line}); fix "
-                      "task.model.kwargs.") from None
+  except TfdpError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (Keras rejects filters=-4 with a ValueError)
+    raise ConfigError(_build_failed(who, builder, e, input_shape, num_classes, given)) from None
   # What it returned, before anything trains: a user's builder could return logits of another
   # width, a softmax, an unbuilt model or None (one line each; an unbuilt one is built here).
   from tfdp.workloads.vision import model_checks  # pylint: disable=g-import-not-at-top
   return model_checks.check_classifier(model, name, builder, input_shape, num_classes)
+
+
+def _build_failed(who: str, builder, error: Exception, input_shape, num_classes: int,
+                  given: dict) -> str:
+  """What a builder's exception says in one line: the error, the line of the builder's file it
+  came through, what the builder was given, and what could be at fault (a user's builder may
+  simply have a bug; tfdp's own are fixed by their arguments)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  import traceback  # pylint: disable=g-import-not-at-top
+  source = inspect.getsourcefile(builder)
+  lines = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
+           if frame.filename == source]
+  message = (str(error).strip().splitlines() or [""])[0][:300]
+  said = f"{type(error).__name__}: {message}" + (f", at {lines[-1]}" if lines else "")
+  images = (f"{'x'.join(str(d) for d in input_shape)} images" if input_shape
+            else "images of unknown shape")
+  kwargs = f" and task.model.kwargs {given}" if given else ""
+  fixes = (["task.model.kwargs"] if given else []) + ["the image size (task.*_data.image_size)"]
+  if not builder.__module__.startswith("tfdp."):
+    fixes.append(f"the builder ({builder.__module__})")
+  return (f"{who} failed to build for {images}, {num_classes} classes{kwargs} ({said}); "
+          f"fix {', '.join(fixes[:-1]) + ' or ' if len(fixes) > 1 else ''}{fixes[-1]}.")
 
 
 def _cifar_resnet(input_shape, num_classes, depth=20, width=16, l2=0.0):
