@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import helpers
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from tfdp.distributed import cluster as cluster_lib
@@ -276,6 +278,16 @@ def test_resolve_precedence():
   assert cluster_lib.resolve_cluster({"TF_CONFIG": ""}) == Cluster()
   with pytest.raises(ClusterError):
     cluster_lib.resolve_cluster({"TF_CONFIG": "{"})
+
+
+def test_a_blank_tf_config_is_a_single_process_for_tensorflow_too():
+  """TensorFlow's own cluster resolvers (MirroredStrategy's too) json-parse TF_CONFIG when it is
+  set, blank or not: a blank one crashed tfdp.make_strategy with a JSONDecodeError traceback."""
+  proc = subprocess.run(
+      [sys.executable, "-c",
+       "import tfdp; print('replicas', tfdp.make_strategy(cpu_replicas=2).num_replicas_in_sync)"],
+      capture_output=True, text=True, timeout=300, env=helpers.env(TF_CONFIG=" "))
+  assert proc.returncode == 0 and "replicas 2" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("task, overrides, words", [

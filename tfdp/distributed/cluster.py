@@ -315,6 +315,8 @@ def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
   the node's GPUs is also set there (pin_slurm_task_gpus), before TensorFlow
   starts; any other mapping is only read.
   """
+  if env is os.environ and "TF_CONFIG" in env and not env["TF_CONFIG"].strip():
+    del os.environ["TF_CONFIG"]  # blank: none, here and for TensorFlow, whose resolvers parse it
   if env.get("TF_CONFIG", "").strip():
     cluster = parse_tf_config(env["TF_CONFIG"])
     if cluster.task_type in _TRAINING_TASK_TYPES:  # an evaluator is refused later, on its own
