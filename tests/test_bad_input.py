@@ -168,6 +168,7 @@ def test_evaluation_labels_past_the_models_classes_are_refused():
   from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
   source = lambda classes: data_lib.Source([4], None, "synthetic", num_classes=classes,
                                            image_shape=(8, 8, 3))
-  experiment.check_eval_fits_model(source(4), source(2))  # fewer classes: every label fits
+  trained = experiment.model_input(source(4))
+  experiment.check_eval_fits_model(trained, source(2), "task.train_data's")  # every label fits
   with pytest.raises(data_lib.DataError, match="6 classes.*task.train_data's 4"):
-    experiment.check_eval_fits_model(source(4), source(6))
+    experiment.check_eval_fits_model(trained, source(6), "task.train_data's")

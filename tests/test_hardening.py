@@ -360,6 +360,11 @@ CASES = [
          trained=True, override="trainer.ema_decay=0.9"),
     Case("run_record_garbage", ("run.json", "--start_over"), trained=True,
          spoil=lambda d: (d / "checkpoints" / "run.json").write_text("{ not json")),
+    # A model that pools any image size restores fine at another: it would score images it never
+    # saw at that size (10% on real data), where train_and_eval refuses the same data.
+    Case("eval_images_of_another_size", ("16x16x3", "trained run's 8x8x3",
+                                         "task.eval_data.image_size=8"),
+         args=("--mode=eval",), trained=True, override="task.eval_data.image_size=16"),
     Case("eval_of_damaged_checkpoint", ("ckpt-8", "damaged"), args=("--mode=eval",), trained=True,
          spoil=truncate_data),
     # ---- tfdp-launch ---------------------------------------------------------------------------

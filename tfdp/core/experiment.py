@@ -232,7 +232,9 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     eval_source = (eval_source if eval_source is not None
                    else tasks.built_source(task, data_cfg.eval_data))
     if train_plan is not None:
-      check_eval_fits_model(train_plan.source, eval_source)
+      check_eval_fits_model(model_input(train_plan.source), eval_source, "task.train_data's")
+    elif prior.model_input:  # an evaluation: the checkpoint's model was built for these
+      check_eval_fits_model(prior.model_input, eval_source, "the trained run's")
     eval_plan = data_lib.plan_input(eval_source, data_cfg.eval_data,
                                     trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size,
                                     replicas, num_pipelines, batch_key="trainer.eval_batch_size",
@@ -302,22 +304,32 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     raise
 
 
-def check_eval_fits_model(train: data_lib.Source, evaluation: data_lib.Source) -> None:
-  """The model is built for the training source: evaluation images of another shape, or labels
-  past its classes, would stop the first evaluation with a Keras shape error or an out-of-range
-  label, after a whole epoch of training."""
-  if train.image_shape and evaluation.image_shape and (
-      tuple(train.image_shape) != tuple(evaluation.image_shape)):
+def model_input(source: data_lib.Source) -> dict:
+  """What the model is built for, from its training source: recorded in the run record, so that
+  an evaluation of the run (no training source) can check its data against it."""
+  return {key: value for key, value in (
+      ("image_shape", list(source.image_shape) if source.image_shape else None),
+      ("num_classes", source.num_classes)) if value}
+
+
+def check_eval_fits_model(built_for: dict, evaluation: data_lib.Source, whose: str) -> None:
+  """The model is built for the training source (`built_for`: model_input): evaluation images
+  of another shape, or labels past its classes, would stop the first evaluation with a Keras
+  shape error or an out-of-range label, after a whole epoch of training, or (a model that pools
+  any size, restored for --mode=eval) score images it never saw at that size, silently."""
+  image_shape, num_classes = built_for.get("image_shape"), built_for.get("num_classes")
+  if image_shape and evaluation.image_shape and (
+      tuple(image_shape) != tuple(evaluation.image_shape)):
     shape = lambda s: "x".join(str(d) for d in s)
-    height, width, channels = tuple(train.image_shape)[-3:]
+    height, width, channels = tuple(image_shape)[-3:]
     fix = (f"set task.eval_data.image_size={height}"
            if height == width and channels == evaluation.image_shape[-1]
            else "give both images of one shape (task.*_data.image_size resizes both)")
     raise DataError(f"task.eval_data gives {shape(evaluation.image_shape)} images, but the model "
-                    f"is built for task.train_data's {shape(train.image_shape)}; {fix}.")
-  if train.num_classes and evaluation.num_classes > train.num_classes:
+                    f"is built for {whose} {shape(image_shape)}; {fix}.")
+  if num_classes and evaluation.num_classes > num_classes:
     raise DataError(f"task.eval_data has {evaluation.num_classes} classes, but the model is "
-                    f"built for task.train_data's {train.num_classes}; evaluate on data of the "
+                    f"built for {whose} {num_classes}; evaluate on data of the "
                     "training classes.")
 
 
@@ -354,7 +366,8 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           **({"shard_counts": list(plan.shard_counts)} if plan.policy == "local" else {}),
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas,
-          "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype}
+          "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype,
+          "model_input": model_input(plan.source)}
 
 
 # The run record's numerics fields, and the config key that sets each.

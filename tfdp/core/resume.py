@@ -54,13 +54,24 @@ class Prior:
   (and for --start_over, which moves the earlier run aside)."""
   checkpoint: str | None = None
   record: dict | None = None  # None too for a run from before records were written
+  # What the model was built for (the record's model_input: image shape, classes), read for an
+  # evaluation too, which compares its data with it; None when not recorded.
+  model_input: dict | None = None
 
 
 def read_prior(model_dir: str, start_over: bool, with_record: bool = True) -> Prior:
-  """`with_record` False (an evaluation) leaves the record unread: it changes nothing there."""
+  """`with_record` False (an evaluation) leaves the record unread: it changes nothing there, and
+  only its model_input is taken (an unreadable record gives none)."""
   checkpoint = None if start_over else latest_checkpoint(model_dir)
-  record = read_run_record(model_dir) if checkpoint and with_record else None
-  return Prior(checkpoint, record)
+  if not checkpoint:
+    return Prior()
+  if with_record:
+    record = read_run_record(model_dir)
+    return Prior(checkpoint, record, (record or {}).get("model_input"))
+  try:
+    return Prior(checkpoint, None, (read_run_record(model_dir) or {}).get("model_input"))
+  except OutputError:
+    return Prior(checkpoint)
 
 
 def check_resume(record: dict, current: dict, model_dir: str) -> None:
