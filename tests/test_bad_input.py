@@ -1,5 +1,6 @@
 """Every user mistake: one line naming the fix, a non-zero exit, no traceback, nothing lost."""
 import json
+import os
 import time
 
 import pytest
@@ -86,8 +87,14 @@ def test_eval_folder_missing_a_training_class(tmp_path):
   folders = (f"task.train_data.source=image_folder,task.train_data.path={tmp_path / 'train'},"
              f"task.eval_data.source=image_folder,task.eval_data.path={tmp_path / 'eval'},"
              "trainer.global_batch_size=4,task.model.name=small_cnn,runtime.cpu_replicas=2")
+  # Folder names need no TensorFlow: refused before it loads (the README's ~0.2 s), which a
+  # tensorflow package that fails on import shows.
+  no_tensorflow = tmp_path / "no_tensorflow" / "tensorflow"
+  no_tensorflow.mkdir(parents=True)
+  (no_tensorflow / "__init__.py").write_text("raise ImportError('tensorflow imported')\n")
+  path = os.pathsep.join(str(p) for p in (no_tensorflow.parent, helpers.REPO, helpers.SCRIPTS))
   proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}", f"--params_override={folders}",
-                           timeout=120)
+                           timeout=120, PYTHONPATH=path)
   assert_one_line_error(proc, "lacks 'b'", "same class subfolders")
   assert not (tmp_path / "run").exists()
 

@@ -195,7 +195,7 @@ def test_image_folder_says_what_it_skips_and_which_classes_are_empty(tmp_path, c
   said = [r.getMessage() for r in caplog.records if "image folder" in r.getMessage()]
   assert len(said) == 1, caplog.text
   for words in ("classes cat, dog, empty_class", "'empty_class' hold no images",
-                "1 beside the class folders", "3 in nested folders", "1 '.webp' files",
+                "1 files beside the class folders", "3 files in nested folders", "1 '.webp' files",
                 "1 '.tiff' files"):
     assert words in said[0], said[0]
 
@@ -213,8 +213,8 @@ def test_an_eval_folder_with_other_classes_than_training_is_refused(tmp_path, ev
       eval_data=data_config(source="image_folder", path=str(tmp_path / "eval")))
   task = tasks.make_task(config)
   assert task.build_source(config.train_data).num_classes == 3
-  with pytest.raises(DataError) as info:
-    task.build_source(config.eval_data)
+  with pytest.raises(DataError) as info:  # in the config's checks, before TensorFlow starts
+    type(task).validate(config)
   message = str(info.value)
   assert "\n" not in message and "same class subfolders" in message, message
   assert all(w in message for w in words), message
@@ -223,6 +223,7 @@ def test_an_eval_folder_with_other_classes_than_training_is_refused(tmp_path, ev
   if (tmp_path / "eval" / "d").exists():
     (tmp_path / "eval" / "d" / "0.png").unlink()
     (tmp_path / "eval" / "d").rmdir()
+  type(task).validate(config)
   assert task.build_source(config.eval_data).info["class_names"] == ["a", "b", "c"]
 
 

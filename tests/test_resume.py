@@ -162,11 +162,13 @@ def test_a_finished_run_on_another_group_says_nothing_trains_and_a_resume_says_i
   again = train("trainer.epochs=1", "runtime.cpu_replicas=4")
   out = again.stdout + again.stderr
   assert again.returncode == 0, again.stderr[-3000:]
-  assert "the run had finished at step 4: nothing trains on 4 replicas (was 2)" in out, out[-3000:]
+  assert out.count("the run had finished at step 4: nothing trains on 4 replicas (was 2)") == 1, out[-3000:]
   assert "resumed at step" not in out
   assert "trained=nothing (the run had finished at step 4)" in again.stdout, again.stdout
   resumed = train("trainer.epochs=2", "runtime.cpu_replicas=1")
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed at step 4 on 1 replica (was 2): accumulation 1 → 2" in resumed.stdout
+  # once: on stdout beside the summary line, not again in the log (as it was, on stderr)
+  assert (resumed.stdout + resumed.stderr).count("resumed at step 4 on 1 replica") == 1
   said = [l for l in resumed.stderr.splitlines() if "resume: gradient_accumulation_steps 2" in l]
   assert len(said) == 1, resumed.stderr[-3000:]

@@ -282,9 +282,10 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     finished = mode != "eval" and restored_step >= trainer.total_steps  # nothing will train
     if split and restored_step and split.changed:
       line = split.line(restored_step, finished)
-      logging.info("%s", line)
       if verbose and cluster.is_chief:  # beside the summary line: what the new group changed
         print(line, flush=True)
+      else:
+        logging.info("%s", line)
     if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
       init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
       task.warm_start(init)

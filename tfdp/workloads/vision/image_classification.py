@@ -59,6 +59,8 @@ class ImageClassificationTask(tasks.Task):
       if data.source not in cls.SOURCES:
         raise ConfigError(f"config key '{key}.source' is '{data.source}', but task "
                           f"'image_classification' reads images: use one of {', '.join(cls.SOURCES)}.")
+    # Before TensorFlow: the model's classes are training's, and labels follow folder names.
+    class_folders.check_eval_classes(config.train_data, config.eval_data, "image_folder", "images")
     if config.model.name not in models.registered_models():
       close = difflib.get_close_matches(config.model.name, models.registered_models(), n=1)
       # Both: a name close to a built-in one may still be the user's own model.
@@ -78,8 +80,6 @@ class ImageClassificationTask(tasks.Task):
     return class_folders.saved_classes(source)
 
   def build_source(self, data):
-    if data == self.config.eval_data:  # before its files are read: the model's classes are train's
-      class_folders.check_eval_classes(self.config.train_data, data, "image_folder", "images")
     source = data_lib.make_source(data)
     self.check_normalization(data, source)
     return source

@@ -91,11 +91,12 @@ class _Skipped:
     self.root, self.empty, self.kinds = root, [], {}
     for entry in os.listdir(root):
       if not entry.startswith(".") and os.path.isfile(os.path.join(root, entry)):
-        self.kinds["beside the class folders"] = self.kinds.get("beside the class folders", 0) + 1
+        self.kinds["files beside the class folders"] = (
+            self.kinds.get("files beside the class folders", 0) + 1)
 
   def add(self, path: str) -> None:
     if os.path.isdir(path):
-      kind, count = "in nested folders", sum(len(files) for _, _, files in os.walk(path))
+      kind, count = "files in nested folders", sum(len(files) for _, _, files in os.walk(path))
     else:
       kind, count = f"'{os.path.splitext(path)[1].lower() or 'no extension'}' files", 1
     self.kinds[kind] = self.kinds.get(kind, 0) + count
@@ -104,7 +105,7 @@ class _Skipped:
     said = []
     if self.empty:
       said.append(f"class folder(s) {', '.join(repr(n) for n in self.empty)} hold no images, so "
-                  "their labels are never trained")
+                  "this folder has no example of their labels")  # (a training or eval folder)
     if self.kinds:
       said.append("skipped " + ", ".join(f"{n} {k}" for k, n in self.kinds.items()) +
                   f" (read: {'/'.join(IMAGE_EXTENSIONS)} directly in a class folder)")
