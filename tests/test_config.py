@@ -207,3 +207,21 @@ def test_model_module_registers_a_users_model(tmp_path, monkeypatch):
   assert config.task.model.name == "my_net"
   with pytest.raises(ConfigError, match="task.model.module.*no_such_module"):
     config_lib.load_config([], ["task.model.module=no_such_module"])
+
+
+def test_a_sliced_split_on_a_folder_source_is_said_to_read_everything(tmp_path, caplog):
+  """runlocal.yaml's `train[:1024]` layered on an image folder job trained on the whole folder,
+  silently: slicing is TFDS's."""
+  import logging  # pylint: disable=g-import-not-at-top
+  (tmp_path / "images" / "a").mkdir(parents=True)
+  folder = {"source": "image_folder", "path": str(tmp_path / "images")}
+  files = [write(tmp_path, "job.yaml", {"task": {"train_data": folder, "eval_data": folder}}),
+           str(helpers.REPO / "configs" / "runlocal.yaml")]
+  with caplog.at_level(logging.WARNING):
+    config_lib.load_config(files[:1], [])
+  assert "slicing" not in caplog.text
+  with caplog.at_level(logging.WARNING):
+    config_lib.load_config(files, [])
+  said = [r.getMessage() for r in caplog.records if "slicing is for TFDS" in r.getMessage()]
+  assert [m.split("'")[1] for m in said] == ["task.train_data.split", "task.eval_data.split"]
+  assert "train[:1024]" in said[0] and "image_folder reads all its data" in said[0], said
