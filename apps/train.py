@@ -58,7 +58,8 @@ def main(argv):
     model_dir = FLAGS.model_dir or default_model_dir(config_files)
     # Before the config is loaded: a model module it names may import Keras, and so TensorFlow.
     logs.quiet_tensorflow(logs.tf_log_level(FLAGS.tf_log_level))
-    config = config_lib.load_config(config_files, FLAGS.params_override or [])
+    with logs.tensorflow_loading():
+      config = config_lib.load_config(config_files, FLAGS.params_override or [])
     if FLAGS.print_config:
       print(config_lib.dump_yaml(config))
       return 0

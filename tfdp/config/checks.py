@@ -9,7 +9,6 @@ import difflib
 import importlib
 from typing import Sequence
 
-from tfdp import logs
 from tfdp.config.loader import short_repr
 from tfdp.config.schema import (ALL_REDUCE, CROSS_DEVICE_OPS, DATA_SOURCES, LR_SCHEDULES,
                                 FLIPS, OPTIMIZERS, PRECISIONS, SHARD_POLICIES, STRATEGIES, DataConfig,
@@ -91,8 +90,7 @@ def validate(config: ExperimentConfig) -> None:
         raise ConfigError(f"config key '{key}' is '{module}', a relative module name; give the "
                           "absolute name of a module on PYTHONPATH, e.g. my_models.")
       try:
-        with logs.tensorflow_loading():  # a module that imports Keras loads TensorFlow here
-          importlib.import_module(module)
+        importlib.import_module(module)
       except ImportError as e:
         raise ConfigError(f"config key '{key}' names '{module}', which cannot be imported ({e}); "
                           "put it on PYTHONPATH.") from None
