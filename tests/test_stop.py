@@ -109,22 +109,32 @@ def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
 STARTED = "cluster: worker"  # printed once MultiWorkerMirroredStrategy exists (and its handler)
 
 
-def launch_real_workers(tmp_path) -> tuple[subprocess.Popen, list[int], object]:
-  """tfdp-launch of two real tfdp-train workers, returned once both have made the strategy and
-  not yet trained."""
+# A worker command that is a shell script which does not exec its last command: the real worker
+# is then the launcher's grandchild, out of PR_SET_PDEATHSIG's reach.
+WRAPPER = ["bash", "-c", '"$@"; status=$?; exit $status', "wrapper"]
+
+
+def launch_real_workers(tmp_path, wrapper=()) -> tuple[subprocess.Popen, list[int], object]:
+  """tfdp-launch of two real tfdp-train workers (through `wrapper`), returned once both have
+  made the strategy and not yet trained."""
   model_dir, log_path = tmp_path / "run", tmp_path / "launch.log"
-  proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable,
+  proc = start([sys.executable, LAUNCH_APP, "--num_workers=2", "--", *wrapper, sys.executable,
                 helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
                 f"--params_override={ONE_LONG_LOOP}"], log_path)
   wait_for(log_path, STARTED, proc, count=2)
-  pids = [p.pid for p in psutil.Process(proc.pid).children()]
+  pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)
+          if p.cmdline()[1:2] == [helpers.TRAIN_APP]]
   assert len(pids) == 2 and TRAINING not in log_path.read_text(), log_path.read_text()[-3000:]
   return proc, pids, log_path
 
 
-def test_workers_of_a_launcher_killed_during_start_up_exit_at_once(tmp_path):
-  proc, pids, log_path = launch_real_workers(tmp_path)
-  proc.kill()  # SIGKILL: the workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+@pytest.mark.parametrize("wrapper", [(), WRAPPER], ids=["direct", "wrapped"])
+def test_workers_of_a_launcher_killed_during_start_up_exit_at_once(tmp_path, wrapper):
+  """SIGKILL: the workers get SIGTERM from the kernel (PR_SET_PDEATHSIG) and, past a wrapper
+  script, from the end of the launcher's lifeline pipe (seen failing without it: both wrapped
+  workers outlived the launcher and trained to the end)."""
+  proc, pids, log_path = launch_real_workers(tmp_path, wrapper)
+  proc.kill()
   proc.wait()
   killed = time.monotonic()
   while any(alive(pid) for pid in pids) and time.monotonic() - killed < 10:

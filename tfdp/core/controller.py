@@ -18,6 +18,7 @@ from absl import logging
 from tfdp import logs
 from tfdp.core import flops
 from tfdp.core import outputs
+from tfdp.distributed import isolation
 from tfdp import errors
 from tfdp.errors import Preempted, TrainingDiverged
 
@@ -28,6 +29,12 @@ def memory_mb() -> dict:
   import psutil  # pylint: disable=g-import-not-at-top
   return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _stop_when_the_launcher_ends() -> None:
+  """Under tfdp-launch, the launcher's end (even by SIGKILL, even past a wrapper script) is a
+  SIGTERM to this process: checkpoint and exit (isolation.watch_lifeline)."""
+  isolation.watch_lifeline(lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
 class StopRequest:
@@ -64,6 +71,7 @@ class StopRequest:
       cls._process = cls()
       threading.Thread(target=cls._process._wait_for_signals, name="tfdp-signals",
                        daemon=True).start()
+      _stop_when_the_launcher_ends()
     return cls._process
 
   @classmethod
@@ -78,6 +86,7 @@ class StopRequest:
         except ValueError:  # not the main thread (e.g. some notebook runners)
           pass
     stop.start_training(trainer, save)
+    _stop_when_the_launcher_ends()
     return stop
 
   @property

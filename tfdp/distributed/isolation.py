@@ -22,9 +22,11 @@ import ipaddress
 import os
 import select
 import socket
+import stat
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from tfdp.errors import ClusterError
 
@@ -159,6 +161,51 @@ def worker_command(command: Sequence[str], network: PrivateNetwork | None) -> li
   """The argv that starts one worker through WORKER_SHIM (in `network` if it has a namespace)."""
   holder = (f"{network.pid}:{network.inode}" if network is not None and network.pid else "0")
   return [sys.executable, "-c", WORKER_SHIM, str(os.getpid()), holder, *command]
+
+
+# PR_SET_PDEATHSIG reaches the launcher's own children only: a worker command that is a wrapper
+# script (a shell that does not exec) leaves the real worker a grandchild, which would train on,
+# unseen and holding model_dir's lock, after the launcher is killed. So every worker also
+# inherits the read end of a pipe the launcher alone holds open and never writes: when the
+# launcher ends, however, the read sees end-of-file and the worker stops as on SIGTERM.
+LIFELINE_VAR = "TFDP_LAUNCHER_LIFELINE"  # "fd:inode" of that read end, in the workers' env
+_lifeline: tuple[int, int] | None = None  # the launcher's (read, write) ends, made once
+_watching = False
+
+
+def lifeline() -> tuple[int, str]:
+  """The launcher's side: the read end to pass to every worker, and its LIFELINE_VAR value. Both
+  ends are kept open as long as the launcher lives (the kernel closes them when it ends)."""
+  global _lifeline
+  if _lifeline is None:
+    _lifeline = os.pipe()  # not inheritable: only the workers get the read end (pass_fds)
+  read = _lifeline[0]
+  return read, f"{read}:{os.fstat(read).st_ino}"
+
+
+def watch_lifeline(on_gone: Callable[[], None]) -> bool:
+  """A worker's side: calls `on_gone` (in a daemon thread) once the launcher has ended. False,
+  watching nothing, outside tfdp-launch, or where the variable came without its pipe (a process
+  the worker started with its fds closed): a descriptor must be that pipe to be read."""
+  global _watching
+  try:
+    fd, inode = (int(part) for part in os.environ.get(LIFELINE_VAR, "").split(":"))
+    status = os.fstat(fd)
+  except (ValueError, OSError):
+    return False
+  if _watching or not stat.S_ISFIFO(status.st_mode) or status.st_ino != inode:
+    return _watching
+  _watching = True
+
+  def wait() -> None:
+    try:
+      while os.read(fd, 1):
+        pass
+    except OSError:
+      return
+    on_gone()
+  threading.Thread(target=wait, name="tfdp-launcher-lifeline", daemon=True).start()
+  return True
 
 
 def is_loopback_host(host: str) -> bool:

@@ -203,7 +203,8 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
                    network: isolation.PrivateNetwork | None = None,
                    slots: Sequence[int] | None = None) -> list[_Worker]:
   workers: list[_Worker] = []
-  base_env = dict(base_env)
+  lifeline_fd, lifeline = isolation.lifeline()
+  base_env = dict(base_env, **{isolation.LIFELINE_VAR: lifeline})
   # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
   base_env.setdefault("PYTHONUNBUFFERED", "1")
   try:
@@ -216,7 +217,7 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
                            gpus_lib.ASSIGNED_BY_VAR: "tfdp-launch"})
       popen = subprocess.Popen(  # the shim joins `network` and sets PDEATHSIG, then execs
           isolation.worker_command(command, network), env=worker_env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(lifeline_fd,),
           start_new_session=True)  # Own group: we can kill its children too.
       workers.append(_Worker(index, popen))
   except OSError as error:
