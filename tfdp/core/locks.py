@@ -18,6 +18,7 @@ from tfdp.errors import OutputError
 
 LOCK_FILE = ".lock"  # flock'ed by the process that writes the folder; the file outlives it
 WORKER_DIR_PATTERN = re.compile(r"tfdp-worker\d+-pid(\d+)-")
+MAKING = ".making-"  # a worker dir's name until it is locked
 
 
 # ---- one run per model_dir ----------------------------------------------------------------------
@@ -152,11 +153,11 @@ def make_worker_dir(rank: int) -> str:
   """Made and locked under a name the sweep ignores, then renamed: no other worker ever sees
   it unlocked."""
   name = f"tfdp-worker{rank}-pid{os.getpid()}-"
-  making = tempfile.mkdtemp(prefix=f".making-{name}")
+  making = tempfile.mkdtemp(prefix=f"{MAKING}{name}")
   fd = os.open(os.path.join(making, LOCK_FILE),
                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
   fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh file: nobody else holds it
-  write_dir = os.path.join(os.path.dirname(making), os.path.basename(making)[len(".making-"):])
+  write_dir = os.path.join(os.path.dirname(making), os.path.basename(making)[len(MAKING):])
   os.rename(making, write_dir)
   _WORKER_DIR_LOCKS[write_dir] = fd
   return write_dir
@@ -174,14 +175,16 @@ def remove_stale_worker_dirs() -> None:
   import psutil  # pylint: disable=g-import-not-at-top
   root = tempfile.gettempdir()
   for name in os.listdir(root):
-    match = WORKER_DIR_PATTERN.match(name)
+    making = name.startswith(MAKING)  # a worker killed before its rename left it so
+    match = WORKER_DIR_PATTERN.match(name[len(MAKING):] if making else name)
     path = os.path.join(root, name)
     if not match or path in _WORKER_DIR_LOCKS:
       continue
     try:
       fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:  # an older tfdp's dir (no lock): judged by its pid
-      if not psutil.pid_exists(int(match.group(1))):
+    except FileNotFoundError:  # an older tfdp's dir (no lock): judged by its pid; one being made
+      # has its lock within microseconds, so one without it for a minute was left by a kill
+      if (_older_than(path, 60) if making else not psutil.pid_exists(int(match.group(1)))):
         shutil.rmtree(path, ignore_errors=True)
       continue
     except OSError:
@@ -195,3 +198,10 @@ def remove_stale_worker_dirs() -> None:
       shutil.rmtree(path, ignore_errors=True)
     finally:
       os.close(fd)
+
+
+def _older_than(path: str, seconds: float) -> bool:
+  try:
+    return time.time() - os.stat(path).st_mtime > seconds
+  except OSError:
+    return False
