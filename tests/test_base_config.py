@@ -116,6 +116,16 @@ def test_bad_bases_and_model_settings_are_one_line_errors(tmp_path, files, words
     assert word in message
 
 
+def test_a_missing_base_is_named_where_it_was_looked_for(tmp_path, monkeypatch):
+  """A config file named relatively: the message said '(base.yaml)', not where it looked."""
+  (tmp_path / "jobs").mkdir()
+  write(tmp_path / "jobs", "mine.yaml", "base: base.yaml\n")
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError) as info:
+    config_lib.load_config(["jobs/mine.yaml"])
+  assert f"({tmp_path / 'jobs' / 'base.yaml'}: a base is found beside the file" in str(info.value)
+
+
 def test_the_default_job_with_its_model_and_data_swapped_trains(tmp_path):
   """The issue's new user: tfdp-train with no --config_file, a small CNN, a 10-class folder of
   digit-like images, 3 replicas; no task.model.kwargs={} or task.eval_flip=false needed."""

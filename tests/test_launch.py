@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -389,3 +390,13 @@ def test_launch_app_bad_gpus_is_one_line_exit_2(args, words):
   lines = completed.stderr.strip().splitlines()
   assert len(lines) == 1, completed.stderr
   assert lines[0].startswith("tfdp-launch: error: ") and words in lines[0]
+
+
+def test_a_failed_worker_that_printed_nothing_is_said_to_have_printed_nothing():
+  """The last line said 'Last 0 lines of worker 0:' and ended there."""
+  completed = subprocess.run([sys.executable, str(LAUNCH_APP), "--num_workers", "2", "--"] +
+                             _python("import sys; sys.exit(3)"),
+                             capture_output=True, text=True, timeout=60)
+  assert completed.returncode == 1, completed.stderr
+  last = completed.stderr.strip().splitlines()[-1]
+  assert re.search(r"Worker [01] printed nothing\.$", last), completed.stderr

@@ -360,7 +360,8 @@ def file_layers(path: str) -> list[tuple[str, dict]]:
       base_path = os.path.join(os.path.dirname(path), base.strip())
       if not os.path.isfile(base_path):
         raise ConfigError(f"config file '{path}' names base '{base}', which is not there "
-                          f"({base_path}); copy it beside the file or fix the base: line.")
+                          f"({os.path.abspath(base_path)}: a base is found beside the file "
+                          "that names it); copy it there or fix the base: line.")
       base = base_path
     path = base
   return layers

@@ -547,7 +547,9 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     tail = result.last_lines[failed] if failed is not None else []
     after = (f" after {restarts} restart{'s' if restarts != 1 else ''}"
              if restarts else "")
+    said = (f"Last {len(tail)} lines of worker {failed}:" if tail
+            else f"Worker {failed} printed nothing.")
     _log(f"{result.failure_summary()}{after}; stopped the other workers in "
-         f"{result.stop_seconds or 0:.1f}s. Last {len(tail)} lines of worker "
-         f"{failed}:" + "".join(f"\n  [w{failed}] {line}" for line in tail))
+         f"{result.stop_seconds or 0:.1f}s. {said}" +
+         "".join(f"\n  [w{failed}] {line}" for line in tail))
     return 1
