@@ -246,6 +246,8 @@ CASES = [
          setup=broken_tfds_info),
     Case("image_folder_missing", ("task.train_data.path", "not a folder"),
          override=IMAGES.replace("images", "nothing")),
+    Case("image_folder_relative_missing", (f"looked in {helpers.REPO / 'no_such_images'}",),
+         override="task.train_data.source=image_folder,task.train_data.path=no_such_images"),
     Case("image_folder_without_classes", ("no class subfolders",), override=IMAGES,
          setup=write("images/README.txt", "empty")),
     Case("image_folder_first_image_corrupt", ("0-corrupt.png", "replace or remove it"),
