@@ -244,6 +244,9 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step_and_one_resum
   # stopped and saved at the same loop boundary.
   assert sorted(saved) == [0, 1] and saved[0] == saved[1], out[-3000:]
   assert re.search(r"\[w1\].*stop requested \(SIGTERM\)", out), out[-3000:]
+  # and each one's last line says what stopped it (worker 0's said 'on request (signal 15)')
+  assert re.search(r"\[w0\].*stopped at step \d+ on a peer's SIGTERM", out), out[-3000:]
+  assert re.search(r"\[w1\].*stopped at step \d+ on SIGTERM", out), out[-3000:]
   assert latest_checkpoint_step(model_dir) == saved[0] < STEPS
   # Resumed on one worker of one replica (the elastic rules: accumulation 2 keeps the batch).
   rerun = launch(["--num_workers=1"], train_cmd(model_dir, FAULT + ",runtime.cpu_replicas=1"))

@@ -12,6 +12,7 @@ act on. The training operator retries a pod whose code is 128 or more and fails 
 import contextlib
 import dataclasses
 import re
+import signal
 
 EXIT_PERMANENT = 2
 EXIT_RESTART_GROUP = 203
@@ -135,7 +136,8 @@ class Preempted(Exception):
   """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes. `said`:
   where the checkpoint is and how to resume from it, in the caller's terms (Terms.preempted)."""
 
-  def __init__(self, step: int, signum: int, said: str = CLI.preempted):
-    super().__init__(f"stopped at step {step} on request (signal {signum}); {said}")
+  def __init__(self, step: int, signum: int, said: str = CLI.preempted, why: str = ""):
+    """`why`: what asked (e.g. "a peer's SIGTERM"); by default the signal's name."""
+    super().__init__(f"stopped at step {step} on {why or signal.Signals(signum).name}; {said}")
     self.step = step
     self.exit_code = 128 + signum
