@@ -69,6 +69,17 @@ def test_a_compiled_model_warns_that_its_compile_settings_are_not_used(caplog):
     assert word in said[0], said[0]
 
 
+def test_a_builder_that_needs_a_keyword_or_is_a_partial_builds():
+  """A required keyword given by task.model.kwargs was refused as a wrong signature, and a
+  functools.partial builder (no __qualname__) stopped in an AttributeError traceback."""
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  assert models.build_model("user_needs_width", (8, 8, 3), 3, width=2).built
+  assert build("user_partial").built
+  with pytest.raises(ConfigError, match=r"task.model.kwargs \{\} do not fit .*'width'"):
+    build("user_needs_width")  # not given: the kwargs' to fix, not the signature's
+
+
 def test_builtin_models_pass_the_checks():
   for name in ("small_cnn", "resnet8", "airbench"):
     assert build(name, (16, 16, 3), 10).built

@@ -1,5 +1,7 @@
 """A user's builders with the mistakes tfdp-train must name (task.model.module=user_builders);
 tests/test_model_checks.py. Each takes the task's (input_shape, num_classes)."""
+import functools
+
 import tfdp
 
 
@@ -87,3 +89,16 @@ def user_call_fails(input_shape, num_classes):
   from keras import layers  # pylint: disable=g-import-not-at-top
   del input_shape
   return keras.Sequential([layers.Reshape((7, 7)), layers.Flatten(), layers.Dense(num_classes)])
+
+
+@tfdp.register_model("user_needs_width")
+def user_needs_width(input_shape, num_classes, width):
+  """A keyword the config must give (task.model.kwargs.width): no default."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras import layers  # pylint: disable=g-import-not-at-top
+  return keras.Sequential([keras.Input(input_shape), layers.Conv2D(width, 3),
+                           layers.GlobalAveragePooling2D(), layers.Dense(num_classes)])
+
+
+# A builder registered as a functools.partial of another (its name is its function's).
+tfdp.register_model("user_partial")(functools.partial(user_needs_width, width=2))

@@ -18,7 +18,8 @@ def check_classifier(model, name: str, builder, input_shape, num_classes: int):
   """Returns `model`, built on the data's images if it was not (as Keras's fit builds it on the
   first batch); raises ConfigError for what cannot train as the image task's classifier."""
   import keras  # pylint: disable=g-import-not-at-top
-  who = f"model '{name}' (task.model.name, {builder.__module__}.{builder.__qualname__})"
+  from tfdp.workloads.vision.models import builder_name  # pylint: disable=g-import-not-at-top
+  who = f"model '{name}' (task.model.name, {builder_name(builder)})"
   if not isinstance(model, keras.Model):
     got = "None" if model is None else f"a {type(model).__name__}"
     raise ConfigError(f"{who} returned {got}, not a keras.Model; return the model from the "

@@ -15,11 +15,11 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
   """Decorator: `@tfdp.register_model("my_net") def build(input_shape, num_classes, **kw)`."""
   def decorate(builder: ModelBuilder) -> ModelBuilder:
     earlier = _REGISTRY.get(name)
-    if earlier is not None and earlier.__module__ != builder.__module__:  # not a cell run again
+    module = lambda b: builder_name(b).rsplit(".", 1)[0]  # noqa: E731
+    if earlier is not None and module(earlier) != module(builder):  # not a cell run again
       from absl import logging  # pylint: disable=g-import-not-at-top
-      logging.warning("register_model: '%s' now builds with %s.%s, no longer %s.%s", name,
-                      builder.__module__, builder.__qualname__, earlier.__module__,
-                      earlier.__qualname__)
+      logging.warning("register_model: '%s' now builds with %s, no longer %s", name,
+                      builder_name(builder), builder_name(earlier))
     _REGISTRY[name] = builder
     return builder
   return decorate
@@ -42,30 +42,42 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     raise ConfigError(f"model '{name}' is not registered; use one of {', '.join(registered_models())}.")
   import inspect  # pylint: disable=g-import-not-at-top
   builder = _REGISTRY[name]
-  who = f"model '{name}' ({builder.__module__}.{builder.__qualname__})"
+  who = f"model '{name}' ({builder_name(builder)})"
   given = {k: v for k, v in kwargs.items() if k != "sample_images"}  # the config's, not data
   signature = inspect.signature(builder)
   try:  # tfdp's own arguments first: a builder of another signature is the builder's to fix
-    signature.bind(input_shape, num_classes, **{k: v for k, v in kwargs.items() if k not in given})
+    signature.bind_partial(input_shape, num_classes,
+                           **{k: v for k, v in kwargs.items() if k not in given})
   except TypeError as e:
-    raise ConfigError(f"{who} cannot be called as {builder.__name__}(input_shape, num_classes, "
+    short = builder_name(builder).rsplit(".", 1)[-1]
+    raise ConfigError(f"{who} cannot be called as {short}(input_shape, num_classes, "
                       f"**task.model.kwargs) ({e}); give it that signature, e.g. "
-                      f"def {builder.__name__}(input_shape, num_classes, **kwargs).") from None
+                      f"def {short}(input_shape, num_classes, **kwargs).") from None
   try:
     signature.bind(input_shape, num_classes, **kwargs)
-  except TypeError as e:  # a name the builder does not take
+  except TypeError as e:  # a name the builder does not take, or one it needs
     raise ConfigError(f"task.model.kwargs {given} do not fit model '{name}' ({e}); fix "
                       "task.model.kwargs.") from None
   try:
     model = builder(input_shape, num_classes, **kwargs)
-  except TfdpError:
-    raise
   except Exception as e:  # pylint: disable=broad-except  (Keras rejects filters=-4 with a ValueError)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # Not the builder's: a lost peer in the variables' broadcast (run_errors makes it a group
+    # restart), memory, tfdp's own one-line errors.
+    if isinstance(e, (TfdpError, MemoryError, tf.errors.OpError)):
+      raise
     raise ConfigError(_build_failed(who, builder, e, input_shape, num_classes, given)) from None
   # What it returned, before anything trains: a user's builder could return logits of another
   # width, a softmax, an unbuilt model or None (one line each; an unbuilt one is built here).
   from tfdp.workloads.vision import model_checks  # pylint: disable=g-import-not-at-top
   return model_checks.check_classifier(model, name, builder, input_shape, num_classes)
+
+
+def builder_name(builder) -> str:
+  """module.qualname of a registered builder (of its function, for a functools.partial)."""
+  target = getattr(builder, "func", builder)
+  return (f"{getattr(target, '__module__', None) or '?'}."
+          f"{getattr(target, '__qualname__', None) or type(target).__name__}")
 
 
 def _build_failed(who: str, builder, error: Exception, input_shape, num_classes: int,
@@ -75,17 +87,21 @@ def _build_failed(who: str, builder, error: Exception, input_shape, num_classes:
   simply have a bug; tfdp's own are fixed by their arguments)."""
   import inspect  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
-  source = inspect.getsourcefile(builder)
+  try:
+    source = inspect.getsourcefile(getattr(builder, "func", builder))
+  except TypeError:  # a builtin, or a class of a __main__ without a file
+    source = None
   lines = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
-           if frame.filename == source]
+           if source and frame.filename == source]
   message = (str(error).strip().splitlines() or [""])[0][:300]
   said = f"{type(error).__name__}: {message}" + (f", at {lines[-1]}" if lines else "")
   images = (f"{'x'.join(str(d) for d in input_shape)} images" if input_shape
             else "images of unknown shape")
   kwargs = f" and task.model.kwargs {given}" if given else ""
   fixes = (["task.model.kwargs"] if given else []) + ["the image size (task.*_data.image_size)"]
-  if not builder.__module__.startswith("tfdp."):
-    fixes.append(f"the builder ({builder.__module__})")
+  module = builder_name(builder).rsplit(".", 1)[0]
+  if not module.startswith("tfdp."):
+    fixes.append(f"the builder ({module})")
   return (f"{who} failed to build for {images}, {num_classes} classes{kwargs} ({said}); "
           f"fix {', '.join(fixes[:-1]) + ' or ' if len(fixes) > 1 else ''}{fixes[-1]}.")
 
