@@ -339,16 +339,18 @@ def test_a_worker_dir_left_half_made_by_a_kill_is_swept(tmp_path, monkeypatch):
   between left it in /tmp for good (six seen in one day)."""
   monkeypatch.setenv("TMPDIR", str(tmp_path))
   monkeypatch.setattr(outputs.tempfile, "tempdir", None)
-  old_unlocked, fresh_unlocked, with_lock = (
+  old, old_with_lock, fresh_with_lock = (
       tmp_path / f"{locks.MAKING}tfdp-worker1-pid{pid}-{tag}" for pid, tag in
       ((999999998, "a"), (999999997, "b"), (999999996, "c")))
-  for folder in (old_unlocked, fresh_unlocked, with_lock):
+  for folder in (old, old_with_lock, fresh_with_lock):
     folder.mkdir()
-  (with_lock / locks.LOCK_FILE).write_text("")  # killed after locking: no one holds the lock
-  os.utime(old_unlocked, (time.time() - 3600,) * 2)
+  for folder in (old_with_lock, fresh_with_lock):  # killed after making its lock file
+    (folder / locks.LOCK_FILE).write_text("")
+  for folder in (old, old_with_lock):
+    os.utime(folder, (time.time() - 3600,) * 2)
   locks.remove_stale_worker_dirs()
-  # a dir being made has its lock within microseconds: without one, only an old one is stale
-  assert not old_unlocked.exists() and fresh_unlocked.is_dir() and not with_lock.exists()
+  # A fresh one may be a live worker's between making its lock file and locking it: kept.
+  assert not old.exists() and not old_with_lock.exists() and fresh_with_lock.is_dir()
 
 
 SAVES = ("task.model.name=small_cnn,task.model.kwargs.filters=8,"

@@ -180,11 +180,15 @@ def remove_stale_worker_dirs() -> None:
     path = os.path.join(root, name)
     if not match or path in _WORKER_DIR_LOCKS:
       continue
+    if making:  # made, locked and renamed within microseconds (its lock is taken after the file
+      # is made, so it is no sign): one still here after a minute was left by a kill
+      if _older_than(path, 60):
+        shutil.rmtree(path, ignore_errors=True)
+      continue
     try:
       fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:  # an older tfdp's dir (no lock): judged by its pid; one being made
-      # has its lock within microseconds, so one without it for a minute was left by a kill
-      if (_older_than(path, 60) if making else not psutil.pid_exists(int(match.group(1)))):
+    except FileNotFoundError:  # an older tfdp's dir (no lock): judged by its pid
+      if not psutil.pid_exists(int(match.group(1))):
         shutil.rmtree(path, ignore_errors=True)
       continue
     except OSError:
