@@ -225,3 +225,7 @@ def test_a_sliced_split_on_a_folder_source_is_said_to_read_everything(tmp_path, 
   said = [r.getMessage() for r in caplog.records if "slicing is for TFDS" in r.getMessage()]
   assert [m.split("'")[1] for m in said] == ["task.train_data.split", "task.eval_data.split"]
   assert "train[:1024]" in said[0] and "image_folder reads all its data" in said[0], said
+  caplog.clear()  # validated again before the run (experiment.preflight): not said again
+  with caplog.at_level(logging.WARNING):
+    config_lib.validate(config_lib.load_config(files, []))
+  assert sum("slicing is for TFDS" in r.getMessage() for r in caplog.records) == 2, caplog.text

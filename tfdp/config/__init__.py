@@ -19,6 +19,7 @@ from absl import logging
 
 from tfdp import errors
 from tfdp.config import loader
+from tfdp.config import checks
 from tfdp.config.checks import validate
 from tfdp.config.loader import (MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, MAX_INT, MAX_NESTING,
                                 check_nesting, load_yaml, parse_overrides, short_repr)
@@ -60,6 +61,7 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
     merged = kept
   config = from_dict(merged)
   validate(config)
+  checks.warn_unused_slices(config.task)
   return config
 
 

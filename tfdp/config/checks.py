@@ -101,12 +101,6 @@ def validate(config: ExperimentConfig) -> None:
         raise ConfigError(f"config key '{key}' names '{module}', which failed on import "
                           f"({type(e).__name__}: {short_repr(str(e), 200)}); fix the module.") from None
   check_choice("task.name", task.name, tasks.registered_tasks())
-  for key, data in (("task.train_data", task.train_data), ("task.eval_data", task.eval_data)):
-    if data.source != "tfds" and "[" in data.split:  # runlocal.yaml over a folder job, say
-      from absl import logging  # pylint: disable=g-import-not-at-top
-      logging.warning("config key '%s.split' is '%s', but slicing is for TFDS splits: source %s "
-                      "reads all its data (a smaller run: a smaller folder or file)", key,
-                      data.split, data.source)
   if task.eval_flip and not tasks.task_class(task.name).supports_eval_flip:
     raise ConfigError(f"config key 'task.eval_flip' is true, but task '{task.name}' has no images "
                       "to mirror; set task.eval_flip=false.")
@@ -185,3 +179,14 @@ def validate(config: ExperimentConfig) -> None:
                                                         or len(runtime.devices) > 1):
     raise ConfigError(f"runtime.strategy '{runtime.strategy}' runs one replica; set "
                       "runtime.strategy=mirrored to use several devices.")
+
+
+def warn_unused_slices(task) -> None:
+  """A sliced split where the source is not TFDS (runlocal.yaml over a folder job) reads all of
+  its data: said once, when the config is loaded."""
+  for key, data in (("task.train_data", task.train_data), ("task.eval_data", task.eval_data)):
+    if data.source != "tfds" and "[" in data.split:
+      from absl import logging  # pylint: disable=g-import-not-at-top
+      logging.warning("config key '%s.split' is '%s', but slicing is for TFDS splits: source %s "
+                      "reads all its data (a smaller run: a smaller folder or file)", key,
+                      data.split, data.source)
