@@ -131,3 +131,16 @@ def test_a_model_module_that_imports_keras_starts_tensorflow_quietly(tmp_path):
     assert (proc.returncode == 0) == extra.endswith("=1"), text[-3000:]
     assert [noise for noise in TF_NOISE if noise in text] == [], text[-3000:]
     assert "keras_first: imported" in text, text[-3000:]
+
+
+def test_a_capture_inside_another_keeps_the_real_stderr_for_the_outer_one(monkeypatch):
+  """A model module that calls tfdp.make_strategy() at import loads TensorFlow inside the app's
+  capture: the inner capture must not leave the outer one without the real stderr, which a
+  signal's exit line is written to (it set it to None on leaving)."""
+  monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # as before TensorFlow loads
+  with logs.tensorflow_loading("off"):
+    outer = logs._real_stderr_fd  # pylint: disable=protected-access
+    with logs.tensorflow_loading("off"):
+      assert logs._real_stderr_fd == outer  # pylint: disable=protected-access
+    assert logs._real_stderr_fd == outer is not None  # pylint: disable=protected-access
+  assert logs._real_stderr_fd is None  # pylint: disable=protected-access

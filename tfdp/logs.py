@@ -101,13 +101,14 @@ def tensorflow_loading(level: str | None = None):
   """Around code that may load TensorFlow first (TensorFlow's import, a config's model module
   that imports Keras): at level 'off' or 'error' (`tf_log_level`) the lines its C++ libraries
   print while loading are dropped from fd 2, and the rest passed on."""
-  if tf_log_level(level) not in ("off", "error") or "tensorflow" in sys.modules:
+  global _real_stderr_fd
+  if (tf_log_level(level) not in ("off", "error") or "tensorflow" in sys.modules
+      or _real_stderr_fd is not None):  # (or inside another: that one captures and filters)
     yield
     return
-  global _real_stderr_fd
   sys.stderr.flush()
-  saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
+    saved = os.dup(2)
     with _stderr_lock:
       _real_stderr_fd = saved
       os.dup2(captured.fileno(), 2)
