@@ -179,3 +179,6 @@ def test_evaluation_labels_past_the_models_classes_are_refused():
   experiment.check_eval_fits_model(trained, source(2), "task.train_data's")  # every label fits
   with pytest.raises(data_lib.DataError, match="6 classes.*task.train_data's 4"):
     experiment.check_eval_fits_model(trained, source(6), "task.train_data's")
+  gray = data_lib.Source([4], None, "synthetic", num_classes=4, image_shape=(8, 8, 1))
+  with pytest.raises(data_lib.DataError, match="8x8x1 images.*evaluate on images of 3 channel"):
+    experiment.check_eval_fits_model(trained, gray, "task.train_data's")  # no resize fixes it

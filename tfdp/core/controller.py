@@ -33,7 +33,8 @@ def memory_mb() -> dict:
 
 def _stop_when_the_launcher_ends() -> None:
   """Under tfdp-launch, the launcher's end (even by SIGKILL, even past a wrapper script) is a
-  SIGTERM to this process: checkpoint and exit (isolation.watch_lifeline)."""
+  SIGTERM to this process (isolation.watch_lifeline): a checkpoint and exit where StopRequest
+  takes it, else what SIGTERM does by default (a library run started off the main thread)."""
   isolation.watch_lifeline(lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 

@@ -323,9 +323,12 @@ def check_eval_fits_model(built_for: dict, evaluation: data_lib.Source, whose: s
       tuple(image_shape) != tuple(evaluation.image_shape)):
     shape = lambda s: "x".join(str(d) for d in s)
     height, width, channels = tuple(image_shape)[-3:]
-    fix = (f"set task.eval_data.image_size={height}"
-           if height == width and channels == evaluation.image_shape[-1]
-           else "give both images of one shape (task.*_data.image_size resizes both)")
+    if channels != evaluation.image_shape[-1]:  # no resize changes channels
+      fix = f"evaluate on images of {channels} channel(s), as the model was built for"
+    elif height == width:
+      fix = f"set task.eval_data.image_size={height}"
+    else:
+      fix = "give both images of one shape (task.*_data.image_size resizes both)"
     raise DataError(f"task.eval_data gives {shape(evaluation.image_shape)} images, but the model "
                     f"is built for {whose} {shape(image_shape)}; {fix}.")
   if num_classes and evaluation.num_classes > num_classes:
