@@ -14,11 +14,17 @@ from tfdp.errors import ConfigError
 _PROBABILITIES = ("softmax", "sigmoid")  # outputs in [0, 1]: not logits
 
 
+def builder_name(builder) -> str:
+  """module.qualname of a registered builder (of its function, for a functools.partial)."""
+  target = getattr(builder, "func", builder)
+  return (f"{getattr(target, '__module__', None) or '?'}."
+          f"{getattr(target, '__qualname__', None) or type(target).__name__}")
+
+
 def check_classifier(model, name: str, builder, input_shape, num_classes: int):
   """Returns `model`, built on the data's images if it was not (as Keras's fit builds it on the
   first batch); raises ConfigError for what cannot train as the image task's classifier."""
   import keras  # pylint: disable=g-import-not-at-top
-  from tfdp.workloads.vision.models import builder_name  # pylint: disable=g-import-not-at-top
   who = f"model '{name}' (task.model.name, {builder_name(builder)})"
   if not isinstance(model, keras.Model):
     got = "None" if model is None else f"a {type(model).__name__}"

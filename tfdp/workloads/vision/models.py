@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from tfdp.workloads.vision.model_checks import builder_name
+
 ModelBuilder = Callable[..., "keras.Model"]  # noqa: F821
 _REGISTRY: dict[str, ModelBuilder] = {}
 
@@ -71,13 +73,6 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
   # width, a softmax, an unbuilt model or None (one line each; an unbuilt one is built here).
   from tfdp.workloads.vision import model_checks  # pylint: disable=g-import-not-at-top
   return model_checks.check_classifier(model, name, builder, input_shape, num_classes)
-
-
-def builder_name(builder) -> str:
-  """module.qualname of a registered builder (of its function, for a functools.partial)."""
-  target = getattr(builder, "func", builder)
-  return (f"{getattr(target, '__module__', None) or '?'}."
-          f"{getattr(target, '__qualname__', None) or type(target).__name__}")
 
 
 def _build_failed(who: str, builder, error: Exception, input_shape, num_classes: int,
