@@ -76,7 +76,7 @@ def main(argv):
     names = {"user": FLAGS.user_column, "item": FLAGS.item_column,
              "label": FLAGS.label_column, "weight": FLAGS.weight_column}
     shards = interactions.write_shards(frame, FLAGS.output, num_shards, fractions, FLAGS.seed,
-                                       column_names=names)
+                                       column_names=names, read_from=FLAGS.input)
     vocabularies = []
     for role, path in (("user", FLAGS.user_vocabulary), ("item", FLAGS.item_vocabulary)):
       if path:

@@ -108,13 +108,13 @@ class ShardFile:
 
 
 def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None, seed: int = 0,
-                 column_names: dict | None = None) -> list[ShardFile]:
+                 column_names: dict | None = None, read_from: str = "") -> list[ShardFile]:
   """Writes one CSV per worker (`path` has a `{worker}` placeholder), split by user.
 
   column_names renames the frame's columns (e.g. {"user": "s", "item": "d", "label": "y",
   "weight": ""}) so the shards read back with the same *_column settings as the input; a column
   named "" is left out. Nothing is written when a shard would be empty: that worker could not
-  train.
+  train, nor over `read_from` (the input's path or glob), which a shard would replace.
   """
   path = os.fspath(path)
   if not _WORKER.search(path):
@@ -122,6 +122,13 @@ def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None
                     "/data/clicks-{worker}.csv so every worker gets its own file.")
   if not path.lower().endswith(CSV_SUFFIXES):
     raise DataError(f"output path '{path}' does not end in .csv; shards are written as CSV.")
+  inputs = {os.path.realpath(p) for p in glob.glob(read_from)} if read_from else set()
+  overwritten = [resolve_shard_path(path, shard, num_shards) for shard in range(num_shards)
+                 if os.path.realpath(resolve_shard_path(path, shard, num_shards)) in inputs]
+  if overwritten:
+    raise DataError(f"output path '{path}' names the input '{overwritten[0]}' as a shard, which "
+                    "writing would replace (the rows of the other shards lost); choose an "
+                    "output path beside it, e.g. another folder.")
   parts = split_by_user(frame, num_shards, fractions, seed)
   empty = [shard for shard, part in enumerate(parts) if part.empty]
   if empty:
