@@ -433,3 +433,21 @@ def test_a_traced_custom_gradient_does_not_keep_its_graph():
     found[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["upstream"]["alive"] == [1, 2, 3]
   assert found["fixed"]["alive"] == [0, 0, 0] and found["fixed"]["grad"] == 2.0
+
+
+def test_a_checkpoints_variables_are_listed_by_the_object_that_holds_them(tmp_path):
+  """tensorflow/tensorflow#21156: no public API says which checkpoint values a partial restore
+  left unused. compat reads the object graph: each variable under the object asked for, once,
+  without the optimizer's slots, however the checkpoint stored the value."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+  model.compile(keras.optimizers.Adam(), "mse")  # the model holds its optimizer: a child
+  model.optimizer.build(model.trainable_variables)  # with 2 slots per variable
+  path = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=model)).write(
+      str(tmp_path / "ckpt"))
+  paths = compat.checkpoint_variable_paths(path, ("model", "backbone"))
+  assert len(paths) == len(model.variables) == 4, paths
+  assert all("optimizer" not in p for p in paths)
+  assert compat.checkpoint_variable_paths(path, ("model", "nothing")) == set()

@@ -158,6 +158,39 @@ def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_
   assert "embeddings" in errors[0] and "Traceback" not in proc.stderr
 
 
+def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_corpus):
+  """A 2-layer encoder warm-started into a 1-layer one restored the first layer and ignored the
+  second without a word; a checkpoint whose data file is gone was a traceback; and a finished
+  warm-started run could not be evaluated once its init run was moved away (a helper's probe)."""
+  two = mlm_overrides(small_corpus, ",trainer.max_steps=1").replace("num_layers: 1",
+                                                                      "num_layers: 2")
+  first = helpers.run_train(f"--model_dir={tmp_path / 'two'}", "--mode=train",
+                            f"--params_override={two}")
+  assert first.returncode == 0, first.stderr[-2000:]
+  one = mlm_overrides(small_corpus, ",trainer.max_steps=1")
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'one'}", "--mode=train",
+                           f"--params_override={one},task.init_checkpoint={tmp_path / 'two'}")
+  errors = helpers.error_lines(proc)
+  assert len(errors) == 1 and "that this model has no place for" in errors[0], proc.stderr[-3000:]
+  assert "variable(s) of this model's encoder" in errors[0], errors[0]  # the second layer's
+  assert not (tmp_path / "one").exists()
+  # the same depth warm-starts; then its init run goes, and the run is still evaluated
+  same = f"{two},task.init_checkpoint={tmp_path / 'two'}"
+  warm = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", f"--params_override={same}")
+  assert warm.returncode == 0 and "warm start: restored from" in warm.stderr, warm.stderr[-3000:]
+  (tmp_path / "two").rename(tmp_path / "moved")
+  again = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", "--mode=eval")
+  assert again.returncode == 0, again.stderr[-3000:]
+  # a checkpoint with its data file gone: one line, nothing written
+  for data in (tmp_path / "moved" / "checkpoints").glob("ckpt-*.data-*"):
+    data.unlink()
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'broken'}", "--mode=train",
+                           f"--params_override={two},task.init_checkpoint={tmp_path / 'moved'}")
+  errors = helpers.error_lines(proc)
+  assert len(errors) == 1 and "cannot be read" in errors[0], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and not (tmp_path / "broken").exists()
+
+
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_masked_lm_trains_in_mixed_precision(tmp_path, small_corpus, precision):
   run = helpers.run_probe(tmp_path, "mixed", mlm_overrides(

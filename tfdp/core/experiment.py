@@ -49,8 +49,10 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     task_class.check_source(config.task.train_data, "task.train_data")
   if check_data and mode != "train":
     task_class.check_source(config.task.eval_data, "task.eval_data")
+  # Only a fresh run warm starts: a resume or an evaluation needs no init checkpoint (it may be
+  # gone since), as build restores none.
   init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
-          if config.task.init_checkpoint else None)
+          if config.task.init_checkpoint and prior.checkpoint is None else None)
   _check_saved_artifacts(task_class, config.task, model_dir, mode, prior.checkpoint, init)
   if prior.record:  # build compares the rest once data is planned
     resume.check_resume(prior.record, resume.config_decided_fields(
@@ -289,7 +291,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
       init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
       task.warm_start(init)
-      logging.info("warm start: encoder restored from %s", init)
+      logging.info("warm start: restored from %s (task.init_checkpoint)", init)
     config_text = config_lib.dump_yaml(config, task.recorded_config)
     if finished:
       outputs.keep_config(write_plan, config_text)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import glob
 import os
 import re
+import tempfile
 
 from tfdp.core import outputs
+from tfdp.config.loader import short_repr
 from tfdp.errors import ConfigError
 
 
@@ -27,17 +29,32 @@ def find_init_checkpoint(path: str) -> str:
                     "model_dir of a finished run, or a checkpoint prefix.")
 
 
-def restore_into(checkpoint_path: str, root, what: str) -> None:
+def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) -> None:
   """Restores `root` (a tf.train.Checkpoint tree naming where its objects sit in the other
-  run's checkpoint) for task.init_checkpoint; a mismatch is one line naming the variable."""
+  run's checkpoint; `under`: the child names to the restored part) for task.init_checkpoint; a
+  mismatch is one line naming the variable: a value of another shape, one the checkpoint lacks,
+  or one it holds that this model has no place for (a deeper encoder's layer)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   key, fix = "task.init_checkpoint", "use the same task.model.kwargs (and id mapping) as that run"
   try:
     root.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
   except ValueError as e:  # a shape differs: TF names the variable and both shapes
     raise ConfigError(f"{key} '{checkpoint_path}' does not fit {what}: "
-                      f"{str(e).splitlines()[0]}; {fix}.") from None
+                      f"{short_repr(str(e).splitlines()[0], 300)}; {fix}.") from None
   except AssertionError as e:  # variables the checkpoint has no value for
     found = re.search(r"path=([^,]+), shape=\(([^)]*)\)", str(e))
     missing = f"{found.group(1)} (shape {found.group(2)})" if found else "some variables"
     raise ConfigError(f"{key} '{checkpoint_path}' has no value for {what}'s variable {missing}; "
                       f"{fix}.") from None
+  except (tf.errors.OpError, OSError) as e:  # a data file gone or damaged
+    raise ConfigError(f"{key} '{checkpoint_path}' cannot be read ({type(e).__name__}: "
+                      f"{short_repr(str(e).splitlines()[0], 200)}); point it at a run whose "
+                      "checkpoint files are whole.") from None
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as folder:  # this model's paths, written as the other run's
+    own = compat.checkpoint_variable_paths(root.write(os.path.join(folder, "own")), under)
+  unused = sorted(compat.checkpoint_variable_paths(checkpoint_path, under) - own)
+  if unused:
+    raise ConfigError(f"{key} '{checkpoint_path}' holds {len(unused)} variable(s) of {what} that "
+                      f"this model has no place for (e.g. {unused[0]}): it would start from part "
+                      f"of that run; {fix}.")

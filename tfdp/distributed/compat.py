@@ -347,6 +347,34 @@ class _DeferredModule(types.ModuleType):
     return getattr(self, name)
 
 
+def checkpoint_variable_paths(checkpoint_path: str, under: tuple[str, ...]) -> set[str]:
+  """The variables a checkpoint holds below the object at `under` (child names from its root),
+  as paths of child names, not through an `optimizer` child (its slots). TensorFlow lists a
+  checkpoint's values but not which object holds them (a value is stored once, under the first
+  path to it), and a partial restore cannot say which values it left unused
+  (tensorflow/tensorflow#21156): this reads the checkpoint's object graph proto."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-import-not-at-top
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(tf.train.load_checkpoint(checkpoint_path).get_tensor(
+      "_CHECKPOINTABLE_OBJECT_GRAPH"))
+  node = 0
+  for name in under:
+    node = next((c.node_id for c in graph.nodes[node].children if c.local_name == name), None)
+    if node is None:
+      return set()
+  paths, seen, queue = set(), {node}, [(node, "")]
+  while queue:
+    node, path = queue.pop(0)
+    if any(attribute.name == "VARIABLE_VALUE" for attribute in graph.nodes[node].attributes):
+      paths.add(path)
+    for child in graph.nodes[node].children:
+      if child.local_name != "optimizer" and child.node_id not in seen:
+        seen.add(child.node_id)
+        queue.append((child.node_id, f"{path}/{child.local_name}" if path else child.local_name))
+  return paths
+
+
 def autograph_converted_functions() -> list[str]:
   """'file:function' of every function autograph has converted in this process (its transpiler's
   cache): tfdp traces without autograph (tfdp/core/trainer.py), so this lists only what other

@@ -213,7 +213,8 @@ class MatrixFactorizationTask(tasks.Task):
     OOV rows, or hash buckets): ids first seen now land in the OOV rows, which start as the
     pre-training left them (fresh when no OOV id was seen there)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(model=self.model), "this model")
+    warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(model=self.model), "this model",
+                            under=("model",))
 
   def artifacts(self, source):
     import json  # pylint: disable=g-import-not-at-top

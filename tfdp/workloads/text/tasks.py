@@ -215,7 +215,8 @@ class _BertTask(tasks.Task):
     """Restores the encoder (`model.backbone` in the other run's checkpoint) into this run's."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(
-        model=tf.train.Checkpoint(backbone=self.encoder)), "this model's encoder")
+        model=tf.train.Checkpoint(backbone=self.encoder)), "this model's encoder",
+        under=("model", "backbone"))
 
 
 @tasks.register_task("masked_lm")
