@@ -233,6 +233,13 @@ def test_passages_are_a_plays_speeches_in_order_cut_to_the_sequence_length(tmp_p
     body = np.concatenate([row[1:list(row).index(3)] for row in ids])  # between [CLS] and [SEP]
     np.testing.assert_array_equal(body, np.asarray(tokenizer(document)))
   assert len(examples) > 2  # the comedy's 70 words fill more than one 32-token passage
+  # A class of plain text files (no **NAME** lines) gave no passages: it trained as no examples,
+  # its label never seen, without a word (a helper's probe: accuracy 1.0 over the other class).
+  (tmp_path / "plays" / "notes").mkdir()
+  (tmp_path / "plays" / "notes" / "a.txt").write_text("plain text, no speaker lines\n")
+  with pytest.raises(text_tasks.DataError, match="class 'notes' holds no speeches.*text_unit: "
+                                                 "document"):
+    text_tasks.read_documents(config.task.train_data)
   with pytest.raises(Exception) as excinfo:
     config_lib.load_config([], ["task.train_data.text_unit=passages"])
   assert "did you mean 'passage'" in str(excinfo.value)

@@ -53,10 +53,11 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
                     "without extension, e.g. hamlet.")
   keep = {"all": lambda n: True, "train": lambda n: n not in data.holdout,
           "holdout": lambda n: n in data.holdout}[data.split]
-  documents, document_labels = [], []
+  documents, document_labels, read_from = [], [], set()
   for path, name, label in zip(paths, names, labels):
     if not keep(name):
       continue
+    read_from.add(label)
     content = text.read_text_file(path)
     if data.text_unit == "speech":
       pieces = text.split_speeches(content)
@@ -67,6 +68,13 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
       pieces = [content]
     documents.extend(pieces)
     document_labels.extend([label] * len(pieces))
+  # Speeches are a play's **NAME** turns: plain text has none, so a class of plain files would
+  # train as no examples at all (its label never seen, its accuracy the others').
+  silent = sorted(read_from - set(document_labels))
+  if silent and data.text_unit != "document":
+    which = f"class '{classes[silent[0]]}'" if classes != [""] else "its files"
+    raise DataError(f"'{data.path}': {which} holds no speeches (**NAME** lines of a play), which "
+                    f"text_unit '{data.text_unit}' reads; set text_unit: document for plain text.")
   if not documents:
     raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
                     f"{list(data.holdout)}); check path, split and holdout.")
