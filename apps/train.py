@@ -77,8 +77,7 @@ def main(argv):
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
   summary = {k: v for k, v in result.items() if k != "trainer"}
-  print(f"{PROG}: done: " + ", ".join(
-      f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()), flush=True)
+  print(f"{PROG}: done: " + ", ".join(f"{k}={_shown(v)}" for k, v in summary.items()), flush=True)
   cli.exit_now(0)
 
 
@@ -98,6 +97,14 @@ def _config_files() -> list[str]:
                       f"'{os.path.join(FLAGS.model_dir, 'model.keras')}'), x, y).")
   logging.info("--mode=eval: no --config_file given: the run's own %s", recorded)
   return [recorded]
+
+
+def _shown(value) -> str:
+  """Four decimals, but a small float (a decayed learning rate of 6.25e-05) in its digits, not
+  as 0.0001 or 0.0000."""
+  if not isinstance(value, float):
+    return str(value)
+  return f"{value:.4g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def default_model_dir(config_files: list[str]) -> str:

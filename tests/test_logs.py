@@ -45,6 +45,10 @@ def test_redirected_log_has_one_plain_line_per_loop_and_no_tensorflow_noise(tmp_
   assert [int(LOOP_LINE.match(line).group(1)) for line in loop_lines] == [2, 4, 6, 8], loop_lines
   assert [noise for noise in TF_NOISE if noise in text] == [], text[-3000:]
   assert len(re.findall(r"^eval: ", text, re.M)) == 2  # one evaluation per epoch
+  # The summary's learning rate is the last loop's, in its digits (it said 0.0000 for 8e-08).
+  done = re.search(r"^tfdp-train: done: .*learning_rate=([^,]+),", text, re.M).group(1)
+  last_lr = float(re.findall(r" lr (\S+) ETA", text)[-1])
+  assert last_lr > 0 and abs(float(done) - last_lr) <= 1e-3 * last_lr, (done, last_lr)
   png = (tmp_path / "run" / "metrics.png").read_bytes()
   assert png.startswith(b"\x89PNG\r\n\x1a\n")
   assert len(list((tmp_path / "run" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
