@@ -279,6 +279,25 @@ def test_a_header_with_spaces_after_its_commas_is_named_and_the_fix_works(tmp_pa
   assert read["item"].tolist() == [12, 4] and read["label"].tolist() == [4.0, 5.0]
 
 
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_file_of_another_separator_is_named_and_the_fix_works(tmp_path, separator):
+  """Once "has no user column 'user'; its columns are 'user;item;rating': set user_column to one
+  of them", which no user_column fixes."""
+  import pandas  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "ratings.csv"
+  path.write_text(separator.join(["user", "item", "rating"]) + "\n" +
+                  separator.join(["1", "2", "4"]) + "\n")
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "user", "item", "rating")
+  message = one_line_error(excinfo)
+  assert "-separated, and tfdp reads comma-separated CSV" in message, message
+  fix = message.split("(pandas: ")[1][:-2].replace("new_path", repr(str(tmp_path / "fixed.csv")))
+  fix = fix.replace("(path,", f"({str(path)!r},")
+  eval(fix, {"pd": pandas})  # pylint: disable=eval-used  (the message's own fix, as written)
+  read = interactions.read_interactions(tmp_path / "fixed.csv", "user", "item", "rating")
+  assert read["item"].tolist() == [2] and read["label"].tolist() == [4.0]
+
+
 @pytest.mark.parametrize("text", ["100000000000000000000", "1e300", "10000000000000000000",
                                   "9223372036854775808"])
 def test_an_id_beyond_int64_is_one_line_without_a_numpy_warning(tmp_path, text):
