@@ -451,3 +451,22 @@ def test_a_checkpoints_variables_are_listed_by_the_object_that_holds_them(tmp_pa
   assert len(paths) == len(model.variables) == 4, paths
   assert all("optimizer" not in p for p in paths)
   assert compat.checkpoint_variable_paths(path, ("model", "nothing")) == set()
+
+
+def test_a_warm_start_from_a_run_without_the_part_is_said_to_be_another_tasks(tmp_path):
+  """A text classifier warm-started from another classifier's run (no model/backbone there) was
+  told to 'use the same task.model.kwargs (and id mapping)'."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.core import warm_start  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  dense = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])  # noqa: E731
+  path = tf.train.Checkpoint(model=tf.train.Checkpoint(classifier=dense())).write(
+      str(tmp_path / "other"))
+  into = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=dense()))
+  with pytest.raises(ConfigError, match="holds nothing for this model's encoder .*another task"):
+    warm_start.restore_into(path, into, "this model's encoder", under=("model", "backbone"))
+  same = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=dense())).write(
+      str(tmp_path / "same"))
+  warm_start.restore_into(same, into, "this model's encoder", under=("model", "backbone"))

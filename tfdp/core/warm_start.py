@@ -36,6 +36,15 @@ def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) 
   or one it holds that this model has no place for (a deeper encoder's layer)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   key, fix = "task.init_checkpoint", "use the same task.model.kwargs (and id mapping) as that run"
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  try:
+    theirs = compat.checkpoint_variable_paths(checkpoint_path, under)
+  except (tf.errors.OpError, OSError):  # unreadable: the restore below says how
+    theirs = None
+  if theirs == set():  # nothing where this model's part sits: another task's run
+    raise ConfigError(f"{key} '{checkpoint_path}' holds nothing for {what} (no object at "
+                      f"{'/'.join(under)}): a run of another task or model; point it at a run "
+                      "that trained this model's kind.")
   try:
     root.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
   except ValueError as e:  # a shape differs: TF names the variable and both shapes
@@ -50,10 +59,9 @@ def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) 
     raise ConfigError(f"{key} '{checkpoint_path}' cannot be read ({type(e).__name__}: "
                       f"{short_repr(str(e).splitlines()[0], 200)}); point it at a run whose "
                       "checkpoint files are whole.") from None
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as folder:  # this model's paths, written as the other run's
     own = compat.checkpoint_variable_paths(root.write(os.path.join(folder, "own")), under)
-  unused = sorted(compat.checkpoint_variable_paths(checkpoint_path, under) - own)
+  unused = sorted((theirs or set()) - own)
   if unused:
     raise ConfigError(f"{key} '{checkpoint_path}' holds {len(unused)} variable(s) of {what} that "
                       f"this model has no place for (e.g. {unused[0]}): it would start from part "
