@@ -69,9 +69,26 @@ def main(argv: list[str]) -> int:
     cli.exit_with_error(PROG, error)
 
 
+def _worker_command_without_separator(argv: list[str]) -> str | None:
+  """`tfdp-launch --num_workers 2 tfdp-train --config_file=x`: absl reads the worker's flags as
+  the launcher's. Names the fix when a word that is no flag came before them and no `--` did."""
+  words, first, i = argv[1:], None, 0
+  while i < len(words) and first is None:
+    name = words[i].lstrip("-")
+    if not words[i].startswith("-"):
+      first = i
+    elif "=" not in name and name in FLAGS and not FLAGS[name].boolean:
+      i += 1  # --num_workers 2: the value is the flag's
+    i += 1
+  if "--" in words or first is None or not any(w.startswith("-") for w in words[first:]):
+    return None
+  return (f"the worker command's own flags need -- before the command: {PROG} "
+          f"{' '.join(words[:first])} -- {' '.join(words[first:])}")
+
+
 def run() -> None:
   apps.lend_help_to_console_script(__name__)
-  app.run(main, flags_parser=cli.flags_parser(PROG))
+  app.run(main, flags_parser=cli.flags_parser(PROG, _worker_command_without_separator))
 
 
 if __name__ == "__main__":

@@ -314,6 +314,18 @@ def test_launch_app_bad_usage_is_one_line_exit_2(args):
   assert completed.stdout == ""
 
 
+def test_a_worker_command_without_its_separator_is_told_to_add_it():
+  """absl read the worker's --config_file as the launcher's: 'Unknown command line flag
+  'config_file'; see tfdp-launch --helpfull', which does not say what is wrong."""
+  completed = subprocess.run([sys.executable, str(LAUNCH_APP), "--num_workers", "2", "tfdp-train",
+                              "--config_file=x.yaml"], capture_output=True, text=True, timeout=60)
+  assert completed.returncode == 2
+  assert completed.stderr.strip().splitlines() == [
+      "tfdp-launch: error: Unknown command line flag 'config_file'; the worker command's own "
+      "flags need -- before the command: tfdp-launch --num_workers 2 -- tfdp-train "
+      "--config_file=x.yaml."]
+
+
 def test_launch_app_runs_workers(tmp_path):
   completed = subprocess.run(
       [sys.executable, str(LAUNCH_APP), "--num_workers", "2", "--"] +
