@@ -1,6 +1,8 @@
 """The trainer knows no workload: a tiny regression task made for this test trains, evaluates
 and writes its own named metrics, each divided by its own denominator."""
 import dataclasses
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -541,15 +543,20 @@ def test_a_task_reading_its_own_data_is_not_checked_against_the_default_tfds_sou
     tasks.Task.check_source(data, "task.train_data")
 
 
-def test_a_model_builders_own_error_keeps_its_traceback_and_bad_kwargs_are_named():
+def test_a_model_builders_own_error_names_its_line_and_bad_kwargs_are_named():
   from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
 
   @models.register_model("toy_broken_builder")
   def broken(input_shape, num_classes, width=4):  # pylint: disable=unused-variable
     del input_shape, num_classes, width
     raise ValueError("my own bug")
-  with pytest.raises(ValueError, match="my own bug"):  # was "task.model.kwargs {} do not fit"
+  # Once "task.model.kwargs {} do not fit"; then the builder's bare traceback. Now one line: the
+  # builder, its error and the line of its file it came through, the builder to fix.
+  with pytest.raises(config_lib.ConfigError) as error:
     models.build_model("toy_broken_builder", (8, 8, 3), 2)
+  message = str(error.value)
+  assert re.search(r"ValueError: my own bug, at \S+test_trainer\.py:\d+\)", message), message
+  assert message.endswith("or the builder (test_trainer).") and "\n" not in message, message
   with pytest.raises(config_lib.ConfigError, match=r"task.model.kwargs \{'depth': 3\}"):
     models.build_model("toy_broken_builder", (8, 8, 3), 2, depth=3)
   with pytest.raises(config_lib.ConfigError, match=r"task.model.kwargs \{'width': 5\}.*my own bug"):

@@ -14,10 +14,15 @@ from tfdp.errors import ConfigError
 _PROBABILITIES = ("softmax", "sigmoid")  # outputs in [0, 1]: not logits
 
 
+def builder_module(builder) -> str:
+  """The module of a registered builder (of its function, for a functools.partial)."""
+  return getattr(getattr(builder, "func", builder), "__module__", None) or "?"
+
+
 def builder_name(builder) -> str:
   """module.qualname of a registered builder (of its function, for a functools.partial)."""
   target = getattr(builder, "func", builder)
-  return (f"{getattr(target, '__module__', None) or '?'}."
+  return (f"{builder_module(builder)}."
           f"{getattr(target, '__qualname__', None) or type(target).__name__}")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tfdp.workloads.vision.model_checks import builder_name
+from tfdp.workloads.vision.model_checks import builder_module, builder_name
 
 ModelBuilder = Callable[..., "keras.Model"]  # noqa: F821
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -17,8 +17,8 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
   """Decorator: `@tfdp.register_model("my_net") def build(input_shape, num_classes, **kw)`."""
   def decorate(builder: ModelBuilder) -> ModelBuilder:
     earlier = _REGISTRY.get(name)
-    module = lambda b: builder_name(b).rsplit(".", 1)[0]  # noqa: E731
-    if earlier is not None and module(earlier) != module(builder):  # not a cell run again
+    if earlier is not None and builder_module(earlier) != builder_module(builder):  # not a cell
+      # run again
       from absl import logging  # pylint: disable=g-import-not-at-top
       logging.warning("register_model: '%s' now builds with %s, no longer %s", name,
                       builder_name(builder), builder_name(earlier))
@@ -51,7 +51,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     signature.bind_partial(input_shape, num_classes,
                            **{k: v for k, v in kwargs.items() if k not in given})
   except TypeError as e:
-    short = builder_name(builder).rsplit(".", 1)[-1]
+    short = getattr(getattr(builder, "func", builder), "__name__", "builder")
     raise ConfigError(f"{who} cannot be called as {short}(input_shape, num_classes, "
                       f"**task.model.kwargs) ({e}); give it that signature, e.g. "
                       f"def {short}(input_shape, num_classes, **kwargs).") from None
@@ -94,7 +94,7 @@ def _build_failed(who: str, builder, error: Exception, input_shape, num_classes:
             else "images of unknown shape")
   kwargs = f" and task.model.kwargs {given}" if given else ""
   fixes = (["task.model.kwargs"] if given else []) + ["the image size (task.*_data.image_size)"]
-  module = builder_name(builder).rsplit(".", 1)[0]
+  module = builder_module(builder)
   if not module.startswith("tfdp."):
     fixes.append(f"the builder ({module})")
   return (f"{who} failed to build for {images}, {num_classes} classes{kwargs} ({said}); "
