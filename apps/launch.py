@@ -9,6 +9,7 @@ given. The workers run in a private loopback-only network unless --allow_remote.
 """
 
 import pathlib
+import shlex
 import sys
 
 if not __package__:  # Run as a script: make the repo root importable.
@@ -82,8 +83,8 @@ def _worker_command_without_separator(argv: list[str]) -> str | None:
     i += 1
   if "--" in words or first is None or not any(w.startswith("-") for w in words[first:]):
     return None
-  return (f"the worker command's own flags need -- before the command: {PROG} "
-          f"{' '.join(words[:first])} -- {' '.join(words[first:])}")
+  return (f"the worker command's own flags need -- before the command: `{PROG} "
+          f"{shlex.join(words[:first])} -- {shlex.join(words[first:])}`")
 
 
 def run() -> None:

@@ -465,8 +465,10 @@ def test_a_warm_start_from_a_run_without_the_part_is_said_to_be_another_tasks(tm
   path = tf.train.Checkpoint(model=tf.train.Checkpoint(classifier=dense())).write(
       str(tmp_path / "other"))
   into = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=dense()))
-  with pytest.raises(ConfigError, match="holds nothing for this model's encoder .*another task"):
-    warm_start.restore_into(path, into, "this model's encoder", under=("model", "backbone"))
+  with pytest.raises(ConfigError, match="holds nothing for this model's encoder .*point it at a "
+                                        "masked_lm run"):
+    warm_start.restore_into(path, into, "this model's encoder", under=("model", "backbone"),
+                            trained_by="a masked_lm run")
   same = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=dense())).write(
       str(tmp_path / "same"))
   warm_start.restore_into(same, into, "this model's encoder", under=("model", "backbone"))

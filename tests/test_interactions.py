@@ -568,20 +568,21 @@ def test_app_errors_in_one_line(tmp_path, args, expected):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
 
 
-def test_app_refuses_to_write_a_shard_over_its_input(tmp_path):
+@pytest.mark.parametrize("stem", ["c", "c[0]"])  # [0]: a glob that does not match itself
+def test_app_refuses_to_write_a_shard_over_its_input(tmp_path, stem):
   """--input=g-0.csv --output=g-{worker}.csv replaced the input with shard 0: the other shards'
   rows were gone from it, without a word."""
   text = "s,d,y\n1,2,3\n4,5,1\n6,7,2\n"
-  (tmp_path / "c-0.csv").write_text(text)
-  proc = run_split(f"--input={tmp_path}/c-0.csv", f"--output={tmp_path}/c-{{worker}}.csv",
+  (tmp_path / f"{stem}-0.csv").write_text(text)
+  proc = run_split(f"--input={tmp_path}/{stem}-0.csv", f"--output={tmp_path}/{stem}-{{worker}}.csv",
                    "--num_shards=2", "--user_column=s", "--item_column=d", "--label_column=y")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert proc.stderr.splitlines() == [
-      f"split_interactions.py: error: output path '{tmp_path}/c-{{worker}}.csv' names the input "
-      f"'{tmp_path}/c-0.csv' as a shard, which writing would replace (the rows of the other "
-      "shards lost); choose an output path beside it, e.g. another folder."]
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["c-0.csv"]
-  assert (tmp_path / "c-0.csv").read_text() == text
+      f"split_interactions.py: error: output path '{tmp_path}/{stem}-{{worker}}.csv' names the "
+      f"input '{tmp_path}/{stem}-0.csv' as a shard, which writing would replace (the rows of the "
+      "other shards lost); choose an output path beside it, e.g. another folder."]
+  assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}-0.csv"]
+  assert (tmp_path / f"{stem}-0.csv").read_text() == text
 
 
 # ---- planted data ----------------------------------------------------------------------------

@@ -322,8 +322,8 @@ def test_a_worker_command_without_its_separator_is_told_to_add_it():
   assert completed.returncode == 2
   assert completed.stderr.strip().splitlines() == [
       "tfdp-launch: error: Unknown command line flag 'config_file'; the worker command's own "
-      "flags need -- before the command: tfdp-launch --num_workers 2 -- tfdp-train "
-      "--config_file=x.yaml."]
+      "flags need -- before the command: `tfdp-launch --num_workers 2 -- tfdp-train "
+      "--config_file=x.yaml`."]
 
 
 def test_launch_app_runs_workers(tmp_path):

@@ -29,7 +29,8 @@ def find_init_checkpoint(path: str) -> str:
                     "model_dir of a finished run, or a checkpoint prefix.")
 
 
-def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) -> None:
+def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...],
+                 trained_by: str = "a run that trained this model's kind") -> None:
   """Restores `root` (a tf.train.Checkpoint tree naming where its objects sit in the other
   run's checkpoint; `under`: the child names to the restored part) for task.init_checkpoint; a
   mismatch is one line naming the variable: a value of another shape, one the checkpoint lacks,
@@ -39,12 +40,11 @@ def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) 
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   try:
     theirs = compat.checkpoint_variable_paths(checkpoint_path, under)
-  except (tf.errors.OpError, OSError):  # unreadable: the restore below says how
+  except Exception:  # pylint: disable=broad-except  (unreadable: the restore below says how)
     theirs = None
   if theirs == set():  # nothing where this model's part sits: another task's run
     raise ConfigError(f"{key} '{checkpoint_path}' holds nothing for {what} (no object at "
-                      f"{'/'.join(under)}): a run of another task or model; point it at a run "
-                      "that trained this model's kind.")
+                      f"{'/'.join(under)}); point it at {trained_by}.")
   try:
     root.read(checkpoint_path).expect_partial().assert_existing_objects_matched()
   except ValueError as e:  # a shape differs: TF names the variable and both shapes
@@ -59,8 +59,14 @@ def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...]) 
     raise ConfigError(f"{key} '{checkpoint_path}' cannot be read ({type(e).__name__}: "
                       f"{short_repr(str(e).splitlines()[0], 200)}); point it at a run whose "
                       "checkpoint files are whole.") from None
-  with tempfile.TemporaryDirectory() as folder:  # this model's paths, written as the other run's
-    own = compat.checkpoint_variable_paths(root.write(os.path.join(folder, "own")), under)
+  try:
+    with tempfile.TemporaryDirectory() as folder:  # this model's paths, written as the other's
+      own = compat.checkpoint_variable_paths(root.write(os.path.join(folder, "own")), under)
+  except Exception as e:  # pylint: disable=broad-except  (a full /tmp: restored, but unchecked)
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning("warm start: restored, but not checked for variables this model lacks (%s)",
+                    short_repr(str(e), 200))
+    return
   unused = sorted((theirs or set()) - own)
   if unused:
     raise ConfigError(f"{key} '{checkpoint_path}' holds {len(unused)} variable(s) of {what} that "

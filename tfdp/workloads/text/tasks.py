@@ -72,8 +72,8 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
   # train as no examples at all (its label never seen, its accuracy the others').
   silent = sorted(read_from - set(document_labels))
   if silent and data.text_unit != "document":
-    which = f"class '{classes[silent[0]]}'" if classes != [""] else "its files"
-    raise DataError(f"'{data.path}': {which} holds no speeches (**NAME** lines of a play), which "
+    which = f"class '{classes[silent[0]]}' holds" if classes != [""] else "its files hold"
+    raise DataError(f"'{data.path}': {which} no speeches (**NAME** lines of a play), which "
                     f"text_unit '{data.text_unit}' reads; set text_unit: document for plain text.")
   if not documents:
     raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
@@ -224,7 +224,8 @@ class _BertTask(tasks.Task):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     warm_start.restore_into(checkpoint_path, tf.train.Checkpoint(
         model=tf.train.Checkpoint(backbone=self.encoder)), "this model's encoder",
-        under=("model", "backbone"))
+        under=("model", "backbone"), trained_by="a masked_lm run (a classifier's run stores no "
+        "encoder there)")
 
 
 @tasks.register_task("masked_lm")

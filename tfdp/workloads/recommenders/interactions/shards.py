@@ -122,7 +122,8 @@ def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None
                     "/data/clicks-{worker}.csv so every worker gets its own file.")
   if not path.lower().endswith(CSV_SUFFIXES):
     raise DataError(f"output path '{path}' does not end in .csv; shards are written as CSV.")
-  inputs = {os.path.realpath(p) for p in glob.glob(read_from)} if read_from else set()
+  inputs = ({os.path.realpath(p) for p in glob.glob(read_from)} | {os.path.realpath(read_from)}
+            if read_from else set())  # (a name with [ ] is no glob of itself)
   overwritten = [resolve_shard_path(path, shard, num_shards) for shard in range(num_shards)
                  if os.path.realpath(resolve_shard_path(path, shard, num_shards)) in inputs]
   if overwritten:
