@@ -161,3 +161,27 @@ def test_a_lost_newest_checkpoint_names_the_newest_whole_one_by_step_not_by_spel
     outputs.latest_checkpoint(str(tmp_path))
   (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
   assert outputs.latest_checkpoint(str(tmp_path)) == str(directory / "ckpt-100")
+
+
+def test_a_warm_start_takes_the_checkpoint_the_init_runs_state_names_not_the_highest(tmp_path):
+  """A run pointed back at ckpt-100 (its ckpt-200 damaged) warm-starts others from ckpt-100, as
+  it would resume; copied checkpoints without a state file give the newest; a state naming a
+  lost checkpoint is one task.init_checkpoint line, with no --start_over advice for this run."""
+  from tfdp.core import warm_start  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  directory = tmp_path / "run" / "checkpoints"
+  directory.mkdir(parents=True)
+  for name in ("ckpt-100", "ckpt-200"):
+    (directory / f"{name}.index").write_text("x")
+    (directory / f"{name}.data-00000-of-00001").write_text("x")
+  assert warm_start.find_init_checkpoint(str(tmp_path / "run")) == str(directory / "ckpt-200")
+  (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+  for given in (tmp_path / "run", directory):
+    assert warm_start.find_init_checkpoint(str(given)) == str(directory / "ckpt-100")
+  (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-300"\n')
+  with pytest.raises(ConfigError) as raised:
+    warm_start.find_init_checkpoint(str(tmp_path / "run"))
+  assert str(raised.value) == (
+      f"task.init_checkpoint '{tmp_path / 'run'}': checkpoint state '{directory / 'checkpoint'}' "
+      f"names 'ckpt-300' but '{directory / 'ckpt-300.index'}' is missing; point it at a "
+      "checkpoint prefix (ckpt-N) whose files are all there.")

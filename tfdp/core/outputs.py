@@ -101,8 +101,13 @@ def latest_checkpoint(model_dir: str) -> str | None:
   """The checkpoint a run in (resolved) model_dir resumes from, or None for a fresh model_dir. Reads
   TensorFlow's `checkpoint` state file itself: tf.train.latest_checkpoint takes an unreadable
   state for "no checkpoint", and a resumed run would then start over and overwrite the old one."""
-  state = checkpoint_state(model_dir)
-  directory = os.path.dirname(state)
+  return named_checkpoint(os.path.join(model_dir, CHECKPOINT_DIR))
+
+
+def named_checkpoint(directory: str) -> str | None:
+  """The checkpoint that `directory`'s state file names (checked whole), or None where the
+  folder holds no checkpoint at all."""
+  state = os.path.join(directory, "checkpoint")
   if not os.path.exists(state):
     indexes = glob.glob(os.path.join(glob.escape(directory), "*.index"))  # `[` in paths
     if indexes:

@@ -11,7 +11,7 @@ import tempfile
 
 from tfdp.core import outputs
 from tfdp.config.loader import short_repr
-from tfdp.errors import ConfigError
+from tfdp.errors import ConfigError, OutputError
 
 
 def find_init_checkpoint(path: str) -> str:
@@ -19,9 +19,15 @@ def find_init_checkpoint(path: str) -> str:
   prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
   path = os.path.abspath(os.path.expanduser(path))
   for folder in (os.path.join(path, outputs.CHECKPOINT_DIR), path):
-    indexes = glob.glob(os.path.join(folder, "ckpt-*.index"))
+    if os.path.isfile(os.path.join(folder, "checkpoint")):  # the one a resume there would take
+      try:
+        return outputs.named_checkpoint(folder)
+      except OutputError as e:
+        raise ConfigError(f"task.init_checkpoint '{path}': {str(e).split('; ')[0]}; point it at "
+                          "a checkpoint prefix (ckpt-N) whose files are all there.") from None
+    indexes = glob.glob(os.path.join(glob.escape(folder), "ckpt-*.index"))
     steps = [int(m.group(1)) for p in indexes if (m := re.search(r"ckpt-(\d+)\.index$", p))]
-    if steps:
+    if steps:  # copied checkpoints without their state file: the newest
       return os.path.join(folder, f"ckpt-{max(steps)}")
   if os.path.exists(path + ".index"):
     return path
