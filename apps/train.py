@@ -66,8 +66,6 @@ def main(argv):
     # TensorFlow starts in experiment.build once the checks that need no TensorFlow (config,
     # cluster, model_dir, data paths) have passed.
     from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
-    logging.info("outputs: %s (metrics.csv, metrics.png, checkpoints/, TensorBoard: "
-                 "tensorboard --logdir %s)", os.path.abspath(model_dir), model_dir)
     try:
       result = experiment.run(config, model_dir, FLAGS.mode, start_over=_start_over())
     except Preempted as stop:

@@ -47,6 +47,7 @@ def test_cifar10_run_writes_outputs_and_a_second_run_resumes(tmp_path):
                             "trainer.eval_batch_size=96,runtime.cpu_replicas=2,"
                             "trainer.learning_rate.schedule=constant")
   assert first.returncode == 0, first.stderr[-3000:]
+  assert f"outputs: {tmp_path} (metrics.csv, " in first.stderr
   for name in ("config.yaml", "metrics.csv", "model.keras", "checkpoints/checkpoint"):
     assert (tmp_path / name).exists(), name
   assert list((tmp_path / "train").glob("events.out.tfevents.*"))
@@ -68,6 +69,8 @@ def test_cifar10_run_writes_outputs_and_a_second_run_resumes(tmp_path):
   evaluation = helpers.run_train(*args, "--mode=eval", "--params_override=trainer.epochs=2,"
                                  "runtime.cpu_replicas=2")
   assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+  assert f"evaluating {tmp_path}/checkpoints/ckpt-16 at step 16" in evaluation.stderr
+  assert "resumed from" not in evaluation.stderr  # an evaluation trains on from nothing
   result = json.loads((tmp_path / "eval.json").read_text())
   assert result["step"] == 16 and result["eval_examples"] == 512
 
@@ -222,10 +225,12 @@ def test_a_missing_default_config_names_tfdp_default_config(tmp_path):
 ])
 def test_default_model_dir_is_named_after_every_config_file(tmp_path, config_files, run_name):
   # Named after the last file only, two jobs sharing the runlocal overlay shared runs/runlocal.
-  # No CIFAR-10 in TFDS_DATA_DIR: the run stops right after naming its outputs.
+  # --mode=eval of a folder with no run: refused, naming the folder, which is not made.
   flags = [f"--config_file={helpers.REPO / path}" for path in config_files]
-  proc = subprocess.run([sys.executable, helpers.TRAIN_APP, *flags], capture_output=True,
-                        text=True, timeout=60, cwd=str(tmp_path),
-                        env=helpers.env(TFDP_DEFAULT_CONFIG="", TFDS_DATA_DIR=str(tmp_path)))
+  proc = subprocess.run([sys.executable, helpers.TRAIN_APP, *flags, "--mode=eval"],
+                        capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                        env=helpers.env(TFDP_DEFAULT_CONFIG=""))
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert f"outputs: {tmp_path / 'runs' / run_name} (" in proc.stderr, proc.stderr[-2000:]
+  assert f"'{tmp_path / 'runs' / run_name}' has none" in proc.stderr, proc.stderr[-2000:]
+  assert "outputs:" not in proc.stderr  # named only once the start's checks have passed
+  assert not (tmp_path / "runs").exists()

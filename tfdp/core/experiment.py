@@ -169,6 +169,10 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir, prior = preflight(config, model_dir, mode, cluster,
                                check_data=train_source is None, start_over=start_over)
+  if verbose:  # only now: a start refused above makes no folder
+    logging.info("outputs: %s (%s)", model_dir, "eval.json" if mode == "eval" else
+                 "metrics.csv, metrics.png, checkpoints/, TensorBoard: tensorboard --logdir "
+                 + model_dir)
   logs.start_tensorflow()  # only now: a bad input above was answered in a second, not in four
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Sources, tokenizers and model stems map datasets while building: traced without autograph
@@ -274,7 +278,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                                   accumulation_steps=batch_plan.accumulation_steps,
                                   precision=plan.precision, verbose=verbose)
     resume.check_state_kept(prior.record, trainer.state_fields(), model_dir)
-    restored_step = trainer.restore(prior.checkpoint)
+    restored_step = trainer.restore(prior.checkpoint, to_evaluate=mode == "eval")
     if cluster.is_multi_worker:  # before anything is written and before the first training step
       _check_workers_restored_alike(config, model_dir, cluster, restored_step, prior,
                                     {"train": train_plan, "eval": eval_plan})

@@ -370,9 +370,9 @@ class Trainer:
   def global_step(self) -> int:
     return int(self._step.numpy())
 
-  def restore(self, latest: str | None) -> int:
+  def restore(self, latest: str | None, to_evaluate: bool = False) -> int:
     """Restores `latest`, the checkpoint the resume's checks read (resume.Prior; every worker
-    reads the chief's); None: a fresh start."""
+    reads the chief's); None: a fresh start. `to_evaluate`: --mode=eval, which resumes nothing."""
     if latest:
       try:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -387,7 +387,8 @@ class Trainer:
             f"another {errors.terms().model_dir}; if it is damaged, "
             f"{outputs.older_checkpoint_fix(latest)}."
         ) from None
-      logging.info("resumed from %s at step %d", latest, self.global_step)
+      logging.info("%s %s at step %d", "evaluating" if to_evaluate else "resumed from", latest,
+                   self.global_step)
     return self.global_step
 
   @property
