@@ -14,14 +14,19 @@ from tfdp.errors import ConfigError
 _PROBABILITIES = ("softmax", "sigmoid")  # outputs in [0, 1]: not logits
 
 
+def builder_function(builder):
+  """A registered builder's own function: a functools.partial's, else itself."""
+  return getattr(builder, "func", builder)
+
+
 def builder_module(builder) -> str:
-  """The module of a registered builder (of its function, for a functools.partial)."""
-  return getattr(getattr(builder, "func", builder), "__module__", None) or "?"
+  """The module of a registered builder's function."""
+  return getattr(builder_function(builder), "__module__", None) or "?"
 
 
 def builder_name(builder) -> str:
-  """module.qualname of a registered builder (of its function, for a functools.partial)."""
-  target = getattr(builder, "func", builder)
+  """module.qualname of a registered builder's function."""
+  target = builder_function(builder)
   return (f"{builder_module(builder)}."
           f"{getattr(target, '__qualname__', None) or type(target).__name__}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tfdp.workloads.vision.model_checks import builder_module, builder_name
+from tfdp.workloads.vision.model_checks import builder_function, builder_module, builder_name
 
 ModelBuilder = Callable[..., "keras.Model"]  # noqa: F821
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -17,8 +17,8 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
   """Decorator: `@tfdp.register_model("my_net") def build(input_shape, num_classes, **kw)`."""
   def decorate(builder: ModelBuilder) -> ModelBuilder:
     earlier = _REGISTRY.get(name)
-    if earlier is not None and builder_module(earlier) != builder_module(builder):  # not a cell
-      # run again
+    # Another module's builder under the name; a notebook cell run again re-registers quietly.
+    if earlier is not None and builder_module(earlier) != builder_module(builder):
       from absl import logging  # pylint: disable=g-import-not-at-top
       logging.warning("register_model: '%s' now builds with %s, no longer %s", name,
                       builder_name(builder), builder_name(earlier))
@@ -51,7 +51,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     signature.bind_partial(input_shape, num_classes,
                            **{k: v for k, v in kwargs.items() if k not in given})
   except TypeError as e:
-    short = getattr(getattr(builder, "func", builder), "__name__", "builder")
+    short = getattr(builder_function(builder), "__name__", "builder")
     raise ConfigError(f"{who} cannot be called as {short}(input_shape, num_classes, "
                       f"**task.model.kwargs) ({e}); give it that signature, e.g. "
                       f"def {short}(input_shape, num_classes, **kwargs).") from None
@@ -83,7 +83,7 @@ def _build_failed(who: str, builder, error: Exception, input_shape, num_classes:
   import inspect  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
   try:
-    source = inspect.getsourcefile(getattr(builder, "func", builder))
+    source = inspect.getsourcefile(builder_function(builder))
   except TypeError:  # a builtin, or a class of a __main__ without a file
     source = None
   lines = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
