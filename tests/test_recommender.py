@@ -10,6 +10,7 @@ import pytest
 import helpers
 from tfdp import config as config_lib
 from tfdp.core import data as data_lib
+from tfdp.core import outputs
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
 from tfdp.config.schema import DataConfig
@@ -314,6 +315,16 @@ def test_a_changed_id_vocabulary_is_refused_on_resume_eval_and_warm_start(tmp_pa
     assert "Traceback" not in proc.stderr and snapshot(tmp_path) == before  # nothing written
     # Refused before TensorFlow started: the line a built strategy prints never came.
     assert "cluster: " not in proc.stdout, proc.stdout[-2000:]
+  # A retrieval run warm-started from this matrix factorization: once told to use "the same
+  # task.model.kwargs and id mapping", after TensorFlow had started.
+  other = helpers.run_train(f"--model_dir={tmp_path / 'other'}", "--params_override=" +
+                            retrieval_job(tmp_path, f",task.init_checkpoint={tmp_path / 'run'}"))
+  newest = outputs.latest_checkpoint(str(tmp_path / "run"))
+  assert helpers.error_lines(other) == [
+      f"tfdp-train: error: warm start from task.init_checkpoint '{newest}': that run trained task "
+      "'matrix_factorization', and this one is 'retrieval'; point task.init_checkpoint at a "
+      "retrieval run, or drop task.init_checkpoint to train from scratch."], other.stderr[-3000:]
+  assert snapshot(tmp_path) == before and "cluster: " not in other.stdout
   same = train(tmp_path / "run", "moved-users.txt", "--mode=eval")  # only the file's path moved
   assert same.returncode == 0, same.stderr[-3000:]
   assert "cluster: single process" in same.stdout  # what the refusals above did not reach

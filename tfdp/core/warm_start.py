@@ -35,6 +35,18 @@ def find_init_checkpoint(path: str) -> str:
                     "model_dir of a finished run, or a checkpoint prefix.")
 
 
+def trained_task(run_folder: str) -> str | None:
+  """task.name in the config.yaml of the run in `run_folder` (None where none is readable): a
+  warm start from a run of another task is refused by name, before TensorFlow starts."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(run_folder, outputs.CONFIG_FILE), "rb") as f:
+      name = (yaml.safe_load(f.read(1 << 20)) or {}).get("task", {}).get("name")
+  except (OSError, ValueError, AttributeError, yaml.YAMLError):
+    return None
+  return name if isinstance(name, str) else None
+
+
 def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...],
                  trained_by: str = "a run that trained this model's kind") -> None:
   """Restores `root` (a tf.train.Checkpoint tree naming where its objects sit in the other

@@ -226,7 +226,11 @@ class MatrixFactorizationTask(tasks.Task):
     a word: compare with the id mapping the run saved when it first started (the mappings come
     from the config alone: no data is read, TensorFlow is not started)."""
     import json  # pylint: disable=g-import-not-at-top
-    import os  # pylint: disable=g-import-not-at-top
+    trained = context.warm_start and warm_start.trained_task(folder)
+    if trained and trained != config.name:  # its model is another: no id mapping makes it fit
+      raise ConfigError(f"{context.action}: that run trained task '{trained}', and this one is "
+                        f"'{config.name}'; point task.init_checkpoint at a {config.name} run, "
+                        f"or {context.fix}.")
     path = os.path.join(folder, ID_MAPPING_FILE)
     if not os.path.exists(path):  # a run from before id mappings were saved
       return
