@@ -78,6 +78,8 @@ def _worker_command_without_separator(argv: list[str]) -> str | None:
     name = words[i].lstrip("-")
     if not words[i].startswith("-"):
       first = i
+    elif name.split("=", 1)[0] not in FLAGS and name.removeprefix("no") not in FLAGS:
+      return None  # the unknown flag is the launcher's own (a typo): no hint
     elif "=" not in name and name in FLAGS and not FLAGS[name].boolean:
       i += 1  # --num_workers 2: the value is the flag's
     i += 1

@@ -391,7 +391,7 @@ CASES = [
          args=("--stop_grace_seconds=inf", "--", "true")),
     Case("launch_negative_stop_grace", ("--stop_grace_seconds", "-1", "30"), launch=True,
          args=("--stop_grace_seconds=-1", "--", "true")),
-    Case("launch_unknown_flag", ("'num_worker'", "Did you mean: num_workers"), launch=True, args=("--num_worker=2", "--", "true")),
+    Case("launch_unknown_flag", ("'num_worker'", "did you mean --num_workers?"), launch=True, args=("--num_worker=2", "--", "true")),
 ]
 NEEDS_CIFAR = {"tfds_version_not_prepared", "tfds_broken_dataset_info"}
 

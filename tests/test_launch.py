@@ -324,6 +324,12 @@ def test_a_worker_command_without_its_separator_is_told_to_add_it():
       "tfdp-launch: error: Unknown command line flag 'config_file'; the worker command's own "
       "flags need -- before the command: `tfdp-launch --num_workers 2 -- tfdp-train "
       "--config_file=x.yaml`."]
+  # The launcher's own misspelt flag before the command: its value was read as the command.
+  typo = subprocess.run([sys.executable, str(LAUNCH_APP), "--num_worker", "2", "tfdp-train",
+                         "--config_file=x.yaml"], capture_output=True, text=True, timeout=60)
+  assert typo.stderr.strip().splitlines() == [
+      "tfdp-launch: error: Unknown command line flag 'num_worker' (did you mean --num_workers?); "
+      "see tfdp-launch --helpfull."]
 
 
 def test_launch_app_runs_workers(tmp_path):

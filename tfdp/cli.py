@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from absl import flags
@@ -39,7 +40,10 @@ def flags_parser(prog: str, unknown_flag_hint=None):  # pylint: disable=redefine
       return flags.FLAGS(argv)
     except flags.UnrecognizedFlagError as error:
       hint = unknown_flag_hint(argv) if unknown_flag_hint else None
-      exit_with_error(prog, f"{error}; {hint or f'see {prog} --helpfull'}.")
+      said = re.sub(r"\. Did you mean: (.+) \?$",  # absl's "'x'. Did you mean: a, b ?"
+                    lambda m: " (did you mean --" + m.group(1).replace(", ", ", --") + "?)",
+                    str(error))
+      exit_with_error(prog, f"{said}; {hint or f'see {prog} --helpfull'}.")
     except flags.Error as error:
       exit_with_error(prog, f"{error}; see {prog} --helpfull.")
   return parse
