@@ -279,7 +279,7 @@ def test_a_header_with_spaces_after_its_commas_is_named_and_the_fix_works(tmp_pa
   assert read["item"].tolist() == [12, 4] and read["label"].tolist() == [4.0, 5.0]
 
 
-@pytest.mark.parametrize("separator", [";", "\t"])
+@pytest.mark.parametrize("separator", [";", "\t", "; ", " | "])  # 'user; item': spaces too
 def test_a_file_of_another_separator_is_named_and_the_fix_works(tmp_path, separator):
   """Once "has no user column 'user'; its columns are 'user;item;rating': set user_column to one
   of them", which no user_column fixes."""
@@ -296,6 +296,7 @@ def test_a_file_of_another_separator_is_named_and_the_fix_works(tmp_path, separa
   eval(fix, {"pd": pandas})  # pylint: disable=eval-used  (the message's own fix, as written)
   read = interactions.read_interactions(tmp_path / "fixed.csv", "user", "item", "rating")
   assert read["item"].tolist() == [2] and read["label"].tolist() == [4.0]
+  assert read["user"].tolist() == [1]
 
 
 @pytest.mark.parametrize("text", ["100000000000000000000", "1e300", "10000000000000000000",

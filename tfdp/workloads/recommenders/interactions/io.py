@@ -189,13 +189,18 @@ def _check_columns(available: list, columns: dict, where: str, path: str = "") -
         raise DataError(f"{where} has no {role} column '{name}', but {spaced[0]!r}: its columns "
                         f"are {listed}, with spaces next to the commas of its header line; "
                         f"remove them: {fix}")
-      separator = next((c for c in (";", "\t", "|") if len(available) == 1
-                        and c in str(available[0]) and name in str(available[0]).split(c)), None)
+      separator = next((c for c in (";", "\t", "|") if len(available) == 1 and c in
+                        str(available[0]) and name in map(str.strip, str(available[0]).split(c))),
+                       None)
       if path and separator:  # one column named 'user;item;rating': another separator
         shown = {"\t": "tab"}.get(separator, repr(separator))
+        # 'user; item': the spaces too (the python engine reads a separator pattern)
+        sep = (f"sep={separator!r}" if all(part == part.strip()
+                                           for part in str(available[0]).split(separator))
+               else f"sep=r'\\s*{re.escape(separator)}\\s*', engine='python'")
         raise DataError(f"{where} has one column, {listed}: its header is {shown}-separated, and "
                         "tfdp reads comma-separated CSV; write it with commas (pandas: "
-                        f"pd.read_csv(path, sep={separator!r}).to_csv(new_path, index=False)).")
+                        f"pd.read_csv(path, {sep}).to_csv(new_path, index=False)).")
       raise DataError(f"{where} has no {role} column '{name}'; its columns are {listed}: set "
                       f"{role}_column to one of them.")
 
