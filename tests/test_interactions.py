@@ -367,6 +367,15 @@ def test_empty_shard_reads_empty_and_check_not_empty_fails(tmp_path, content):
       f"non-empty shard ({SPLIT_FIX}).")
   full = frame_of([1], [2])
   assert interactions.check_not_empty(full, str(path), worker=2) is full
+  # One file for every worker (training, or the splitter's input): once told to split again
+  # with fewer shards, which no split of no rows gives.
+  split = subprocess.run([sys.executable, str(helpers.REPO / "apps" / "split_interactions.py"),
+                          f"--input={path}", f"--output={tmp_path}/part-{{worker}}.csv",
+                          "--num_shards=2", "--user_column=u", "--item_column=i"],
+                         capture_output=True, text=True, timeout=60)
+  assert split.returncode != 0 and split.stderr.strip().splitlines() == [
+      f"split_interactions.py: error: interactions file '{path}' holds no interactions (a header "
+      "at most); give it the interactions, one row each."], split.stderr
 
 
 # ---- splitting by user -----------------------------------------------------------------------

@@ -129,6 +129,9 @@ def read_interactions(path: str, user_column: str, item_column: str, label_colum
 
 def check_not_empty(frame: pd.DataFrame, path: str, worker: int | None = None) -> pd.DataFrame:
   """A worker with no interactions would train on padding only; say so before training."""
+  if len(frame) == 0 and worker is None:  # one file for all: no split makes rows
+    raise DataError(f"interactions file '{path}' holds no interactions (a header at most); give "
+                    "it the interactions, one row each.")
   if len(frame) == 0:
     raise DataError(f"{_prefix(worker)}interactions file '{path}' holds no interactions; give "
                     f"every worker a non-empty shard (split again with fewer shards or other "
