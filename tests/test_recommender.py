@@ -1,7 +1,9 @@
 """Matrix factorization on interaction shards that each worker holds alone: real worker
 processes on loopback, uneven shards, the noise floor of planted data, bad input."""
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -419,3 +421,29 @@ def test_swapped_vocabularies_warn_once_per_split_naming_the_file_and_share(tmp_
         f",task.recommender.item_vocab_path={tmp_path / 'users.txt'}"))])
     tasks.make_task(config.task).read_rows(config.task.train_data)
   assert not [r for r in caplog.records if "vocabulary" in r.getMessage()]
+
+
+def test_a_run_started_on_relative_paths_is_evaluated_from_another_folder(tmp_path):
+  """config.yaml kept `data/all.csv` as given, so --mode=eval of the run from any other folder
+  could not find its data; it records the paths absolute (the vocabularies' too)."""
+  (tmp_path / "job" / "data").mkdir(parents=True)
+  (tmp_path / "elsewhere").mkdir()
+  frame, _ = interactions.planted_interactions(20, 20, 2, 0.3, 10, seed=0)
+  frame.to_csv(tmp_path / "job" / "data" / "all.csv", index=False)
+  interactions.build_vocabulary(frame["user"].to_numpy(), str(tmp_path / "job/data/users.txt"))
+  interactions.build_vocabulary(frame["item"].to_numpy(), str(tmp_path / "job/data/items.txt"))
+  small = (",trainer.epochs=1,trainer.global_batch_size=64,trainer.learning_rate.base_batch_size=64,"
+           "trainer.steps_per_loop=1,trainer.learning_rate.schedule=constant")
+
+  def train(cwd, *args):
+    return subprocess.run([sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+                           *args], capture_output=True, text=True, timeout=600, env=helpers.env(),
+                          cwd=str(tmp_path / cwd))
+  first = train("job", "--mode=train", f"--params_override={job(Path('data'), extra=small)}")
+  assert first.returncode == 0, first.stderr[-3000:]
+  recorded = config_lib.load_config([str(tmp_path / "run" / "config.yaml")], []).task
+  assert recorded.train_data.path == str(tmp_path / "job/data/all.csv")
+  assert recorded.recommender.user_vocab_path == str(tmp_path / "job/data/users.txt")
+  evaluation = train("elsewhere", "--mode=eval")
+  assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+  assert json.loads((tmp_path / "run" / "eval.json").read_text())["eval_examples"] > 0

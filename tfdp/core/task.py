@@ -182,8 +182,10 @@ class Task:
     return None
 
   def recorded_config(self, config: dict) -> dict:
-    """The config as model_dir/config.yaml records it: what this task trained with."""
-    return config
+    """The config as model_dir/config.yaml records it: what this task trained with, its file
+    paths absolute (a relative one means the folder the run started in; a later --mode=eval of
+    the run reads its config.yaml from anywhere)."""
+    return {**config, "task": _absolute_paths(config["task"])} if "task" in config else config
 
   def artifacts(self, source) -> dict:
     """Files the chief writes into model_dir beside the model: {file name: text} (e.g. the id
@@ -214,3 +216,20 @@ def classification_sums(batch: dict, logits, per_example_loss, label_key: str = 
   count = tf.reduce_sum(weight)
   return {"loss": (tf.reduce_sum(per_example_loss * weight), count),
           "accuracy": (tf.reduce_sum(correct * weight), count)}
+
+
+def _absolute_paths(section: dict) -> dict:
+  """Each `path`, `*_path` and `data_dir` under `section` made absolute where its folder is
+  here, so a pattern ({worker}, a glob) too; a name found elsewhere (the shipped vocabulary,
+  found beside the package) is left as it is."""
+  import os  # pylint: disable=g-import-not-at-top
+  done = {}
+  for key, value in section.items():
+    if isinstance(value, dict):
+      value = _absolute_paths(value)
+    elif ((key in ("path", "data_dir") or key.endswith("_path")) and isinstance(value, str)
+          and value and not os.path.isabs(os.path.expanduser(value))
+          and os.path.isdir(os.path.dirname(value) or ".")):
+      value = os.path.abspath(value)
+    done[key] = value
+  return done
