@@ -96,7 +96,8 @@ def weights_case() -> dict:
       "metrics_per_output": one_line(lambda: tfdp.fit(
           two_outputs, X, [RNG.normal(size=(128, 3)), RNG.normal(size=(128, 1))],
           model_dir="runs/bad_6"))}
-  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 7))
+  out["errors"].update(outside_the_scope_errors())
+  out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 10))
   # Validation as model.fit does it: SwapEMAWeights swaps around it (its test hooks), and
   # validation_freq=2 over 3 epochs validates after the second only (tfdp added the last).
   validation = (X[:64], Y[:64])
@@ -121,6 +122,7 @@ def weights_case() -> dict:
                                     name="iou")
   except tfdp.TfdpError as e:
     out["mean_iou"] = str(e)
+  out["adapted_outside"] = adapted_outside_the_scope()
   out["validation_freq"] = against_keras(plain, epochs=3, validation_data=validation,
                                          validation_freq=2, name="freq")
 
@@ -144,6 +146,59 @@ def weights_case() -> dict:
            **{**ARGS, "batch_size": 64})
   out["accumulation_instead"] = difference(reference, ours)
   return out
+
+
+def outside_the_scope_errors() -> dict:
+  """Models built outside the scope whose copy in it would compute something else: refused.
+  Seen failing: each trained (or predicted) silently on the copy's defaults (scale 1.0, factor
+  5.0), and the adapted lookup table was a bare FailedPreconditionError."""
+  class ScaledLoss(keras.losses.Loss):  # no get_config: its copy would have scale 1.0
+    def __init__(self, scale=1.0, **kwargs):
+      super().__init__(**kwargs)
+      self.scale = scale
+
+    def call(self, y_true, y_pred):
+      return self.scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred, True)
+
+  class Scale(keras.layers.Layer):
+    def __init__(self, factor=1.0, **kwargs):
+      super().__init__(**kwargs)
+      self.factor = factor
+
+    def call(self, inputs):
+      return inputs * self.factor
+
+  scaled_loss = dense()
+  scaled_loss.compile("sgd", ScaledLoss(scale=3.0))
+  scale = Scale(5.0)
+  changed_layer = keras.Sequential([keras.Input((8,)), scale, keras.layers.Dense(3)])
+  changed_layer.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  scale.factor = 0.1  # after construction: the config says 5.0
+  words = np.array(["a b", "b c", "c a", "a a"] * 32)
+  lookup = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=6)
+  lookup.adapt(words)
+  text = keras.Input((), dtype="string")
+  table = keras.Model(text, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(
+      keras.layers.Embedding(20, 4)(lookup(text)))))
+  table.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return {"loss_setting_lost": one_line(lambda: tfdp.fit(scaled_loss, X, Y, model_dir="runs/bad_7")),
+          "layer_changed": one_line(lambda: tfdp.fit(changed_layer, X, Y, model_dir="runs/bad_8")),
+          "layer_changed_predict": one_line(lambda: tfdp.predict(changed_layer, X)),
+          "lookup_table": one_line(lambda: tfdp.fit(table, words, Y, model_dir="runs/bad_9"))}
+
+
+def adapted_outside_the_scope() -> dict:
+  """An adapted Normalization built outside the scope: its copy finalizes the adapted mean and
+  variance from its weights (seen failing: predictions 2731 apart, the copy unnormalized)."""
+  wide = (X * [1, 10, 100, 1000, 1, 1, 1, 1] + [5, -50, 500, 3000, 0, 0, 0, 0]).astype("float32")
+  norm = keras.layers.Normalization()
+  norm.adapt(wide)
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((8,)), norm, keras.layers.Dense(3)])
+  model.compile(keras.optimizers.SGD(0.1),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return {"predict": float(np.abs(model.predict(wide, verbose=0) - tfdp.predict(model, wide)).max()),
+          "loss": [model.evaluate(wide, Y, verbose=0), tfdp.evaluate(model, wide, Y)["loss"]]}
 
 
 def model_case() -> dict:

@@ -72,10 +72,15 @@ def strategy_for(model, strategy):
   compiled = getattr(model, "compiled", False)
   # outside the try: a changed Keras is said as such
   users_objects = _users_objects(model) if compiled else {}
+  if compiled:
+    _check_rebuilt_alike(model, caller)
   try:  # clone_model compiles the clone from the compile config: the user's objects by name
     with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
+      for layer in _all_layers(clone):  # an adapted Normalization's mean, from its weights
+        if hasattr(layer, "finalize_state"):  # as Keras's own loading does
+          layer.finalize_state()
       if compiled:
         clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
@@ -85,6 +90,63 @@ def strategy_for(model, strategy):
         "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
     ) from None
   return strategy, clone, model
+
+
+def _all_layers(model):
+  for layer in model.layers:
+    yield layer
+    if hasattr(layer, "layers"):  # a nested model
+      yield from _all_layers(layer)
+
+
+_SETTINGS = (int, float, str, bool, type(None))
+
+
+def _check_rebuilt_alike(model, caller: str) -> None:
+  """The clone is compiled from the compile config: a user's Loss or Metric class is rebuilt
+  by from_config(get_config()), which drops what its get_config does not return (a
+  ScaledLoss(scale=3.0) trained as scale 1.0, silently)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  for leaf in keras.tree.flatten(compat.compile_arguments(model)):
+    if (not isinstance(leaf, (keras.losses.Loss, keras.metrics.Metric))
+        or type(leaf).__module__.startswith("keras.")):
+      continue
+    try:
+      rebuilt = vars(type(leaf).from_config(leaf.get_config()))
+    except Exception:  # pylint: disable=broad-except  (the clone's compile says it)
+      continue
+    for name, value in vars(leaf).items():
+      if isinstance(value, _SETTINGS) and (name not in rebuilt or rebuilt[name] != value):
+        raise ConfigError(
+            f"{caller}: the model was built outside the strategy's scope, and the copy made in it "
+            f"would rebuild {type(leaf).__name__} from its get_config(), which loses "
+            f"{name}={value!r}; return it from get_config(), or build and compile the model "
+            "under `with tfdp.make_strategy().scope():`.")
+
+
+def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:
+  """A copy made in the scope must compute what the user's model does: Keras copies a layer
+  through its config and weights, which miss state set otherwise (an attribute changed after
+  construction, an adapted lookup table). Compared on a few of the user's examples."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  fix = ("build and compile the model under `with tfdp.make_strategy().scope():` (or pass a "
+         "function that returns it), so that no copy is made")
+  try:
+    theirs = keras.tree.flatten(clone(x, training=False))
+  except Exception as e:  # pylint: disable=broad-except  (e.g. "Table not initialized")
+    detail = (str(e).strip().splitlines() or [""])[0][:200]
+    raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the copy "
+                      f"made in it fails ({type(e).__name__}: {detail}); {fix}.") from None
+  mine = keras.tree.flatten(users_model(x, training=False))
+  for a, b in zip(mine, theirs):
+    a, b = (np.asarray(keras.ops.convert_to_numpy(t), np.float64) for t in (a, b))
+    scale = max(1.0, float(np.abs(a).max())) if a.size else 1.0
+    if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
+      raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the "
+                        "copy made in it computes other outputs (a layer holds state its config "
+                        f"and weights do not carry); {fix}.")
 
 
 def _strategy_and_clone(model, strategy):
@@ -140,6 +202,11 @@ def compiled_outside(model, strategy) -> bool:
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   variables = getattr(getattr(model, "optimizer", None), "variables", None)
   return bool(variables) and not compat.created_in_scope(strategy, variables[0])
+
+
+def first_inputs(source):
+  """The model inputs of a source's first few examples."""
+  return next(iter(source.read([0]).take(8).batch(8)))["x"]
 
 
 def _users_objects(model) -> dict:
@@ -252,6 +319,9 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     else:
       with strategy.scope():
         trained(first["x"])
+  if users_model is not None:
+    check_clone_computes_alike(users_model, trained, first_inputs(inputs.train),
+                               errors.terms().caller)
   policy = keras.config.dtype_policy().name
   precision = policy if policy in ("float32", "mixed_bfloat16", "mixed_float16") else "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)

@@ -67,6 +67,9 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
                                     model_input_ranks=ranks).train
   else:  # inputs alone (a dataset's labels are kept, unused)
     source = inputs_lib.predict_source(x, ranks)
+  if users_model is not None:
+    fit_lib.check_clone_computes_alike(users_model, model, fit_lib.first_inputs(source),
+                                       errors.terms().caller)
   batch = batch_size or inputs_lib.DEFAULT_BATCH_SIZE
   replicas = strategy.num_replicas_in_sync
   batch = -(-batch // replicas) * replicas  # whole per-replica batches; padding is weight 0
