@@ -137,6 +137,24 @@ def test_start_over_moves_the_run_and_copies_the_tasks_files(tmp_path):
   assert (Path(attic) / "vocabulary.txt").read_text() == "[PAD]\n"
 
 
+def test_runs_set_aside_within_one_second_each_get_their_own_folder(tmp_path, monkeypatch):
+  """tfdp.fit in a loop (model_dir=None) sets a run aside per call: two in one second moved
+  into one previous-<time>/, and the second failed half-way (OSError: Directory not empty)."""
+  monkeypatch.setattr(outputs.time, "strftime", lambda *args: "20261206-011046")
+  attics = []
+  for run in range(3):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "events").write_text(f"run {run}")
+    (tmp_path / "config.yaml").write_text(f"run {run}\n")
+    attics.append(outputs.move_run_aside(str(tmp_path)))
+  assert [os.path.basename(a) for a in attics] == [
+      "previous-20261206-011046", "previous-20261206-011046-2", "previous-20261206-011046-3"]
+  for run, attic in enumerate(attics):
+    assert (Path(attic) / "train" / "events").read_text() == f"run {run}"
+    assert (Path(attic) / "config.yaml").read_text() == f"run {run}\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(os.path.basename(a) for a in attics)
+
+
 def test_a_lost_newest_checkpoint_names_the_newest_whole_one_by_step_not_by_spelling(tmp_path):
   """ckpt-100 is newer than ckpt-34 (the old message named the last by spelling, ckpt-34); a
   checkpoint whose data shard is missing is not one to resume from."""

@@ -193,8 +193,14 @@ def move_run_aside(model_dir: str, artifacts=()) -> str | None:
             if os.path.isfile(os.path.join(model_dir, n))]
   copied = [n for n in artifacts if os.path.isfile(os.path.join(model_dir, n))]  # copies: the
   # config may read one as an input (task.text.vocab_path=<model_dir>/vocabulary.txt)
-  attic = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-  os.makedirs(attic, exist_ok=True)
+  stamp = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+  for attempt in range(1, 1000):  # runs set aside within one second (tfdp.fit in a loop) each
+    attic = stamp if attempt == 1 else f"{stamp}-{attempt}"  # get their own: a move into an
+    try:  # earlier one's `train/` failed half-way ("Directory not empty")
+      os.mkdir(attic)
+      break
+    except FileExistsError:
+      continue
   for name in names:
     os.replace(os.path.join(model_dir, name), os.path.join(attic, name))
   for name in copied:  # the new run writes its own over them
