@@ -206,3 +206,18 @@ def test_keras_made_up_names_are_recorded_without_their_number():
                          (lambda: keras.Sequential([keras.layers.Dense(1)]), "sequential")):
     assert [task._recorded_name(make()) for _ in range(2)] == [recorded] * 2  # pylint: disable=protected-access
   assert task._recorded_name(keras.optimizers.Adam(name="mine_3")) == "mine_3"  # pylint: disable=protected-access
+
+
+def test_numpy_integers_one_callback_and_batch_size_beside_a_batched_dataset_as_keras(
+    weights_result):
+  """Seen failing (a probe): numpy integers refused ('batch_size is np.int64(32); pass a
+  positive whole number'), one callback a bare TypeError (not iterable), and a dataset batched
+  by 16 re-batched by batch_size=64: 2 steps where model.fit takes 8, other weights."""
+  forms = weights_result["argument_forms"]
+  assert forms["numpy_ints"] == [4, 2, 2]  # 128 / 32 steps, 2 epochs, the callback called twice
+  assert forms["predicted"] == 128
+  run = forms["batched"]
+  assert run["tfdp"][0] == run["keras"][0] == 8
+  assert run["tfdp"][1] == pytest.approx(run["keras"][1], rel=1e-5)
+  assert run["difference"] < 1e-5
+  assert "batch_size=64 is not used: x is a dataset batched by 16" in weights_result["stderr"]

@@ -123,6 +123,7 @@ def weights_case() -> dict:
   except tfdp.TfdpError as e:
     out["mean_iou"] = str(e)
   out["adapted_outside"] = adapted_outside_the_scope()
+  out["argument_forms"] = argument_forms()
   out["validation_freq"] = against_keras(plain, epochs=3, validation_data=validation,
                                          validation_freq=2, name="freq")
 
@@ -199,6 +200,34 @@ def adapted_outside_the_scope() -> dict:
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   return {"predict": float(np.abs(model.predict(wide, verbose=0) - tfdp.predict(model, wide)).max()),
           "loss": [model.evaluate(wide, Y, verbose=0), tfdp.evaluate(model, wide, Y)["loss"]]}
+
+
+def argument_forms() -> dict:
+  """What model.fit takes in other forms: numpy integers, one callback not in a list, and
+  batch_size beside a batched dataset, which Keras ignores (its batches decide). Seen failing:
+  'batch_size is np.int64(32); pass a positive whole number', "'Counter' object is not
+  iterable", and the dataset's batches of 16 re-batched by 64 (2 steps where Keras takes 8)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  class Counter(keras.callbacks.Callback):
+    epochs = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+      Counter.epochs += 1
+
+  sgd = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
+  history = tfdp.fit(compiled(sgd), X, Y, batch_size=np.int64(32), epochs=np.int64(2),
+                     callbacks=Counter(), shuffle=False, verbose=0, model_dir="runs/forms")
+  batched = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+  reference, ours = compiled(sgd, in_scope=False), compiled(sgd)
+  keras_history = reference.fit(batched, batch_size=64, epochs=1, verbose=0)
+  dataset_history = tfdp.fit(ours, batched, batch_size=64, epochs=1, verbose=0,
+                             model_dir="runs/batched")
+  return {"numpy_ints": [history.params["steps"], len(history.history["loss"]), Counter.epochs],
+          "predicted": len(tfdp.predict(ours, X, batch_size=np.int32(50))),
+          "batched": {"keras": [keras_history.params["steps"], keras_history.history["loss"]],
+                      "tfdp": [dataset_history.params["steps"], dataset_history.history["loss"]],
+                      "difference": difference(reference, ours)}}
 
 
 def model_case() -> dict:

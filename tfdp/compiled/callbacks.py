@@ -23,7 +23,7 @@ REFUSED = {
 
 def check_callbacks(callbacks) -> list:
   import keras  # pylint: disable=g-import-not-at-top
-  callbacks = list(callbacks or [])
+  callbacks = keras.tree.flatten(callbacks) if callbacks else []  # one callback too, as Keras
   for callback in callbacks:
     if not isinstance(callback, keras.callbacks.Callback):
       raise ConfigError(f"callbacks holds a {type(callback).__name__}, not a "

@@ -249,9 +249,11 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
 
 
 def _whole(name: str, value, minimum: int = 1) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+  """A whole number as Keras takes it: a numpy integer (np.int64(5)) too."""
+  import numbers  # pylint: disable=g-import-not-at-top
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
     raise ConfigError(f"tfdp.fit: {name} must be a whole number ≥ {minimum}, got {value!r}.")
-  return value
+  return int(value)
 
 
 def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
@@ -270,7 +272,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   epochs = _whole("epochs", epochs)
   validation_freq = _whole("validation_freq", validation_freq)
   if steps_per_epoch is not None:
-    _whole("steps_per_epoch", steps_per_epoch)
+    steps_per_epoch = _whole("steps_per_epoch", steps_per_epoch)
   if initial_epoch:
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")

@@ -207,9 +207,13 @@ def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: st
       lambda count, one: count + one)))
 
 
-def check_batch_size(name: str, value) -> None:
-  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+def check_batch_size(name: str, value) -> int | None:
+  """The batch size as an int (a numpy integer too, as Keras takes it), or None."""
+  import numbers  # pylint: disable=g-import-not-at-top
+  if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                            or value <= 0):
     raise fail(name, f"is {value!r}", "pass a positive whole number (the global batch)")
+  return None if value is None else int(value)
 
 
 def _check_has_labels(dataset, argument: str) -> None:
@@ -228,8 +232,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   or silently misread."""
   if x is None:
     raise fail("x", "is None", "pass the training data")
-  check_batch_size("batch_size", batch_size)
-  check_batch_size("validation_batch_size", validation_batch_size)
+  batch_size = check_batch_size("batch_size", batch_size)
+  validation_batch_size = check_batch_size("validation_batch_size", validation_batch_size)
   if not 0.0 <= float(validation_split) < 1.0:
     raise fail("validation_split", f"is {validation_split}", "use a fraction in [0, 1)")
   class_weight = dict(class_weight or {})
@@ -249,7 +253,11 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                  "pass validation_data=<a dataset> instead")
     _check_has_labels(x, "x")
     dataset, dataset_batch = _unbatched(x, model_input_ranks)
-    global_batch = batch_size or dataset_batch or DEFAULT_BATCH_SIZE
+    if batch_size and dataset_batch and batch_size != dataset_batch:  # Keras ignores it too
+      logging.warning(errors.as_caller(f"batch_size={batch_size} is not used: x is a dataset "
+                                       f"batched by {dataset_batch}, whose batches decide, as "
+                                       "in model.fit"))
+    global_batch = dataset_batch or batch_size or DEFAULT_BATCH_SIZE
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
     repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",

@@ -61,7 +61,7 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
     logging.warning("%s: the model was built outside the strategy's scope: running a copy made "
                     "inside it, with its weights", errors.terms().caller)
   ranks = inputs_lib.input_ranks(model)
-  inputs_lib.check_batch_size("batch_size", batch_size)
+  batch_size = inputs_lib.check_batch_size("batch_size", batch_size)
   if needs_labels:
     source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight, batch_size=1,
                                     model_input_ranks=ranks).train
