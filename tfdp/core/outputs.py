@@ -32,7 +32,13 @@ def resolve_model_dir(model_dir: str) -> str:
   if not model_dir:
     raise OutputError(f"{errors.terms().model_dir} is empty; give a folder for checkpoints and "
                       "metrics.")
-  return os.path.abspath(os.path.expanduser(model_dir))
+  resolved = os.path.abspath(os.path.expanduser(model_dir))
+  if "[" in resolved:  # TensorFlow finds a checkpoint's files by glob: `[0]` matches "0" only
+    raise OutputError(f"{errors.terms().model_dir} '{resolved}' holds '[', which TensorFlow's "
+                      "checkpoint reader takes for a glob pattern: a run there saves checkpoints "
+                      "but can never resume or evaluate them; use a folder name without '[' "
+                      "(lr_0.1 for lr[0.1]); a run saved there resumes once its folder is renamed.")
+  return resolved
 
 
 def prepare_model_dir(model_dir: str) -> str:
