@@ -308,6 +308,11 @@ CASES = [
          trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-8.*")]),
     Case("checkpoint_every_one_removed", ("names 'ckpt-8'", "fix or remove it", "--start_over"),
          trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-*")]),
+    # checkpoints/ removed by hand after the run: a fresh run overwrote its export and added
+    # its rows to the old metrics.csv, silently (a probe).
+    Case("checkpoints_removed_outputs_kept", ("holds a run's outputs (metrics.csv",
+                                              "no checkpoint to resume it from", "--start_over"),
+         trained=True, spoil=lambda d: shutil.rmtree(d / "checkpoints")),
     # A `[` in model_dir: TensorFlow's checkpoint reader globs the path, so a run there saved
     # checkpoints it could never resume ("Failed to find any matching files"; a probe).
     Case("model_dir_with_a_bracket", ("holds '['", "glob pattern", "can never resume",

@@ -8,8 +8,9 @@ import json
 import os
 import re
 
-from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RUN_FILES,
-                               atomic_write_text, latest_checkpoint, start_over_hint)
+from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, EXPORT_FILE, METRICS_FILE, RUN_FILES,
+                               WEIGHTS_FILE, atomic_write_text, latest_checkpoint,
+                               start_over_hint)
 from tfdp import errors
 from tfdp.errors import OutputError
 
@@ -64,6 +65,8 @@ def read_prior(model_dir: str, start_over: bool, with_record: bool = True) -> Pr
   only its model_input is taken (an unreadable record gives none)."""
   checkpoint = None if start_over else latest_checkpoint(model_dir)
   if not checkpoint:
+    if with_record and not start_over:
+      _check_no_outputs_without_checkpoint(model_dir)
     return Prior()
   if with_record:
     record = read_run_record(model_dir)
@@ -72,6 +75,26 @@ def read_prior(model_dir: str, start_over: bool, with_record: bool = True) -> Pr
     return Prior(checkpoint, None, (read_run_record(model_dir) or {}).get("model_input"))
   except OutputError:
     return Prior(checkpoint)
+
+
+def _check_no_outputs_without_checkpoint(model_dir: str) -> None:
+  """A run's outputs with its checkpoints gone (removed by hand): a fresh run would overwrite its
+  exported model and add its rows to the earlier run's metrics.csv, silently. (An epoch's row and
+  the export are written after its checkpoint: a start that saved none left none of them.)"""
+  found = [name for name in (EXPORT_FILE, WEIGHTS_FILE, "eval.json")
+           if os.path.exists(os.path.join(model_dir, name))]
+  try:
+    with open(os.path.join(model_dir, METRICS_FILE), "rb") as f:
+      if len([line for line in f.read().splitlines() if line.strip()]) > 1:  # a header and rows
+        found.insert(0, METRICS_FILE)
+  except OSError:
+    pass
+  if found:
+    raise OutputError(
+        f"{errors.terms().model_dir} '{model_dir}' holds a run's outputs ({', '.join(found)}) "
+        f"but no checkpoint to resume it from ({CHECKPOINT_DIR}/ is gone or empty): training "
+        f"here would overwrite them; {errors.terms().start_over}, or use a new "
+        f"{errors.terms().model_dir}.")
 
 
 def check_resume(record: dict, current: dict, model_dir: str) -> None:
