@@ -308,6 +308,10 @@ CASES = [
          trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-8.*")]),
     Case("checkpoint_every_one_removed", ("names 'ckpt-8'", "fix or remove it", "--start_over"),
          trained=True, spoil=lambda d: [p.unlink() for p in (d / "checkpoints").glob("ckpt-*")]),
+    # --start_over, then a model that fails to build: the earlier run stayed in previous-<time>/
+    # and a plain re-run started from step 0 (a probe). It is put back.
+    Case("start_over_then_the_model_fails", ("task.model.kwargs", "small_cnn"),
+         args=("--start_over",), override="task.model.kwargs.filters=-4", trained=True),
     # checkpoints/ removed by hand after the run: a fresh run overwrote its export and added
     # its rows to the old metrics.csv, silently (a probe).
     Case("checkpoints_removed_outputs_kept", ("holds a run's outputs (metrics.csv",

@@ -7,6 +7,7 @@ import pytest
 
 from tfdp import plots
 from tfdp.core import outputs
+from tfdp.core import resume
 from tfdp.errors import OutputError
 
 
@@ -129,7 +130,7 @@ def test_start_over_moves_the_run_and_copies_the_tasks_files(tmp_path):
   (tmp_path / "checkpoints" / "checkpoint").write_text("state\n")
   for name, text in (("config.yaml", "task: {}\n"), ("vocabulary.txt", "[PAD]\n")):
     (tmp_path / name).write_text(text)
-  attic = outputs.move_run_aside(str(tmp_path), ["vocabulary.txt"])
+  attic = resume.move_run_aside(str(tmp_path), ["vocabulary.txt"])
   assert sorted(p.name for p in (tmp_path).iterdir()) == sorted(
       [os.path.basename(attic), "vocabulary.txt"])
   assert sorted(p.name for p in Path(attic).iterdir()) == ["checkpoints", "config.yaml",
@@ -140,13 +141,13 @@ def test_start_over_moves_the_run_and_copies_the_tasks_files(tmp_path):
 def test_runs_set_aside_within_one_second_each_get_their_own_folder(tmp_path, monkeypatch):
   """tfdp.fit in a loop (model_dir=None) sets a run aside per call: two in one second moved
   into one previous-<time>/, and the second failed half-way (OSError: Directory not empty)."""
-  monkeypatch.setattr(outputs.time, "strftime", lambda *args: "20261206-011046")
+  monkeypatch.setattr(resume.time, "strftime", lambda *args: "20261206-011046")
   attics = []
   for run in range(3):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "events").write_text(f"run {run}")
     (tmp_path / "config.yaml").write_text(f"run {run}\n")
-    attics.append(outputs.move_run_aside(str(tmp_path)))
+    attics.append(resume.move_run_aside(str(tmp_path)))
   assert [os.path.basename(a) for a in attics] == [
       "previous-20261206-011046", "previous-20261206-011046-2", "previous-20261206-011046-3"]
   for run, attic in enumerate(attics):

@@ -22,6 +22,7 @@ from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
+from tfdp.config.loader import short_repr
 from tfdp.config.schema import TaskConfig
 from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
@@ -259,10 +260,10 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
     outputs.create_model_dir(model_dir)
-  try:  # a start that fails from here (a model Keras rejects, workers that disagree) releases
-    # its lock and leaves the folder as it found it
+  moved = None  # a start that fails from here (a model Keras rejects, workers that disagree)
+  try:  # releases its lock and leaves the folder as it found it, a moved-aside run put back
     if start_over and cluster.is_chief:  # before the checkpoint manager reads the directory
-      moved = outputs.move_run_aside(
+      moved = resume.move_run_aside(
           model_dir, task.artifacts(train_plan.source) if train_plan else ())
       if moved:
         logging.warning(errors.terms().moved_aside, model_dir, moved)
@@ -307,6 +308,9 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
                       train_plan, eval_plan, eval_dataset, trainer)
   except BaseException:
+    if moved:
+      resume.put_run_back(model_dir, moved)
+      logging.warning("--start_over: this start failed; the earlier run is back in %s", model_dir)
     write_plan.cleanup()
     raise
 
@@ -549,11 +553,6 @@ def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
       else:
         fix = ("every worker must read the same data: make the task.*_data paths name the same "
                "files on every host, then restart the group")
+      theirs, first = short_repr(value, 60), short_repr(states[0].get(key), 60)
       raise ClusterError(f"workers disagree after restore and data planning: worker {rank} has "
-                         f"{key}={_short(value)} but worker 0 has {_short(states[0].get(key))}; "
-                         f"{fix}.")
-
-
-def _short(value) -> str:
-  text = repr(value)
-  return text if len(text) <= 120 else text[:100] + "...]"
+                         f"{key}={theirs} but worker 0 has {first}; {fix}.")

@@ -187,33 +187,6 @@ RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, "train", "eval", "eval.json", EXPORT_
              "metrics.png")
 
 
-def move_run_aside(model_dir: str, artifacts=()) -> str | None:
-  """--start_over: the earlier run goes to model_dir/previous-<time>/, never deleted: its state,
-  and with it its config.yaml (and earlier ones) and a copy of the task's `artifacts` (an id
-  mapping)."""
-  names = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
-  if not names:
-    return None
-  configs = sorted(glob.glob(os.path.join(glob.escape(model_dir), "config.*.yaml")))
-  names += [n for n in (CONFIG_FILE, *map(os.path.basename, configs))
-            if os.path.isfile(os.path.join(model_dir, n))]
-  copied = [n for n in artifacts if os.path.isfile(os.path.join(model_dir, n))]  # copies: the
-  # config may read one as an input (task.text.vocab_path=<model_dir>/vocabulary.txt)
-  stamp = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-  for attempt in range(1, 1000):  # runs set aside within one second (tfdp.fit in a loop) each
-    attic = stamp if attempt == 1 else f"{stamp}-{attempt}"  # get their own: a move into an
-    try:  # earlier one's `train/` failed half-way ("Directory not empty")
-      os.mkdir(attic)
-      break
-    except FileExistsError:
-      continue
-  for name in names:
-    os.replace(os.path.join(model_dir, name), os.path.join(attic, name))
-  for name in copied:  # the new run writes its own over them
-    shutil.copy2(os.path.join(model_dir, name), os.path.join(attic, name))
-  return attic
-
-
 @dataclasses.dataclass
 class WritePlan:
   """Where this process writes. `model_dir` is shared; `write_dir` is model_dir on the chief."""

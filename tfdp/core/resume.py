@@ -3,10 +3,14 @@ model_dir means; a resume that would change that meaning is refused, and a resum
 group splits the kept global batch as the record says."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
 import json
 import os
 import re
+import shutil
+import time
 
 from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, EXPORT_FILE, METRICS_FILE, RUN_FILES,
                                WEIGHTS_FILE, atomic_write_text, latest_checkpoint,
@@ -300,3 +304,45 @@ def _holds_tfdp_run(model_dir: str) -> bool:
   config = head(CONFIG_FILE)
   return (all(re.search(rf"^{key}:", config, re.MULTILINE) for key in ("task", "trainer"))
           or head(METRICS_FILE).startswith("epoch,"))
+
+
+def move_run_aside(model_dir: str, artifacts=()) -> str | None:
+  """--start_over: the earlier run goes to model_dir/previous-<time>/, never deleted: its state,
+  and with it its config.yaml (and earlier ones) and a copy of the task's `artifacts` (an id
+  mapping)."""
+  names = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
+  if not names:
+    return None
+  configs = sorted(glob.glob(os.path.join(glob.escape(model_dir), "config.*.yaml")))
+  names += [n for n in (CONFIG_FILE, *map(os.path.basename, configs))
+            if os.path.isfile(os.path.join(model_dir, n))]
+  copied = [n for n in artifacts if os.path.isfile(os.path.join(model_dir, n))]  # copies: the
+  # config may read one as an input (task.text.vocab_path=<model_dir>/vocabulary.txt)
+  stamp = os.path.join(model_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+  for attempt in range(1, 1000):  # runs set aside within one second (tfdp.fit in a loop) each
+    attic = stamp if attempt == 1 else f"{stamp}-{attempt}"  # get their own: a move into an
+    try:  # earlier one's `train/` failed half-way ("Directory not empty")
+      os.mkdir(attic)
+      break
+    except FileExistsError:
+      continue
+  for name in names:
+    os.replace(os.path.join(model_dir, name), os.path.join(attic, name))
+  for name in copied:  # the new run writes its own over them
+    shutil.copy2(os.path.join(model_dir, name), os.path.join(attic, name))
+  return attic
+
+
+def put_run_back(model_dir: str, attic: str) -> None:
+  """A --start_over start that failed after move_run_aside: the earlier run goes back where it
+  was (a start that fails leaves model_dir as it found it). What the failed start made in its
+  place is only ever empty (nothing is written before every check has passed)."""
+  for name in os.listdir(attic):
+    source, target = os.path.join(attic, name), os.path.join(model_dir, name)
+    if os.path.isfile(target) and os.path.isfile(source):  # a task's artifact: copied, not moved
+      os.remove(source)
+      continue
+    with contextlib.suppress(OSError):
+      os.rmdir(target)  # an empty folder the failed start made (checkpoints/)
+    os.replace(source, target)
+  os.rmdir(attic)
