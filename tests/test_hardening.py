@@ -425,8 +425,9 @@ def trained_run(tmp_path_factory) -> Path:
 
 
 def earlier_run(model_dir: Path) -> None:
-  """What an earlier run leaves: a failed start must keep every byte of it."""
-  for name, text in {"config.yaml": "earlier: run\n", "metrics.csv": "epoch,step\n1,10\n",
+  """What an earlier start leaves: a failed start must keep every byte of it. (No epoch rows:
+  an epoch's row comes after its checkpoint, and rows without one are refused on their own.)"""
+  for name, text in {"config.yaml": "earlier: run\n", "metrics.csv": "epoch,step\n",
                      "notes/keep.txt": "mine\n"}.items():
     (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
     (model_dir / name).write_text(text)
