@@ -59,9 +59,21 @@ def test_membership_shrinks_rewrites_the_slots_file_grows_back_and_stops(tmp_pat
   with pytest.raises(TfdpError) as raised:
     members.after_failure(1, "exited with code 203", blame=False)
   assert str(raised.value) == (
-      f"error: only 1 of 3 workers can start, fewer than --min_workers 2, so the group is not "
+      f"only 1 of 3 workers can start, fewer than --min_workers 2, so the group is not "
       f"restarted: worker slot 1 is not listed in --slots_file {slots_file}; worker slot 2 is "
       f"not listed in --slots_file {slots_file}.")
+
+
+def test_too_few_slots_at_the_first_start_is_one_line_saying_not_started(tmp_path):
+  """Once 'tfdp-launch: error: error: only 0 of 2 workers can start ..., so the group is not
+  restarted', for a group that never started (a probe)."""
+  (tmp_path / "slots").write_text("")
+  proc = _launch("--num_workers=2", "--min_workers=1", f"--slots_file={tmp_path / 'slots'}",
+                 "--", "true")
+  assert proc.stderr.strip().splitlines() == [
+      "tfdp-launch: error: only 0 of 2 workers can start, fewer than --min_workers 1, so the "
+      f"group is not started: worker slot 0 is not listed in --slots_file {tmp_path / 'slots'}; "
+      f"worker slot 1 is not listed in --slots_file {tmp_path / 'slots'}."], proc.stderr
 
 
 # ---- the launcher, real processes --------------------------------------------------------------

@@ -95,7 +95,7 @@ class Membership:
     self.slots = tuple(sorted(self.available))
     self._note_unlisted()
     if len(self.slots) < self.min_workers:
-      raise TfdpError(self.too_few_line())
+      raise TfdpError(self.too_few_line(restarting=False))
 
   def _read_file(self) -> set[int]:
     try:
@@ -111,10 +111,11 @@ class Membership:
       if slot not in self.available:
         self.why_out.setdefault(slot, f"is not listed in --slots_file {self.slots_file}")
 
-  def too_few_line(self) -> str:
+  def too_few_line(self, restarting: bool) -> str:
     missing = "; ".join(f"worker slot {slot} {why}" for slot, why in sorted(self.why_out.items()))
-    return (f"error: only {len(self.slots)} of {workers(self.num_workers)} can start, fewer than "
-            f"--min_workers {self.min_workers}, so the group is not restarted: {missing}.")
+    return (f"only {len(self.slots)} of {workers(self.num_workers)} can start, fewer than "
+            f"--min_workers {self.min_workers}, so the group is not "
+            f"{'restarted' if restarting else 'started'}: {missing}.")
 
   def after_failure(self, failed: int, how: str, blame: bool = True) -> str:
     """Plans the next attempt after slot `failed` failed first (`how`: 'exited with code 1'; not
@@ -143,7 +144,7 @@ class Membership:
       self.why_out.pop(slot, None)
     self._note_unlisted()
     if len(self.slots) < self.min_workers:
-      raise TfdpError(self.too_few_line())
+      raise TfdpError(self.too_few_line(restarting=True))
     changes = [f"was {len(previous)}"] if len(previous) != len(self.slots) else []
     changes += [f"worker slot {slot} {self.why_out[slot]}" for slot in dropped]
     changes += [f"worker slot {slot} is back" for slot in back]

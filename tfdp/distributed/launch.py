@@ -533,7 +533,7 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
       try:
         changes = members.after_failure(slots[rank], how, blame=not lost_peer)
       except TfdpError as error:
-        _log(str(error))
+        _log(f"error: {error}")
         return 1
       _log(f"restart {restarts} of {max_restarts}: {elastic.workers(len(members.slots))} "
            f"({changes}).")
