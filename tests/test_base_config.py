@@ -96,6 +96,11 @@ def write(tmp_path, name, text):
 @pytest.mark.parametrize("files, words", [
     ({"a.yaml": "base: b.yaml\n", "b.yaml": "base: a.yaml\n"}, ["its own base", "base:"]),
     ({"a.yaml": "base: missing.yaml\n"}, ["missing.yaml", "not there"]),
+    # Once "names base '.', which is not there" for a folder that is there; an empty file ran
+    # the schema's defaults (CIFAR-10) without a word (a probe).
+    ({"a.yaml": "base: .\n"}, ["which is a folder", "e.g. base: ./base.yaml"]),
+    ({"a.yaml": "# nothing yet\n"}, ["is empty (it holds no settings)", "leave it out"]),
+    ({"a.yaml": "base: b.yaml\n", "b.yaml": ""}, ["b.yaml' is empty"]),
     ({"a.yaml": "base: [b.yaml]\n"}, ["base must name a YAML file"]),
     ({"a.yaml": "task: {model: {name: small_cnn}}\nmodel_settings: {airbench: {task: "
                 "{eval_flip: true}}}\n"}, ["small_cnn", "written for airbench", "delete it"]),

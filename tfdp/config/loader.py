@@ -325,8 +325,9 @@ def load_yaml(path: str) -> dict:
   if "\x00" in text:
     raise ConfigError(f"config file '{path}' holds binary data (a NUL byte); give a YAML file.")
   data = _safe_load(text, f"config file '{path}'")
-  if data is None:
-    return {}
+  if data is None:  # an empty file (or comments only) would run the schema's defaults unsaid
+    raise ConfigError(f"config file '{path}' is empty (it holds no settings); give it settings "
+                      "(a job of your own: base: base.yaml and what you change), or leave it out.")
   if not isinstance(data, dict):
     raise ConfigError(f"config file '{path}' must hold a mapping with task/trainer/runtime keys.")
   check_nesting(data, f"config file '{path}'")
@@ -358,6 +359,10 @@ def file_layers(path: str) -> list[tuple[str, dict]]:
                         f"got {short_repr(base)}.")
     if base is not None:
       base_path = os.path.join(os.path.dirname(path), base.strip())
+      if os.path.isdir(base_path):
+        raise ConfigError(f"config file '{path}' names base '{base}', which is a folder "
+                          f"({os.path.abspath(base_path)}); name a YAML file in it, e.g. "
+                          f"base: {os.path.join(base.strip(), 'base.yaml')}.")
       if not os.path.isfile(base_path):
         raise ConfigError(f"config file '{path}' names base '{base}', which is not there "
                           f"({os.path.abspath(base_path)}: a base is found beside the file "
