@@ -87,8 +87,11 @@ def _config_files() -> list[str]:
   default = [cli.find_config(DEFAULT_CONFIG)]  # configs/ beside the package, from any folder
   recorded = os.path.join(FLAGS.model_dir or "", outputs.CONFIG_FILE)
   trained = outputs.checkpoint_state(FLAGS.model_dir or "")
-  if FLAGS.mode != "eval" or not (os.path.isfile(recorded) and os.path.isfile(trained)):
+  if FLAGS.mode != "eval" or not os.path.isfile(trained):
     return default  # nothing to evaluate: preflight says so
+  if not os.path.isfile(recorded):  # the default job's model would be built, and misfit
+    raise ConfigError(f"--mode=eval: '{FLAGS.model_dir}' has no {outputs.CONFIG_FILE} (the config "
+                      "that trained its checkpoint); pass that config with --config_file.")
   if outputs.is_fit_record(recorded):
     raise ConfigError(f"'{FLAGS.model_dir}' holds a tfdp.fit run, which tfdp-train cannot "
                       "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("

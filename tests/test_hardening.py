@@ -659,6 +659,14 @@ def test_eval_without_a_config_file_reads_the_config_that_trained_the_run(traine
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   (line,) = helpers.error_lines(proc)
   assert "tfdp.fit run" in line and "tfdp.evaluate(" in line, line
+  # Its config.yaml deleted: the default job was evaluated, and told to set image_size=16,
+  # then about its classes (a probe); now the missing config is named, before TensorFlow.
+  (model_dir / "config.yaml").unlink()
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=eval", timeout=60)
+  assert helpers.error_lines(proc) == [
+      f"tfdp-train: error: --mode=eval: '{model_dir}' has no config.yaml (the config that trained "
+      "its checkpoint); pass that config with --config_file."], proc.stderr[-3000:]
+  assert "cluster: " not in proc.stdout
 
 
 def test_a_fit_runs_checkpoint_of_another_model_does_not_offer_its_record_as_a_config(
