@@ -217,8 +217,20 @@ def test_evaluate_and_predict_take_keras_arguments_and_return_what_keras_returns
   assert out["predict_verbose"] < 1e-6
   verbose, steps, callbacks = out["evaluate_refused"]
   assert verbose.startswith("tfdp.evaluate: verbose is of type ndarray"), verbose  # sample_weight
-  assert steps.startswith("tfdp.evaluate: steps is not taken"), steps
+  assert steps.startswith("tfdp.evaluate: steps is taken with a dataset"), steps
   assert callbacks.startswith("tfdp.predict: callbacks are not called"), callbacks
+
+
+def test_steps_takes_a_datasets_first_batches_as_keras_does(notebook_session):
+  """A dataset that repeats for ever: 'x repeats for ever; pass steps', and then 'steps is not
+  taken' (tfdp.evaluate even said steps_per_epoch, an argument it has not; a probe)."""
+  out, _ = notebook_session
+  steps = out["steps"]
+  assert steps["predict"] < 1e-6 and steps["predicted_rows"] == 12, steps
+  ours, keras_value = steps["evaluate"]
+  assert ours == pytest.approx(keras_value, rel=1e-5)
+  assert steps["no_steps"].startswith("tfdp.evaluate: x repeats for ever; pass steps (or drop"), (
+      steps["no_steps"])
 
 
 def test_a_model_built_outside_the_scope_is_predicted_and_evaluated_on_a_copy(notebook_session):

@@ -102,6 +102,17 @@ out["evaluate_refused"] = [attempt(lambda: one_line(lambda: tfdp.evaluate(model,
                            attempt(lambda: one_line(lambda: tfdp.evaluate(model, x, y, steps=2))),
                            attempt(lambda: one_line(
                                lambda: tfdp.predict(model, x, callbacks=[object()])))]
+# steps: a dataset's first batches, as Keras's (a dataset that repeats for ever needs it).
+forever = tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+out["steps"] = {
+    "predict": attempt(lambda: float(np.max(np.abs(
+        tfdp.predict(model, forever.map(lambda a, b: a), steps=3)
+        - model.predict(forever.map(lambda a, b: a), steps=3, verbose=0))))),
+    "predicted_rows": attempt(lambda: len(tfdp.predict(model, forever.map(lambda a, b: a),
+                                                       steps=3))),
+    "evaluate": [attempt(lambda: tfdp.evaluate(model, forever, steps=3, return_dict=False)),
+                 model.evaluate(forever, steps=3, verbose=0)],
+    "no_steps": attempt(lambda: one_line(lambda: tfdp.evaluate(model, forever)))}
 # Built outside the scope (after make_strategy): evaluated and predicted on a copy made in it.
 outside = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
 out["predict_uncompiled_outside"] = attempt(lambda: float(np.max(np.abs(

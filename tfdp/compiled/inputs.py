@@ -227,7 +227,7 @@ def _check_has_labels(dataset, argument: str) -> None:
 def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,
                 validation_data=None, validation_split=0.0, steps_per_epoch=None,
                 validation_steps=None, validation_batch_size=None, epochs=1,
-                model_input_ranks=()) -> KerasData:
+                model_input_ranks=(), steps_name="steps_per_epoch") -> KerasData:
   """Keras's fit arguments → KerasData; one line (DataError) for what Keras would reject later
   or silently misread."""
   if x is None:
@@ -261,7 +261,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
     repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
-                            "steps_per_epoch")
+                            steps_name)
     from_arrays, validation = False, None
   else:
     if y is None:

@@ -25,9 +25,10 @@ def _speaking_as(caller: str):
   return wrap
 
 
-def _keras_arguments(verbose, steps, callbacks) -> None:
-  """Keras's evaluate/predict arguments tfdp has no use for: `verbose` is taken (tfdp prints
-  no progress bar: its loop is one compiled call); `steps` and `callbacks` are refused."""
+def _keras_arguments(verbose, steps, callbacks, x):
+  """Keras's evaluate/predict arguments: `verbose` is taken (tfdp prints no progress bar: its
+  loop is one compiled call); `steps` takes a dataset's first batches, as Keras's (a dataset that
+  repeats for ever needs it); `callbacks` are refused. Returns x, cut to `steps`."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
   from tfdp import errors  # pylint: disable=g-import-not-at-top
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
@@ -38,12 +39,19 @@ def _keras_arguments(verbose, steps, callbacks) -> None:
              else f"of type {type(verbose).__name__}")
     raise ConfigError(f"{caller}: verbose is {shown}; pass 'auto', 0, 1 or 2 (Keras's order: "
                       "x, y, batch_size, verbose, sample_weight; or name them).")
-  if steps is not None:
-    raise ConfigError(f"{caller}: steps is not taken: tfdp reads x to its end, every example "
-                      "once; pass the part you want (a dataset's take(n), an array's slice).")
   if callbacks:
     raise ConfigError(f"{caller}: callbacks are not called by {caller}; drop them (tfdp.fit "
                       "calls a callback's epoch hooks).")
+  if steps is None:
+    return x
+  if not inputs_lib.is_dataset(x):
+    raise ConfigError(f"{caller}: steps is taken with a dataset (its first steps batches); for "
+                      "arrays, pass the rows you want (x[:n]).")
+  import numbers  # pylint: disable=g-import-not-at-top
+  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+    raise ConfigError(f"{caller}: steps is {config_lib.short_repr(steps)}; pass a whole number "
+                      "of batches ≥ 1.")
+  return x.take(int(steps))
 
 
 def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool):
@@ -63,8 +71,9 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
   ranks = inputs_lib.input_ranks(model)
   batch_size = inputs_lib.check_batch_size("batch_size", batch_size)
   if needs_labels:
-    source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight, batch_size=1,
-                                    model_input_ranks=ranks).train
+    source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight,  # (a dataset: its own)
+                                    batch_size=None if inputs_lib.is_dataset(x) else 1,
+                                    model_input_ranks=ranks, steps_name="steps").train
   else:  # inputs alone (a dataset's labels are kept, unused)
     source = inputs_lib.predict_source(x, ranks)
   if users_model is not None:
@@ -93,7 +102,7 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  _keras_arguments(verbose, steps, callbacks)
+  x = _keras_arguments(verbose, steps, callbacks, x)
   strategy, model, source, task, plan, dataset = _setup(model, x, y, sample_weight, batch_size,
                                                         strategy, needs_labels=True)
   task.attach(model, inputs_lib.KerasData(source, None, plan.global_batch, False),
@@ -122,7 +131,7 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
   from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  _keras_arguments(verbose, steps, callbacks)
+  x = _keras_arguments(verbose, steps, callbacks, x)
   strategy, model, source, task, plan, dataset = _setup(model, x, None, None, batch_size, strategy,
                                                         needs_labels=False)
   del task
