@@ -129,6 +129,15 @@ def test_a_model_whose_copy_in_the_scope_would_differ_is_refused(weights_result)
   assert_one_line(errors["lookup_table"], "fails (", "tfdp.make_strategy().scope()")
 
 
+def test_a_divergence_names_what_tfdp_fit_can_change(weights_result):
+  """A NaN in x: the line named trainer.learning_rate.base_lr and warmup_epochs, which tfdp.fit
+  does not use (compile()'s optimizer is the recipe; a probe)."""
+  line = weights_result["errors"]["nan_in_x"]
+  assert_one_line(line, "training diverged", "Check x and y for NaN", "compile()",
+                  "params='trainer.stop_on_nan=false'")
+  assert "base_lr" not in line and "warmup" not in line
+
+
 def test_an_adapted_normalization_built_outside_the_scope_computes_as_keras(weights_result):
   """Seen failing: tfdp.predict 2731 away from model.predict, as the copy's Normalization never
   finalized the adapted mean and variance its weights hold."""

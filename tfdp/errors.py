@@ -56,6 +56,9 @@ class Terms:
   config_files: str
   moved_aside: str  # % (model_dir, where): said when a fresh run moved the earlier one aside
   preempted: str  # where a stop's checkpoint is and how to resume; {model_dir} filled in
+  # after a loss or weights turned non-finite: the recipe's knobs, which tfdp.fit's compile() owns
+  diverged_fix: str = ("Lower trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
+                       "trainer.stop_on_nan=false to train on regardless")
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

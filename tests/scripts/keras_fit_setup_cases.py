@@ -97,6 +97,10 @@ def weights_case() -> dict:
           two_outputs, X, [RNG.normal(size=(128, 3)), RNG.normal(size=(128, 1))],
           model_dir="runs/bad_6"))}
   out["errors"].update(outside_the_scope_errors())
+  with_nan = X.copy()
+  with_nan[3] = np.nan
+  out["errors"]["nan_in_x"] = one_line(lambda: tfdp.fit(compiled(sgd), with_nan, Y, epochs=1,
+                                                        model_dir="runs/nan", **ARGS))
   out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 10))
   # Validation as model.fit does it: SwapEMAWeights swaps around it (its test hooks), and
   # validation_freq=2 over 3 epochs validates after the second only (tfdp added the last).

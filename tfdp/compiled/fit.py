@@ -293,7 +293,9 @@ def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
       "tfdp.fit: model_dir=None trains a fresh run, as model.fit trains again: the earlier run "
       "in %s was moved to %s (pass model_dir to resume a run instead)",
       "checkpoint saved in {model_dir}; to resume from it, pass model_dir='{model_dir}' to "
-      "tfdp.fit" + (" (without it, tfdp.fit trains afresh)" if fresh else ""))
+      "tfdp.fit" + (" (without it, tfdp.fit trains afresh)" if fresh else ""),
+      "Check x and y for NaN or infinite values, or lower the learning rate given to compile(); "
+      "params='trainer.stop_on_nan=false' trains on regardless")
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,

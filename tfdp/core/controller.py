@@ -225,8 +225,7 @@ def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) 
              else f"steps {first_step + 1}-{last_step}")
     raise TrainingDiverged(
         f"training diverged: {shown} in {steps}; stopped without "
-        f"saving, {kept}. Lower trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
-        "trainer.stop_on_nan=false to train on regardless.")
+        f"saving, {kept}. {errors.terms().diverged_fix}.")
 
 
 class ProfileWindow:

@@ -409,9 +409,8 @@ class Trainer:
               else "no checkpoint was saved")
       raise TrainingDiverged(
           f"training diverged: the weights after step {self.global_step} are not finite (or "
-          f"too large to square in float32); stopped without saving, {kept}. Lower "
-          "trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
-          "trainer.stop_on_nan=false to train on regardless.")
+          f"too large to square in float32); stopped without saving, {kept}. "
+          f"{errors.terms().diverged_fix}.")
     if self.write_plan.is_chief and self.run_record is not None:
       # Written before the checkpoint: a checkpoint of this run never exists without it.
       old = (self.prior_record if self.run_record_from_step
