@@ -129,6 +129,14 @@ def test_a_model_whose_copy_in_the_scope_would_differ_is_refused(weights_result)
   assert_one_line(errors["lookup_table"], "fails (", "tfdp.make_strategy().scope()")
 
 
+def test_examples_of_varying_lengths_are_told_to_pad_in_the_data(weights_result):
+  """A padded_batch of varying lengths: 'pad or truncate them in the task's preprocess', which a
+  tfdp.fit user has not (a probe)."""
+  line = weights_result["errors"]["varying_lengths"]
+  assert_one_line(line, "fixed shapes", "pad_sequences", "padded_shapes")
+  assert "task's preprocess" not in line
+
+
 def test_a_divergence_names_what_tfdp_fit_can_change(weights_result):
   """A NaN in x: the line named trainer.learning_rate.base_lr and warmup_epochs, which tfdp.fit
   does not use (compile()'s optimizer is the recipe; a probe)."""

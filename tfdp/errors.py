@@ -59,6 +59,8 @@ class Terms:
   # after a loss or weights turned non-finite: the recipe's knobs, which tfdp.fit's compile() owns
   diverged_fix: str = ("Lower trainer.learning_rate.base_lr (or raise warmup_epochs), or set "
                        "trainer.stop_on_nan=false to train on regardless")
+  # examples of varying shapes: where they get one (the task's preprocess, or the user's data)
+  fixed_shapes_fix: str = "pad or truncate them in the task's preprocess"
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

@@ -99,6 +99,18 @@ def weights_case() -> dict:
   out["errors"].update(outside_the_scope_errors())
   with_nan = X.copy()
   with_nan[3] = np.nan
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  lengths = RNG.integers(2, 9, size=64)
+  ragged = tf.data.Dataset.from_generator(
+      lambda: ((np.ones(n, "int32"), n % 2) for n in lengths),
+      output_signature=(tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int64)))
+  with strategy.scope():
+    tokens = keras.Input((None,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(10, 4)(tokens))
+    by_length = keras.Model(tokens, keras.layers.Dense(2)(pooled))
+    by_length.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  out["errors"]["varying_lengths"] = one_line(lambda: tfdp.fit(
+      by_length, ragged.padded_batch(16), epochs=1, verbose=0, model_dir="runs/lengths"))
   out["errors"]["nan_in_x"] = one_line(lambda: tfdp.fit(compiled(sgd), with_nan, Y, epochs=1,
                                                         model_dir="runs/nan", **ARGS))
   out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 10))

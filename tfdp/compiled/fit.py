@@ -295,7 +295,9 @@ def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
       "checkpoint saved in {model_dir}; to resume from it, pass model_dir='{model_dir}' to "
       "tfdp.fit" + (" (without it, tfdp.fit trains afresh)" if fresh else ""),
       "Check x and y for NaN or infinite values, or lower the learning rate given to compile(); "
-      "params='trainer.stop_on_nan=false' trains on regardless")
+      "params='trainer.stop_on_nan=false' trains on regardless",
+      "pad every example to one length in x (keras.utils.pad_sequences(..., maxlen=n), or a "
+      "dataset's padded_batch(..., padded_shapes=...) with fixed sizes)")
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from absl import logging
 
 from tfdp.core import local_shards
-from tfdp.errors import ConfigError, DataError
+from tfdp.errors import ConfigError, DataError, terms
 
 if TYPE_CHECKING:  # annotations only: core.task imports this module, and config imports core.task
   from tfdp.config.schema import DataConfig, ExperimentConfig
@@ -304,8 +304,8 @@ def shuffle_buffer(source: Source, data: DataConfig) -> int:
 def _zeros_batch(spec, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not spec.shape.is_fully_defined():
-    raise DataError(f"preprocessed examples must have fixed shapes to be batched, got {spec}; "
-                    "pad or truncate them in the task's preprocess.")
+    raise DataError(f"examples must have fixed shapes to be batched, got {spec}; "
+                    f"{terms().fixed_shapes_fix}.")
   shape = [batch, *spec.shape]
   if spec.dtype == tf.string:
     return tf.fill(shape, "")
