@@ -137,6 +137,13 @@ def test_examples_of_varying_lengths_are_told_to_pad_in_the_data(weights_result)
   assert "task's preprocess" not in line
 
 
+def test_per_output_weights_in_a_dataset_are_one_line_as_in_arrays(weights_result):
+  """(x, (y1, y2), (w1, w2)) elements: a 27-frame traceback ending in 'Cannot reshape a tensor
+  with 2 elements to shape []' (a probe); arrays of that form were refused in one line."""
+  assert_one_line(weights_result["errors"]["per_output_weights_dataset"],
+                  "one sample weight per output", "loss_weights")
+
+
 def test_a_divergence_names_what_tfdp_fit_can_change(weights_result):
   """A NaN in x: the line named trainer.learning_rate.base_lr and warmup_epochs, which tfdp.fit
   does not use (compile()'s optimizer is the recipe; a probe)."""

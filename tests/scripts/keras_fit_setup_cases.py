@@ -111,6 +111,15 @@ def weights_case() -> dict:
     by_length.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   out["errors"]["varying_lengths"] = one_line(lambda: tfdp.fit(
       by_length, ragged.padded_batch(16), epochs=1, verbose=0, model_dir="runs/lengths"))
+  with strategy.scope():
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8)(inputs)
+    two_heads = keras.Model(inputs, [keras.layers.Dense(3)(hidden), keras.layers.Dense(1)(hidden)])
+    two_heads.compile("sgd", [keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"])
+  per_output = tf.data.Dataset.from_tensor_slices(
+      (X, (Y, X[:, :1]), (np.ones(128, "float32"), np.ones(128, "float32")))).batch(16)
+  out["errors"]["per_output_weights_dataset"] = one_line(lambda: tfdp.fit(
+      two_heads, per_output, epochs=1, verbose=0, model_dir="runs/per_output"))
   out["errors"]["nan_in_x"] = one_line(lambda: tfdp.fit(compiled(sgd), with_nan, Y, epochs=1,
                                                         model_dir="runs/nan", **ARGS))
   out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in range(1, 10))

@@ -116,6 +116,11 @@ def _class_weights(y, class_weight: dict):
 def _examples(dataset, class_weight):
   """(x, y[, sample_weight]) or x → {"x", "y", "sample_weight"} per example."""
   tf = _tf()
+  spec = dataset.element_spec
+  if isinstance(spec, tuple) and len(spec) > 2 and not isinstance(spec[2], tf.TensorSpec):
+    raise fail("the dataset", "holds one sample weight per output (its elements' third part)",
+               "give one weight per example (it weighs every output's loss), or weigh the "
+               "outputs with compile(loss_weights=...)")
 
   def to_example(*element):  # tf.data unpacks a tuple element: (x,), (x, y) or (x, y, weight)
     x = element[0]
