@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -265,3 +266,19 @@ def test_ctrl_c_in_fit_says_where_to_resume_and_a_finished_run_reports_ints(note
   assert out["resumed_epochs"] == [1, 2]
   ints = {k: "int" for k in ("epoch", "step", "train_steps", "eval_examples")}
   assert out["count_types"] == [ints, ints]
+
+
+def test_fit_without_a_strategy_says_it_trains_on_one_device(tmp_path):
+  """A model built with no tfdp.make_strategy() trained on TensorFlow's default strategy, one
+  device, with nothing said but the verbose start-up line (a probe)."""
+  code = textwrap.dedent("""
+      import numpy as np, keras, tfdp
+      x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+      model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+      model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+      tfdp.fit(model, x, (x[:, 0] > 0).astype("int32"), epochs=1, verbose=0, model_dir="run")
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=helpers.env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "tfdp.fit: no strategy was made, so this trains on one device" in proc.stderr

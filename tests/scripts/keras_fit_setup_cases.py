@@ -248,7 +248,11 @@ def argument_forms() -> dict:
   keras_history = reference.fit(batched, batch_size=64, epochs=1, verbose=0)
   dataset_history = tfdp.fit(ours, batched, batch_size=64, epochs=1, verbose=0,
                              model_dir="runs/batched")
-  return {"numpy_ints": [history.params["steps"], len(history.history["loss"]), Counter.epochs],
+  outside = compiled(sgd, in_scope=False)  # trained as a clone: its stop comes back to it
+  stopped = tfdp.fit(outside, X, Y, epochs=5, callbacks=[keras.callbacks.EarlyStopping(
+      monitor="loss", min_delta=1e9, patience=0)], model_dir="runs/stopped", **ARGS)
+  return {"stopped": [len(stopped.history["loss"]), outside.stop_training],
+          "numpy_ints": [history.params["steps"], len(history.history["loss"]), Counter.epochs],
           "predicted": len(tfdp.predict(ours, X, batch_size=np.int32(50))),
           "batched": {"keras": [keras_history.params["steps"], keras_history.history["loss"]],
                       "tfdp": [dataset_history.params["steps"], dataset_history.history["loss"]],

@@ -325,6 +325,11 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     else:
       with strategy.scope():
         trained(first["x"])
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+    logging.warning("tfdp.fit: no strategy was made, so this trains on one device; call "
+                    "strategy = tfdp.make_strategy() first and build the model under `with "
+                    "strategy.scope():` to train data-parallel")
   if users_model is not None:
     check_clone_computes_alike(users_model, trained, first_inputs(inputs.train),
                                errors.terms().caller)
@@ -378,6 +383,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       users_model.set_weights(trained.get_weights())
       copy_optimizer_state(trained.optimizer, users_model.optimizer,
                            users_model.trainable_variables)
+      users_model.stop_training = trained.stop_training  # an EarlyStopping's stop, as Keras's
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
