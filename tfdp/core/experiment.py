@@ -224,6 +224,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
       sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
                                                num_pipelines)
       split = _batch_split(config, model_dir, prior, replicas, cluster, sharding)
+      config = _with_accumulation(config, split)  # config.yaml records what trains
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
                                      trainer_cfg.global_batch_size, replicas, num_pipelines,
                                      accumulation_steps=(split.accumulation if split else
