@@ -204,3 +204,21 @@ def test_a_warm_start_takes_the_checkpoint_the_init_runs_state_names_not_the_hig
       f"task.init_checkpoint '{tmp_path / 'run'}': checkpoint state '{directory / 'checkpoint'}' "
       f"names 'ckpt-300' but '{directory / 'ckpt-300.index'}' is missing; point it at a "
       "checkpoint prefix (ckpt-N) whose files are all there.")
+
+
+def test_a_killed_writers_temp_file_is_removed_at_the_next_start(tmp_path):
+  """SIGKILL mid-write left metrics.csv.tmp-<pid>-<random> in model_dir for good (a probe);
+  the next start removes a dead writer's temp, and keeps a live one's."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  (tmp_path / f"metrics.csv.tmp-{dead.pid}-bpp9e2m3").write_text("half a row")
+  (tmp_path / f"config.yaml.tmp-{os.getppid()}-x1y2z3").write_text("another writer's")
+  (tmp_path / "notes.tmp-keep").write_text("mine")
+  outputs.create_model_dir(str(tmp_path))
+  try:
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        f"config.yaml.tmp-{os.getppid()}-x1y2z3", "notes.tmp-keep"]
+  finally:
+    from tfdp.core import locks  # pylint: disable=g-import-not-at-top
+    locks.release_model_dir(str(tmp_path))

@@ -92,6 +92,23 @@ def create_model_dir(model_dir: str) -> None:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created ({e.strerror}); "
                       "choose a folder you can write to.") from None
   locks.lock_model_dir(model_dir)
+  _remove_dead_writers_temps(model_dir)
+
+
+def _remove_dead_writers_temps(model_dir: str) -> None:
+  """A process killed mid-write leaves its temp file (metrics.csv.tmp-<pid>-...) beside the
+  file it was replacing: removed once that pid is gone (this run holds model_dir's lock)."""
+  for name in os.listdir(model_dir):
+    found = re.fullmatch(r".+\.tmp-(\d+)-\w+(\.\w+)?", name)
+    if not found or int(found.group(1)) == os.getpid():
+      continue
+    try:
+      os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+      with contextlib.suppress(OSError):
+        os.unlink(os.path.join(model_dir, name))
+    except PermissionError:  # alive, another user's
+      pass
 
 
 def start_over_hint() -> str:
