@@ -282,3 +282,10 @@ def test_fit_without_a_strategy_says_it_trains_on_one_device(tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "tfdp.fit: no strategy was made, so this trains on one device" in proc.stderr
+  # Made, on one device it is TensorFlow's default strategy too: nothing to say (a review).
+  made = code.replace("import numpy as np, keras, tfdp",
+                      "import numpy as np, tfdp\ntfdp.make_strategy(cpu_replicas=1)\nimport keras")
+  proc = subprocess.run([sys.executable, "-c", made], cwd=tmp_path, env=helpers.env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "no strategy was made" not in proc.stderr

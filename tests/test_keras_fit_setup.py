@@ -127,6 +127,10 @@ def test_a_model_whose_copy_in_the_scope_would_differ_is_refused(weights_result)
   assert_one_line(errors["layer_changed_predict"].replace("tfdp.predict: ", "tfdp.fit: ", 1),
                   "computes other outputs")
   assert_one_line(errors["lookup_table"], "fails (", "tfdp.make_strategy().scope()")
+  # Not refused (a review): a loss whose get_config holds only its own settings (its rebuilt
+  # name differs), and NaN in the data, which is the divergence line's to say.
+  assert errors["own_config"] == "no error", errors["own_config"]
+  assert_one_line(errors["nan_outside"], "training diverged")
 
 
 def test_examples_of_varying_lengths_are_told_to_pad_in_the_data(weights_result):
@@ -157,6 +161,7 @@ def test_an_adapted_normalization_built_outside_the_scope_computes_as_keras(weig
   """Seen failing: tfdp.predict 2731 away from model.predict, as the copy's Normalization never
   finalized the adapted mean and variance its weights hold."""
   run = weights_result["adapted_outside"]
+  assert run["binned"] < 1e-6  # a Discretization: carried by its config (a review: emptied)
   assert run["predict"] < 1e-3
   assert run["loss"][1] == pytest.approx(run["loss"][0], rel=1e-5)
 

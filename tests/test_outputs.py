@@ -213,12 +213,14 @@ def test_a_killed_writers_temp_file_is_removed_at_the_next_start(tmp_path):
   dead = subprocess.Popen(["true"])
   dead.wait()
   (tmp_path / f"metrics.csv.tmp-{dead.pid}-bpp9e2m3").write_text("half a row")
-  (tmp_path / f"config.yaml.tmp-{os.getppid()}-x1y2z3").write_text("another writer's")
+  (tmp_path / f".tmp-{dead.pid}-metrics.png").write_text("half a plot")
+  (tmp_path / f"config.yaml.tmp-{os.getppid()}-x1y2z3ab").write_text("another writer's")
   (tmp_path / "notes.tmp-keep").write_text("mine")
+  (tmp_path / "draft.tmp-2024-notes").write_text("mine too")  # no pid and 8 random characters
   outputs.create_model_dir(str(tmp_path))
   try:
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
-        f"config.yaml.tmp-{os.getppid()}-x1y2z3", "notes.tmp-keep"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == [
+        f"config.yaml.tmp-{os.getppid()}-x1y2z3ab", "draft.tmp-2024-notes", "notes.tmp-keep"]
   finally:
     from tfdp.core import locks  # pylint: disable=g-import-not-at-top
     locks.release_model_dir(str(tmp_path))

@@ -447,3 +447,38 @@ def test_a_run_started_on_relative_paths_is_evaluated_from_another_folder(tmp_pa
   evaluation = train("elsewhere", "--mode=eval")
   assert evaluation.returncode == 0, evaluation.stderr[-3000:]
   assert json.loads((tmp_path / "run" / "eval.json").read_text())["eval_examples"] > 0
+
+
+def test_recorded_paths_are_made_absolute_only_where_they_name_files_here(tmp_path, monkeypatch):
+  """A review: a bare name with nothing here (a vocabulary found beside the package, a preset
+  in model.kwargs) was made absolute and then not found; a {worker} in the folder part stayed
+  relative."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "w0").mkdir()
+  (tmp_path / "w0" / "x.csv").write_text("user,item\n1,2\n")
+  recorded = tasks.Task.recorded_config(None, {"trainer": {}, "task": {
+      "train_data": {"path": "w{worker}/x.csv", "data_dir": ""},
+      "eval_data": {"path": "data/*.csv"},
+      "text": {"vocab_path": "shakespeare_wordpiece.txt"},
+      "model": {"kwargs": {"preset_path": "w0"}}}})["task"]
+  assert recorded["train_data"] == {"path": str(tmp_path / "w{worker}/x.csv"), "data_dir": ""}
+  assert recorded["eval_data"]["path"] == "data/*.csv"  # matches nothing here: as given
+  assert recorded["text"]["vocab_path"] == "shakespeare_wordpiece.txt"
+  assert recorded["model"]["kwargs"] == {"preset_path": "w0"}  # the model's own: untouched
+
+
+def test_a_warm_start_is_refused_by_task_name_only_between_the_two_built_in_recommenders(tmp_path):
+  """A user's task that subclasses MatrixFactorizationTask under its own name trains the same
+  model: its runs warm-start a matrix_factorization run (a review: refused by name once)."""
+  from tfdp.workloads.recommenders import tasks as recommenders  # pylint: disable=g-import-not-at-top
+  warm = tasks.SavedRunUse("warm start from task.init_checkpoint 'x'", "drop it", warm_start=True)
+  for trained, name, refused in (("my_mf", "matrix_factorization", False),
+                                 ("matrix_factorization", "my_mf", False),
+                                 ("matrix_factorization", "retrieval", True)):
+    (tmp_path / "config.yaml").write_text(f"task: {{name: {trained}}}\n")
+    config = config_lib.TaskConfig(name=name)
+    if refused:
+      with pytest.raises(ConfigError, match=f"that run trained task '{trained}'"):
+        recommenders.MatrixFactorizationTask.check_saved_artifacts(config, str(tmp_path), warm)
+    else:
+      recommenders.MatrixFactorizationTask.check_saved_artifacts(config, str(tmp_path), warm)

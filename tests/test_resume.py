@@ -173,7 +173,7 @@ def test_a_finished_run_on_another_group_says_nothing_trains_and_a_resume_says_i
   assert (resumed.stdout + resumed.stderr).count("resumed at step 4 on 1 replica") == 1
   said = [l for l in resumed.stderr.splitlines() if "resume: gradient_accumulation_steps 2" in l]
   assert len(said) == 1, resumed.stderr[-3000:]
-  # config.yaml records the accumulation that trains (2), not the config's (1): a probe's
-  # config.yaml said 2 while the run, as its record decided, trained with 1.
+  # config.yaml records the accumulation that trains (2), not the config's (1): it recorded the
+  # config's value (a probe: 2 in config.yaml while the record's split trained with 1).
   recorded = config_lib.load_config([str(model_dir / "config.yaml")], [])
   assert recorded.trainer.gradient_accumulation_steps == 2

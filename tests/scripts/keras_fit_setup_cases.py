@@ -207,7 +207,20 @@ def outside_the_scope_errors() -> dict:
   table = keras.Model(text, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(
       keras.layers.Embedding(20, 4)(lookup(text)))))
   table.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-  return {"loss_setting_lost": one_line(lambda: tfdp.fit(scaled_loss, X, Y, model_dir="runs/bad_7")),
+  class OwnConfigLoss(ScaledLoss):  # its get_config holds its settings, not Keras's name
+    def get_config(self):
+      return {"scale": self.scale}
+
+  own_config = dense()
+  own_config.compile("sgd", OwnConfigLoss(scale=2.0))
+  with_nan = X.copy()
+  with_nan[0] = np.nan
+  return {"own_config": one_line(lambda: tfdp.fit(own_config, X, Y, model_dir="runs/own_config",
+                                                  **ARGS)),
+          "nan_outside": one_line(lambda: tfdp.fit(compiled(lambda: keras.optimizers.SGD(0.1),
+                                                            in_scope=False), with_nan, Y,
+                                                   model_dir="runs/nan_outside", **ARGS)),
+          "loss_setting_lost": one_line(lambda: tfdp.fit(scaled_loss, X, Y, model_dir="runs/bad_7")),
           "layer_changed": one_line(lambda: tfdp.fit(changed_layer, X, Y, model_dir="runs/bad_8")),
           "layer_changed_predict": one_line(lambda: tfdp.predict(changed_layer, X)),
           "lookup_table": one_line(lambda: tfdp.fit(table, words, Y, model_dir="runs/bad_9"))}
@@ -223,7 +236,13 @@ def adapted_outside_the_scope() -> dict:
   model = keras.Sequential([keras.Input((8,)), norm, keras.layers.Dense(3)])
   model.compile(keras.optimizers.SGD(0.1),
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-  return {"predict": float(np.abs(model.predict(wide, verbose=0) - tfdp.predict(model, wide)).max()),
+  bins = keras.layers.Discretization(num_bins=4)  # its finalize_state would empty the clone's
+  bins.adapt(wide[:, :1])
+  binned = keras.Sequential([keras.Input((1,)), bins, keras.layers.CategoryEncoding(4),
+                            keras.layers.Dense(2)])  # a weight: copied into the scope
+  return {"binned": float(np.abs(binned.predict(wide[:, :1], verbose=0)
+                                 - tfdp.predict(binned, wide[:, :1])).max()),
+          "predict": float(np.abs(model.predict(wide, verbose=0) - tfdp.predict(model, wide)).max()),
           "loss": [model.evaluate(wide, Y, verbose=0), tfdp.evaluate(model, wide, Y)["loss"]]}
 
 

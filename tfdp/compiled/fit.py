@@ -78,9 +78,9 @@ def strategy_for(model, strategy):
     with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
-      for layer in _all_layers(clone):  # an adapted Normalization's mean, from its weights
-        if hasattr(layer, "finalize_state"):  # as Keras's own loading does
-          layer.finalize_state()
+      for layer in _all_layers(clone):  # an adapted Normalization's mean, from its weights,
+        if isinstance(layer, keras.layers.Normalization):  # as Keras's loading does (not every
+          layer.finalize_state()  # layer's: a Discretization's would rebuild from no summary)
       if compiled:
         clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
@@ -114,9 +114,13 @@ def _check_rebuilt_alike(model, caller: str) -> None:
       continue
     try:
       rebuilt = vars(type(leaf).from_config(leaf.get_config()))
+      base = keras.losses.Loss if isinstance(leaf, keras.losses.Loss) else keras.metrics.Metric
+      keras_own = {k for k in vars(base()) if k.startswith("_")} | {"name"}  # no setting of yours
     except Exception:  # pylint: disable=broad-except  (the clone's compile says it)
       continue
     for name, value in vars(leaf).items():
+      if name in keras_own:
+        continue
       if isinstance(value, _SETTINGS) and (name not in rebuilt or rebuilt[name] != value):
         raise ConfigError(
             f"{caller}: the model was built outside the strategy's scope, and the copy made in it "
@@ -134,16 +138,19 @@ def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:
   fix = ("build and compile the model under `with tfdp.make_strategy().scope():` (or pass a "
          "function that returns it), so that no copy is made")
   try:
+    mine = keras.tree.flatten(users_model(x, training=False))
+  except Exception:  # pylint: disable=broad-except  (your model's own fault: said where it runs)
+    return
+  try:
     theirs = keras.tree.flatten(clone(x, training=False))
   except Exception as e:  # pylint: disable=broad-except  (e.g. "Table not initialized")
     detail = (str(e).strip().splitlines() or [""])[0][:200]
     raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the copy "
                       f"made in it fails ({type(e).__name__}: {detail}); {fix}.") from None
-  mine = keras.tree.flatten(users_model(x, training=False))
   for a, b in zip(mine, theirs):
     a, b = (np.asarray(keras.ops.convert_to_numpy(t), np.float64) for t in (a, b))
-    scale = max(1.0, float(np.abs(a).max())) if a.size else 1.0
-    if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
+    scale = max(1.0, float(np.nanmax(np.abs(a), initial=0.0))) if a.size else 1.0
+    if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale, equal_nan=True):
       raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the "
                         "copy made in it computes other outputs (a layer holds state its config "
                         f"and weights do not carry); {fix}.")
@@ -326,7 +333,9 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       with strategy.scope():
         trained(first["x"])
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+  from tfdp.distributed import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  if (strategy_lib.last_made() is None and not tf.distribute.has_strategy()
+      and strategy is tf.distribute.get_strategy()):  # make_strategy() may give the default too
     logging.warning("tfdp.fit: no strategy was made, so this trains on one device; call "
                     "strategy = tfdp.make_strategy() first and build the model under `with "
                     "strategy.scope():` to train data-parallel")

@@ -33,8 +33,9 @@ def _keras_arguments(verbose, steps, callbacks, x):
   from tfdp import errors  # pylint: disable=g-import-not-at-top
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
   caller = errors.terms().caller
-  if not (verbose == "auto" if isinstance(verbose, str) else
-          isinstance(verbose, int) and not isinstance(verbose, bool) and 0 <= verbose <= 2):
+  import numbers  # pylint: disable=g-import-not-at-top
+  if not (verbose == "auto" if isinstance(verbose, str) else isinstance(
+      verbose, numbers.Integral) and not isinstance(verbose, bool) and 0 <= verbose <= 2):
     shown = (config_lib.short_repr(verbose) if isinstance(verbose, (str, int, float))
              else f"of type {type(verbose).__name__}")
     raise ConfigError(f"{caller}: verbose is {shown}; pass 'auto', 0, 1 or 2 (Keras's order: "
@@ -47,7 +48,6 @@ def _keras_arguments(verbose, steps, callbacks, x):
   if not inputs_lib.is_dataset(x):
     raise ConfigError(f"{caller}: steps is taken with a dataset (its first steps batches); for "
                       "arrays, pass the rows you want (x[:n]).")
-  import numbers  # pylint: disable=g-import-not-at-top
   if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
     raise ConfigError(f"{caller}: steps is {config_lib.short_repr(steps)}; pass a whole number "
                       "of batches ≥ 1.")

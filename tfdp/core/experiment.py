@@ -309,10 +309,11 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     return Experiment(config, model_dir, mode, cluster, strategy, plan, write_plan, task,
                       train_plan, eval_plan, eval_dataset, trainer)
   except BaseException:
-    if moved:
-      resume.put_run_back(model_dir, moved)
-      logging.warning("--start_over: this start failed; the earlier run is back in %s", model_dir)
-    write_plan.cleanup()
+    try:
+      if moved:
+        resume.put_run_back(model_dir, moved)
+    finally:
+      write_plan.cleanup()
     raise
 
 

@@ -36,8 +36,9 @@ def resolve_model_dir(model_dir: str) -> str:
   if "[" in resolved:  # TensorFlow finds a checkpoint's files by glob: `[0]` matches "0" only
     raise OutputError(f"{errors.terms().model_dir} '{resolved}' holds '[', which TensorFlow's "
                       "checkpoint reader takes for a glob pattern: a run there saves checkpoints "
-                      "but can never resume or evaluate them; use a folder name without '[' "
-                      "(lr_0.1 for lr[0.1]); a run saved there resumes once its folder is renamed.")
+                      f"but can never resume or evaluate them; give a {errors.terms().model_dir} "
+                      "whose path has no '[' (lr_0.1 for lr[0.1]); a run saved there resumes once "
+                      "its folder is renamed.")
   return resolved
 
 
@@ -96,10 +97,12 @@ def create_model_dir(model_dir: str) -> None:
 
 
 def _remove_dead_writers_temps(model_dir: str) -> None:
-  """A process killed mid-write leaves its temp file (metrics.csv.tmp-<pid>-...) beside the
-  file it was replacing: removed once that pid is gone (this run holds model_dir's lock)."""
+  """A process killed mid-write leaves its temp file beside the file it was replacing
+  (metrics.csv.tmp-<pid>-<8 random>, .tmp-<pid>-metrics.png): removed once that pid is gone
+  (this run holds model_dir's lock)."""
   for name in os.listdir(model_dir):
-    found = re.fullmatch(r".+\.tmp-(\d+)-\w+(\.\w+)?", name)
+    found = (re.fullmatch(r"[\w.-]+\.tmp-(\d{1,7})-[a-z0-9_]{8}(\.\w+)?", name)
+             or re.fullmatch(r"\.tmp-(\d{1,7})-metrics\.png", name))
     if not found or int(found.group(1)) == os.getpid():
       continue
     try:

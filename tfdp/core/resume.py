@@ -335,14 +335,21 @@ def move_run_aside(model_dir: str, artifacts=()) -> str | None:
 
 def put_run_back(model_dir: str, attic: str) -> None:
   """A --start_over start that failed after move_run_aside: the earlier run goes back where it
-  was (a start that fails leaves model_dir as it found it). What the failed start made in its
-  place is only ever empty (nothing is written before every check has passed)."""
-  for name in os.listdir(attic):
-    source, target = os.path.join(attic, name), os.path.join(model_dir, name)
-    if os.path.isfile(target) and os.path.isfile(source):  # a task's artifact: copied, not moved
-      os.remove(source)
-      continue
-    with contextlib.suppress(OSError):
-      os.rmdir(target)  # an empty folder the failed start made (checkpoints/)
-    os.replace(source, target)
-  os.rmdir(attic)
+  was (a start that fails leaves model_dir as it found it). Whatever the failed start made in its
+  place goes (the attic holds the earlier files, and a copy of each task artifact as it was)."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  try:
+    for name in os.listdir(attic):
+      target = os.path.join(model_dir, name)
+      if os.path.isdir(target) and not os.path.islink(target):
+        shutil.rmtree(target)
+      elif os.path.lexists(target):
+        os.remove(target)
+      os.replace(os.path.join(attic, name), target)
+    os.rmdir(attic)
+  except OSError as e:  # the start's own error is the one to say; this one is logged
+    logging.warning("the earlier run could not all be put back (%s); what is left of it is in %s",
+                    e, attic)
+    return
+  logging.warning("this start failed: the earlier run that was moved aside is back in %s",
+                  model_dir)

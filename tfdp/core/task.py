@@ -219,17 +219,20 @@ def classification_sums(batch: dict, logits, per_example_loss, label_key: str = 
 
 
 def _absolute_paths(section: dict) -> dict:
-  """Each `path`, `*_path` and `data_dir` under `section` made absolute where its folder is
-  here, so a pattern ({worker}, a glob) too; a name found elsewhere (the shipped vocabulary,
-  found beside the package) is left as it is."""
+  """Each `path`, `*_path` and `data_dir` under `section` made absolute where it names files
+  here (a {worker} pattern or a glob: where it matches), so a later --mode=eval finds them from
+  any folder; one found elsewhere (the shipped vocabulary, beside the package) and a model's
+  own kwargs are left as given."""
+  import glob  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
   done = {}
   for key, value in section.items():
-    if isinstance(value, dict):
+    if isinstance(value, dict) and key != "kwargs":
       value = _absolute_paths(value)
     elif ((key in ("path", "data_dir") or key.endswith("_path")) and isinstance(value, str)
           and value and not os.path.isabs(os.path.expanduser(value))
-          and os.path.isdir(os.path.dirname(value) or ".")):
+          and (os.path.exists(value) or glob.glob(re.sub(r"\{worker[^}]*\}", "*", value)))):
       value = os.path.abspath(value)
     done[key] = value
   return done

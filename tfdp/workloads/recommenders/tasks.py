@@ -227,7 +227,8 @@ class MatrixFactorizationTask(tasks.Task):
     from the config alone: no data is read, TensorFlow is not started)."""
     import json  # pylint: disable=g-import-not-at-top
     trained = context.warm_start and warm_start.trained_task(folder)
-    if trained and trained != config.name:  # its model is another: no id mapping makes it fit
+    if trained != config.name and {trained, config.name} <= {"matrix_factorization", "retrieval"}:
+      # the other built-in recommender: its model is another, no id mapping makes it fit
       raise ConfigError(f"{context.action}: that run trained task '{trained}', and this one is "
                         f"'{config.name}'; point task.init_checkpoint at a {config.name} run, "
                         f"or {context.fix}.")
