@@ -181,14 +181,17 @@ def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_co
   (tmp_path / "two").rename(tmp_path / "moved")
   again = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", "--mode=eval")
   assert again.returncode == 0, again.stderr[-3000:]
-  # a checkpoint with its data file gone: one line, nothing written
+  # a checkpoint with its data file gone: one line, nothing written (its state file names it:
+  # said before TensorFlow starts; given as a prefix, the restore says it cannot be read)
   for data in (tmp_path / "moved" / "checkpoints").glob("ckpt-*.data-*"):
     data.unlink()
-  proc = helpers.run_train(f"--model_dir={tmp_path / 'broken'}", "--mode=train",
-                           f"--params_override={two},task.init_checkpoint={tmp_path / 'moved'}")
-  errors = helpers.error_lines(proc)
-  assert len(errors) == 1 and "cannot be read" in errors[0], proc.stderr[-3000:]
-  assert "Traceback" not in proc.stderr and not (tmp_path / "broken").exists()
+  (prefix,) = [p.with_suffix("") for p in (tmp_path / "moved" / "checkpoints").glob("*.index")]
+  for init, said in ((tmp_path / "moved", ".data-*' is missing"), (prefix, "cannot be read")):
+    proc = helpers.run_train(f"--model_dir={tmp_path / 'broken'}", "--mode=train",
+                             f"--params_override={two},task.init_checkpoint={init}")
+    errors = helpers.error_lines(proc)
+    assert len(errors) == 1 and said in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "broken").exists()
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])

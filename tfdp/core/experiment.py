@@ -41,7 +41,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   model_dir = outputs.resolve_model_dir(model_dir)
   if start_over and cluster.is_chief:
     resume.check_start_over_target(model_dir)
-  prior = resume.read_prior(model_dir, start_over, with_record=mode != "eval")
+  prior = resume.read_prior(model_dir, start_over, mode != "eval", cluster.is_chief)
   if mode == "eval" and prior.checkpoint is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
                       "first, or point --model_dir at a trained run.")

@@ -64,12 +64,15 @@ class Prior:
   model_input: dict | None = None
 
 
-def read_prior(model_dir: str, start_over: bool, with_record: bool = True) -> Prior:
+def read_prior(model_dir: str, start_over: bool, with_record: bool = True,
+               is_chief: bool = True) -> Prior:
   """`with_record` False (an evaluation) leaves the record unread: it changes nothing there, and
-  only its model_input is taken (an unreadable record gives none)."""
+  only its model_input is taken (an unreadable record gives none). Only the chief, which writes
+  the outputs, asks for their checkpoint: a worker that sees none has no shared model_dir, which
+  the workers' comparison after restore names."""
   checkpoint = None if start_over else latest_checkpoint(model_dir)
   if not checkpoint:
-    if with_record and not start_over:
+    if with_record and not start_over and is_chief:
       _check_no_outputs_without_checkpoint(model_dir)
     return Prior()
   if with_record:
