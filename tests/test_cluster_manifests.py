@@ -177,7 +177,8 @@ def test_tfjob_restart_policy_names_the_codes_tfdp_exits_with(manifest):
   workers = job["spec"]["tfReplicaSpecs"]["Worker"]
   assert workers["restartPolicy"] == "ExitCode"
   policy_line = next(l for l in text.splitlines() if "restartPolicy:" in l)
-  for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PERMANENT):
+  for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PEER_STOPPED,
+               errors.EXIT_PERMANENT):
     assert re.search(rf"\b{code}\b", policy_line), policy_line
 
 

@@ -247,6 +247,10 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step_and_one_resum
   # and each one's last line says what stopped it (worker 0's said 'on request (signal 15)')
   assert re.search(r"\[w0\].*stopped at step \d+ on a peer's SIGTERM", out), out[-3000:]
   assert re.search(r"\[w1\].*stopped at step \d+ on SIGTERM", out), out[-3000:]
+  # The launcher blames the worker that was asked (143), not the one its stop flag stopped
+  # (204): both exited 143 in one poll, and worker 0 was blamed (a probe; --min_workers then
+  # dropped the healthy slot).
+  assert "worker 1 exited with code 143" in out and "worker 0 exited" not in out, out[-3000:]
   assert latest_checkpoint_step(model_dir) == saved[0] < STEPS
   # Resumed on one worker of one replica (the elastic rules: accumulation 2 keeps the batch).
   rerun = launch(["--num_workers=1"], train_cmd(model_dir, FAULT + ",runtime.cpu_replicas=1"))

@@ -173,6 +173,9 @@ def test_exit_codes_restart_a_lost_peer_and_stop_on_bad_input():
     assert error.exit_code == errors.EXIT_PERMANENT == 2
     assert not errors.is_retryable_exit_code(error.exit_code)
   assert errors.is_retryable_exit_code(errors.Preempted(5, signal.SIGTERM).exit_code)  # 143
+  by_peer = errors.Preempted(5, signal.SIGTERM, by_peer=True).exit_code  # 204: not the asked one
+  assert errors.is_retryable_exit_code(by_peer) and by_peer > 128 + max(signal.Signals)
+  assert len({by_peer, errors.EXIT_RESTART_GROUP, 128 + signal.SIGTERM}) == 3
   assert errors.is_retryable_exit_code(-9)  # killed by a signal, as Popen reports it
 
 

@@ -7,6 +7,8 @@ act on. The training operator retries a pod whose code is 128 or more and fails 
   143  stopped by SIGTERM after saving a checkpoint (128 + signal, see Preempted): retryable.
   203  the group must restart (a peer was lost): retryable. Above every 128 + signal code, so it
        never reads as a signal (128 + EX_TEMPFAIL, 75).
+  204  stopped with its group after a checkpoint, on a peer's SIGTERM: retryable, and not the
+       worker that was asked (tfdp-launch blames the 143, not this one).
 """
 
 import contextlib
@@ -16,6 +18,7 @@ import signal
 
 EXIT_PERMANENT = 2
 EXIT_RESTART_GROUP = 203
+EXIT_PEER_STOPPED = 204
 
 
 def is_retryable_exit_code(code: int) -> bool:
@@ -141,8 +144,10 @@ class Preempted(Exception):
   """Training stopped on SIGTERM/SIGINT after saving a checkpoint; a re-run resumes. `said`:
   where the checkpoint is and how to resume from it, in the caller's terms (Terms.preempted)."""
 
-  def __init__(self, step: int, signum: int, said: str = CLI.preempted, why: str = ""):
-    """`why`: what asked (e.g. "a peer's SIGTERM"); by default the signal's name."""
+  def __init__(self, step: int, signum: int, said: str = CLI.preempted, why: str = "",
+               by_peer: bool = False):
+    """`why`: what asked (e.g. "a peer's SIGTERM"); by default the signal's name. `by_peer`:
+    stopped with its group, not asked itself (exit 204, which tfdp-launch does not blame)."""
     super().__init__(f"stopped at step {step} on {why or signal.Signals(signum).name}; {said}")
     self.step = step
-    self.exit_code = 128 + signum
+    self.exit_code = EXIT_PEER_STOPPED if by_peer else 128 + signum

@@ -322,7 +322,8 @@ class Controller:
     name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
     logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
     said = errors.terms().preempted.format(model_dir=self.trainer.write_plan.model_dir)
-    return Preempted(step, stop.signum or signal.SIGTERM, said, why=name)
+    return Preempted(step, stop.signum or signal.SIGTERM, said, why=name,
+                     by_peer=not stop.signum)
 
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     if not self._eval_due(epoch, step):
