@@ -3,7 +3,6 @@ model_dir means; a resume that would change that meaning is refused, and a resum
 group splits the kept global batch as the record says."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import json
