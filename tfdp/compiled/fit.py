@@ -211,11 +211,6 @@ def compiled_outside(model, strategy) -> bool:
   return bool(variables) and not compat.created_in_scope(strategy, variables[0])
 
 
-def first_inputs(source):
-  """The model inputs of a source's first few examples."""
-  return next(iter(source.read([0]).take(8).batch(8)))["x"]
-
-
 def _users_objects(model) -> dict:
   """The user's own loss and metric functions and classes that compile() was given, under the
   names Keras's compile config looks them up by (unregistered, they would not deserialize)."""
@@ -255,11 +250,11 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
   return config
 
 
-def _whole(name: str, value, minimum: int = 1) -> int:
+def whole_number(name: str, value, minimum: int = 1, caller: str = "tfdp.fit") -> int:
   """A whole number as Keras takes it: a numpy integer (np.int64(5)) too."""
   import numbers  # pylint: disable=g-import-not-at-top
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    raise ConfigError(f"tfdp.fit: {name} must be a whole number ≥ {minimum}, got {value!r}.")
+    raise ConfigError(f"{caller}: {name} must be a whole number ≥ {minimum}, got {value!r}.")
   return int(value)
 
 
@@ -276,10 +271,10 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   name>, and each call starts a fresh run there (the earlier one is moved to
   tfdp_runs/<name>/previous-<time>/), as `model.fit` would train again; a restarted worker
   group (tfdp-launch --max_restarts) still resumes it."""
-  epochs = _whole("epochs", epochs)
-  validation_freq = _whole("validation_freq", validation_freq)
+  epochs = whole_number("epochs", epochs)
+  validation_freq = whole_number("validation_freq", validation_freq)
   if steps_per_epoch is not None:
-    steps_per_epoch = _whole("steps_per_epoch", steps_per_epoch)
+    steps_per_epoch = whole_number("steps_per_epoch", steps_per_epoch)
   if initial_epoch:
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")
@@ -325,7 +320,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
       validation_batch_size=validation_batch_size, epochs=epochs, model_input_ranks=inputs_lib.input_ranks(trained))
   if not trained.weights:  # as keras.Model.fit builds it: on a batch, where it lives
-    first = next(iter(inputs.train.read([0]).take(1).batch(1)))
+    first = inputs_lib.first_examples(inputs.train, 1)
     if compiled_outside(trained, strategy):  # built outside, then cloned as any model built so
       trained(first["x"])
       strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
@@ -340,8 +335,8 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
                     "strategy = tfdp.make_strategy() first and build the model under `with "
                     "strategy.scope():` to train data-parallel")
   if users_model is not None:
-    check_clone_computes_alike(users_model, trained, first_inputs(inputs.train),
-                               errors.terms().caller)
+    check_clone_computes_alike(users_model, trained,
+                               inputs_lib.first_examples(inputs.train)["x"], errors.terms().caller)
   policy = keras.config.dtype_policy().name
   precision = policy if policy in ("float32", "mixed_bfloat16", "mixed_float16") else "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)

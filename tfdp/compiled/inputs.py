@@ -212,6 +212,12 @@ def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: st
       lambda count, one: count + one)))
 
 
+def first_examples(source: data_lib.Source, count: int = 8) -> dict:
+  """A batch of the source's first `count` examples (x, y, ...): what Keras's fit builds on and
+  tfdp's checks run the model on."""
+  return next(iter(source.read([0]).take(count).batch(count)))
+
+
 def check_batch_size(name: str, value) -> int | None:
   """The batch size as an int (a numpy integer too, as Keras takes it), or None."""
   import numbers  # pylint: disable=g-import-not-at-top

@@ -48,10 +48,8 @@ def _keras_arguments(verbose, steps, callbacks, x):
   if not inputs_lib.is_dataset(x):
     raise ConfigError(f"{caller}: steps is taken with a dataset (its first steps batches); for "
                       "arrays, pass the rows you want (x[:n]).")
-  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-    raise ConfigError(f"{caller}: steps is {config_lib.short_repr(steps)}; pass a whole number "
-                      "of batches ≥ 1.")
-  return x.take(int(steps))
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  return x.take(fit_lib.whole_number("steps", steps, caller=caller))
 
 
 def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool):
@@ -77,8 +75,8 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
   else:  # inputs alone (a dataset's labels are kept, unused)
     source = inputs_lib.predict_source(x, ranks)
   if users_model is not None:
-    fit_lib.check_clone_computes_alike(users_model, model, fit_lib.first_inputs(source),
-                                       errors.terms().caller)
+    fit_lib.check_clone_computes_alike(users_model, model,
+                                       inputs_lib.first_examples(source)["x"], errors.terms().caller)
   batch = batch_size or inputs_lib.DEFAULT_BATCH_SIZE
   replicas = strategy.num_replicas_in_sync
   batch = -(-batch // replicas) * replicas  # whole per-replica batches; padding is weight 0
@@ -136,7 +134,7 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
                                                         needs_labels=False)
   del task
   task_lib.check_not_overridden(model, ("predict_step",))
-  task_lib.outputs_of(model, next(iter(source.read([0]).take(2).batch(2)))["x"])
+  task_lib.outputs_of(model, inputs_lib.first_examples(source, 2)["x"])
 
   def replica_outputs(batch):
     return model(batch["x"], training=False), batch["weight"], batch["index"]

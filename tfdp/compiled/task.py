@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from tfdp.compiled import inputs as inputs_lib
 from tfdp.core import regularization
 from tfdp.core import task as tasks
 from tfdp.distributed import compat
@@ -92,7 +93,7 @@ class CompiledModelTask(tasks.Task):
     self.model, self.inputs = model, inputs
     compile_loss, compile_metrics = check_compiled(model)
     check_not_overridden(model, steps)
-    self.sample = sample = next(iter(inputs.train.read([0]).take(8).batch(8)))
+    self.sample = sample = inputs_lib.first_examples(inputs.train)
     y_pred = outputs_of(model, sample["x"])
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
       raise DataError("y holds strings; pass numeric labels (class ids, e.g. from "

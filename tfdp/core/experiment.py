@@ -28,9 +28,9 @@ from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
               cluster: cluster_lib.Cluster, check_data: bool = True,
-              start_over: bool = False) -> tuple[str, resume.Prior]:
+              start_over: bool = False) -> tuple[str, resume.Prior, str | None]:
   """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing.
-  Returns the resolved model_dir and the earlier run in it, read once for every later step."""
+  Returns the resolved model_dir, the earlier run in it (read once) and a fresh run's warm start."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
     raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
@@ -63,7 +63,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
     split = _batch_split(config, model_dir, prior, replicas, cluster, None, say=False)
     data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
-  return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior
+  return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior, init
 
 
 @dataclasses.dataclass
@@ -168,8 +168,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   resuming it. Messages say their fixes in the caller's terms (errors.terms()). Nothing in
   model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
-  model_dir, prior = preflight(config, model_dir, mode, cluster,
-                               check_data=train_source is None, start_over=start_over)
+  model_dir, prior, init = preflight(config, model_dir, mode, cluster,
+                                     check_data=train_source is None, start_over=start_over)
   if verbose:  # only now: a start refused above makes no folder
     logging.info("outputs: %s (%s)", model_dir, "eval.json" if mode == "eval" else
                  "metrics.csv, metrics.png, checkpoints/, TensorBoard: tensorboard --logdir "
@@ -182,17 +182,18 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   with trainer_lib.tensor_conditions_named(), run_errors.peer_loss_restarts_the_group(
       cluster.is_multi_worker):
     built = tf.autograph.experimental.do_not_convert(_build_checked)(
-        config, model_dir, mode, cluster, prior, train_source=train_source, eval_source=eval_source,
-        model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,
+        config, model_dir, mode, cluster, prior, init=init, train_source=train_source,
+        eval_source=eval_source, model_fn=model_fn, strategy=strategy, task=task, verbose=verbose,
         start_over=start_over)
   return built
 
 
 def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
-                   cluster: cluster_lib.Cluster, prior: resume.Prior, *, train_source, eval_source, model_fn, strategy,
-                   task, verbose: bool, start_over: bool) -> Experiment:
-  """`build` after preflight, with TensorFlow started. `start_over`: move the earlier run aside
-  instead of resuming it."""
+                   cluster: cluster_lib.Cluster, prior: resume.Prior, *, init: str | None,
+                   train_source, eval_source, model_fn, strategy, task, verbose: bool,
+                   start_over: bool) -> Experiment:
+  """`build` after preflight, with TensorFlow started. `init`: the warm start's checkpoint that
+  preflight found and checked. `start_over`: move the earlier run aside instead of resuming it."""
   if strategy is None:
     strategy, plan = strategy_lib.make_strategy(config.runtime, cluster)
   else:  # the library API: the user made it first, before loading data started TensorFlow
@@ -294,8 +295,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
         print(line, flush=True)
       else:
         logging.info("%s", line)
-    if not restored_step and config.task.init_checkpoint:  # a fresh run: warm start
-      init = warm_start.find_init_checkpoint(config.task.init_checkpoint)
+    if init and not restored_step:  # a fresh run: warm start
       task.warm_start(init)
       logging.info("warm start: restored from %s (task.init_checkpoint)", init)
     config_text = config_lib.dump_yaml(config, task.recorded_config)

@@ -46,6 +46,7 @@ from tfdp.errors import (EXIT_PEER_STOPPED, EXIT_PERMANENT, EXIT_RESTART_GROUP, 
                          TfdpError)
 
 TAIL_LINES = 20
+NOT_TO_BLAME = (EXIT_RESTART_GROUP, EXIT_PEER_STOPPED)  # lost a peer; stopped with its group
 DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
 # After a worker died its peers cannot finish a step (the all-reduce lacks a member), so there is
 # no checkpoint to wait for; TF may take its heartbeat timeout to notice. Do not wait that long.
@@ -395,8 +396,7 @@ def _supervise(workers: list[_Worker], ports: list[int],
           failed += [worker.index] * (worker.returncode not in (None, 0))
       # A peer's 203 (lost a peer) can come in the same poll as, or just before, the exit that
       # caused it: a real failure within LOST_PEER_WAIT_SECONDS of the first 203 is to blame.
-      real = [i for i in failed  # a peer's loss (203) or its stop (204) is not to blame
-              if result.returncodes[i] not in (EXIT_RESTART_GROUP, EXIT_PEER_STOPPED)]
+      real = [i for i in failed if result.returncodes[i] not in NOT_TO_BLAME]
       if stop_started is None and (real or failed and lost_peer_until is None):
         result.first_failed = (real or failed)[0]
         lost_peer_until = now if real else now + LOST_PEER_WAIT_SECONDS
@@ -531,8 +531,7 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
       rank = result.first_failed  # not None: the group failed, and not by an interrupt
       how = "was frozen" if result.frozen is not None else describe_returncode(
           result.returncodes[rank])
-      lost_peer = how in (describe_returncode(EXIT_RESTART_GROUP),  # then it is not to blame
-                          describe_returncode(EXIT_PEER_STOPPED))
+      lost_peer = result.frozen is None and result.returncodes[rank] in NOT_TO_BLAME
       try:
         changes = members.after_failure(slots[rank], how, blame=not lost_peer)
       except TfdpError as error:
