@@ -254,6 +254,12 @@ CASES = [
          override=IMAGES, setup=image_folder("0-corrupt.png")),
     Case("image_folder_later_image_corrupt", ("7-corrupt.png", "replace or remove it"),
          override=IMAGES, setup=image_folder("7-corrupt.png"), started=True),
+    # One class folder: loss 0 and accuracy 100% from the first step, silently.
+    Case("image_folder_one_class", ("task.train_data", "one class", "'cat'", "two or more"),
+         override=IMAGES + ",task.train_data.num_classes=0", setup=lambda folder: helpers.write_image_folder(
+             folder / "images", per_class=4, classes=("cat",))),
+    Case("synthetic_one_class", ("task.train_data", "one class", "two or more"),
+         override="task.train_data.num_classes=1"),
     Case("image_folder_not_an_image", ("x.png", "JPEG/PNG"), override=IMAGES,
          setup=lambda folder: (image_folder(None)(folder),
                                write("images/dog/x.png", "hello")(folder))),

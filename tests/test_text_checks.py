@@ -71,6 +71,16 @@ def test_an_eval_folder_with_other_classes_is_refused(tmp_path):
   config_lib.load_config([], [classify_overrides(train, f",task.eval_data.path={evaluation}")])
 
 
+def test_one_class_folder_is_refused_before_anything_is_written(tmp_path):
+  corpus = write_corpus(tmp_path / "corpus", 2, 5, classes=("comedies",))
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}",
+                           f"--params_override={classify_overrides(corpus)}", timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = helpers.error_lines(proc)  # else: loss 0 and accuracy 1.0 from the first step
+  assert len(lines) == 1 and "one class (its only class folder is 'comedies')" in lines[0], lines
+  assert not (tmp_path / "run").exists()
+
+
 WARM_START = tasks.SavedRunUse("warm start", "drop task.init_checkpoint", warm_start=True)
 
 

@@ -19,6 +19,18 @@ def class_names(root: str) -> list[str]:
                 and os.path.isdir(os.path.join(root, d)))
 
 
+def check_classes_to_learn(source, key: str = "task.train_data") -> None:
+  """One class: its logits are one number, softmax makes it 1, so the loss is 0 and accuracy
+  100% from the first step while nothing is learned; refused before anything is written."""
+  if source.num_classes != 1:
+    return
+  names = source.info.get("class_names") or []
+  held = f" (its only class folder is '{names[0]}')" if names and names[0] else ""
+  raise DataError(f"{key} has one class{held}: a classifier of one class learns nothing (loss 0, "
+                  "accuracy 100% from the first step); give it two or more classes (one "
+                  "subfolder per class).")
+
+
 def saved_classes(source) -> dict:
   """Task.artifacts: the classes a folder source labelled, for a resume or eval to compare."""
   names = source.info.get("class_names")

@@ -332,8 +332,11 @@ class TextClassificationTask(_BertTask):
         whole=data.text_unit == "passage")
     read = lambda files: tf.data.Dataset.from_tensor_slices(
         {"token_ids": sequences, "label": labels})
-    return data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),
-                           info={"class_names": classes})
+    source = data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),
+                             info={"class_names": classes})
+    if data is self.config.train_data:
+      class_folders.check_classes_to_learn(source)
+    return source
 
   def preprocess(self, example, data, training, seed):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

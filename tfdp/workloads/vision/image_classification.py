@@ -82,6 +82,8 @@ class ImageClassificationTask(tasks.Task):
   def build_source(self, data):
     source = data_lib.make_source(data)
     self.check_normalization(data, source)
+    if data is self.config.train_data:
+      class_folders.check_classes_to_learn(source)
     return source
 
   def check_normalization(self, data, source) -> None:
