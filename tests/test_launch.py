@@ -154,6 +154,28 @@ def test_worker_killed_by_sigkill_stops_peer_that_ignores_sigterm():
   _assert_all_gone(result.pids)
 
 
+def test_peers_of_a_worker_stopped_on_request_get_the_whole_grace_to_save(tmp_path):
+  # Worker 1 stopped on its SIGTERM (143, after its checkpoint); worker 0, stopped at the same
+  # step by the stop flag, is still saving: it was SIGKILLed 3 s later, its save cut short.
+  script = f"""
+      import os, pathlib, signal, sys, time
+      out = pathlib.Path({str(tmp_path)!r})
+      if os.environ["TFDP_WORKER_INDEX"] == "1":
+        while not (out / "saving").exists():
+          time.sleep(0.02)
+        sys.exit(128 + signal.SIGTERM)
+      signal.signal(signal.SIGTERM, lambda *_: None)  # already stopping
+      (out / "saving").write_text("")
+      time.sleep(4.5)
+      print("saved", flush=True)
+      sys.exit(204)
+  """
+  result = launcher.run_group(_python(script), 2, stop_grace_seconds=20.0)
+  assert result.returncodes == [204, 143], result.returncodes
+  assert result.last_lines[0] == ["saved"]
+  assert result.first_failed == 1
+
+
 def test_restart_after_failure_then_success(tmp_path, capfd):
   marker = tmp_path / "failed_once"
   script = f"""

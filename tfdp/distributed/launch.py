@@ -51,6 +51,7 @@ DEFAULT_STOP_GRACE_SECONDS = 30.0  # Room for a worker to finish a checkpoint.
 # After a worker died its peers cannot finish a step (the all-reduce lacks a member), so there is
 # no checkpoint to wait for; TF may take its heartbeat timeout to notice. Do not wait that long.
 PEER_FAILURE_GRACE_SECONDS = 3.0
+GRACEFUL_STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a worker's stop on request
 LOST_PEER_WAIT_SECONDS = 1.0  # how long a 203 waits for the failure that caused it
 # A worker stopped (SIGSTOP, a debugger, job control) this long counts as failed. The process
 # state says "stopped" only then, never for a busy or slow worker, so a short wait is safe.
@@ -401,7 +402,11 @@ def _supervise(workers: list[_Worker], ports: list[int],
         result.first_failed = (real or failed)[0]
         lost_peer_until = now if real else now + LOST_PEER_WAIT_SECONDS
       if stop_started is None and lost_peer_until is not None and now >= lost_peer_until:
-        begin_stop(now, min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
+        # A worker that stopped on its SIGTERM/SIGINT saved first, and its stop flag stops the
+        # others at the same step: they are saving too, so they get the whole grace.
+        stopped_on_request = result.returncodes[result.first_failed] in GRACEFUL_STOP_CODES
+        begin_stop(now, stop_grace_seconds if stopped_on_request
+                   else min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
       if stop_started is None and now >= next_state_check:
         next_state_check = now + _STATE_POLL_SECONDS
         for worker in _stopped_workers(workers, now):
