@@ -284,6 +284,10 @@ CASES = [
     # Once a traceback after config.yaml and train/ were written (issue 20, "Also").
     Case("mean_std_not_one_per_channel", ("task.train_data.mean", "3 channel", "2 values"),
          override="task.train_data.mean=[0.5, 0.5],task.train_data.std=[0.2, 0.2]"),
+    # Was found, then failed to restore (or a task's other refusal came first).
+    Case("init_checkpoint_with_bracket", ("task.init_checkpoint", "lr[0.1]", "without '['"),
+         override="task.init_checkpoint={folder}/lr[0.1]",
+         setup=write("lr[0.1]/checkpoints/ckpt-1.index", "")),
     Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
          override="task.init_checkpoint={folder}/nowhere"),
     # ---- model_dir and checkpoints -----------------------------------------------------------

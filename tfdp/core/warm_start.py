@@ -18,6 +18,10 @@ def find_init_checkpoint(path: str) -> str:
   """task.init_checkpoint as given: a run's model_dir, its checkpoints/ folder, or a checkpoint
   prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
   path = os.path.abspath(os.path.expanduser(path))
+  if "[" in path:  # as in a model_dir (outputs.resolve_model_dir): `[0]` matches "0" only
+    raise ConfigError(f"task.init_checkpoint '{path}' holds '[', which TensorFlow's checkpoint "
+                      "reader takes for a glob pattern, so it cannot be read there; rename the "
+                      "folder or link it from a path without '['.")
   for folder in (os.path.join(path, outputs.CHECKPOINT_DIR), path):
     if os.path.isfile(os.path.join(folder, "checkpoint")):  # the one a resume there would take
       try:
