@@ -402,11 +402,9 @@ def _supervise(workers: list[_Worker], ports: list[int],
         result.first_failed = (real or failed)[0]
         lost_peer_until = now if real else now + LOST_PEER_WAIT_SECONDS
       if stop_started is None and lost_peer_until is not None and now >= lost_peer_until:
-        # A worker that stopped on its SIGTERM/SIGINT saved first, and its stop flag stops the
-        # others at the same step: they are saving too, so they get the whole grace.
-        stopped_on_request = result.returncodes[result.first_failed] in GRACEFUL_STOP_CODES
-        begin_stop(now, stop_grace_seconds if stopped_on_request
-                   else min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
+        # Stopped on request, a worker saved first and its stop flag has the others saving too.
+        begin_stop(now, stop_grace_seconds if result.returncodes[result.first_failed]
+                   in GRACEFUL_STOP_CODES else min(stop_grace_seconds, PEER_FAILURE_GRACE_SECONDS))
       if stop_started is None and now >= next_state_check:
         next_state_check = now + _STATE_POLL_SECONDS
         for worker in _stopped_workers(workers, now):
