@@ -187,7 +187,10 @@ COMPILED_SCRIPT = textwrap.dedent("""
         "metrics": [bool(m) for m in metrics._flat_metrics],
         "weighted": [bool(m) for m in metrics._flat_weighted_metrics],
         "skipped": skipped,
-        "restored": model.optimizer._all_reduce_sum_gradients == before}))
+        "restored": model.optimizer._all_reduce_sum_gradients == before,
+        "empty": [compat.compiled_loss_and_metrics(model)[1] is None
+                  for kw in ({"metrics": []}, {"weighted_metrics": {"b": []}}, {"metrics": ["mae"]})
+                  if model.compile("sgd", "mse", **kw) is None]}))
 """)
 
 
@@ -204,6 +207,7 @@ def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
   assert [(path, weight) for path, _, weight in found["losses"]] == [(["a"], 1.0), (["b"], 0.5)]
   assert found["metrics"] == [True, False] and found["weighted"] == [False, True]
   assert found["skipped"] and found["restored"]
+  assert found["empty"] == [True, True, False]  # compile(metrics=[]) has none to build
 
 
 MASK_SCRIPT = textwrap.dedent("""

@@ -142,6 +142,41 @@ class OwnPredictStep(keras.Model):
     return super().predict_step(data) * 2.0
 
 
+class Reconstruction(keras.layers.Layer):
+  """An autoencoder's loss, added by a layer: the mean squared error of its input's rebuild."""
+
+  def call(self, x, rebuilt):
+    self.add_loss(keras.ops.mean(keras.ops.square(x - rebuilt)))
+    return rebuilt
+
+
+def add_loss_only():
+  """Compiled without a loss: the layers' add_loss is all of it, and x alone trains it."""
+  inputs = keras.Input((6,))
+  rebuilt = keras.layers.Dense(6)(keras.layers.Dense(3, activation="tanh")(inputs))
+  model = keras.Model(inputs, Reconstruction()(inputs, rebuilt))
+  model.compile(keras.optimizers.SGD(0.1))
+  return model
+
+
+def add_loss_evaluated(x) -> dict:
+  """tfdp.evaluate on x alone (2 replicas) against model.evaluate."""
+  keras.utils.set_random_seed(3)
+  with strategy.scope():
+    model = add_loss_only()
+  return {"tfdp": tfdp.evaluate(model, x, batch_size=8)["loss"],
+          "keras": model.evaluate(x, batch_size=8, verbose=0)}
+
+
+def refused_without_loss(metrics=()) -> str:
+  with strategy.scope():
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    model.compile("sgd", metrics=list(metrics))
+  return one_line(lambda: tfdp.fit(model, RNG.normal(size=(8, 6)).astype("float32"), batch_size=4,
+                                   verbose=0, model_dir=f"runs/refused_{len(os.listdir('.'))}"))
+
+
 def refused(model_class=keras.Model, metrics=(), reduction="sum_over_batch_size",
             call=tfdp.fit) -> str:
   x = RNG.normal(size=(8, 6)).astype("float32")
@@ -172,6 +207,11 @@ out = {
                                  (x[N:], one_hot[N:])),
     "weighted_mean": both(weighted_mean, x[:N], target[:N], (x[N:], target[N:]),
                           sample_weight=weights),
+    # 64 examples: no padded batch (an add_loss sees a padded batch's copies: README)
+    "add_loss_only": both(add_loss_only, x[:64], None, (x[64:], x[64:])),
+    "add_loss_evaluated": add_loss_evaluated(x[:64]),
+    "no_loss_nor_add_loss": refused_without_loss(),
+    "metrics_without_loss": refused_without_loss(["mae"]),
     "mixed_bfloat16_regularized": mixed_bfloat16_regularized(
         x[:N], np.argmax(one_hot[:N], axis=1), (x[N:], np.argmax(one_hot[N:], axis=1))),
     "own_train_step": refused(OwnTrainStep),

@@ -318,7 +318,8 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-      validation_batch_size=validation_batch_size, epochs=epochs, model_input_ranks=inputs_lib.input_ranks(trained))
+      validation_batch_size=validation_batch_size, epochs=epochs,
+      model_input_ranks=inputs_lib.input_ranks(trained), labels=task_lib.needs_labels(trained))
   if not trained.weights:  # as keras.Model.fit builds it: on a batch, where it lives
     first = inputs_lib.first_examples(inputs.train, 1)
     if compiled_outside(trained, strategy):  # built outside, then cloned as any model built so

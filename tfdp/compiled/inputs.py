@@ -238,9 +238,9 @@ def _check_has_labels(dataset, argument: str) -> None:
 def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=None,
                 validation_data=None, validation_split=0.0, steps_per_epoch=None,
                 validation_steps=None, validation_batch_size=None, epochs=1,
-                model_input_ranks=(), steps_name="steps_per_epoch") -> KerasData:
+                model_input_ranks=(), steps_name="steps_per_epoch", labels=True) -> KerasData:
   """Keras's fit arguments → KerasData; one line (DataError) for what Keras would reject later
-  or silently misread."""
+  or silently misread. `labels`: False for a model compiled without a loss (x alone trains it)."""
   if x is None:
     raise fail("x", "is None", "pass the training data")
   batch_size = check_batch_size("batch_size", batch_size)
@@ -262,7 +262,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     if validation_split:
       raise fail("validation_split", "works with arrays only",
                  "pass validation_data=<a dataset> instead")
-    _check_has_labels(x, "x")
+    if labels:
+      _check_has_labels(x, "x")
     dataset, dataset_batch = _unbatched(x, model_input_ranks)
     if batch_size and dataset_batch and batch_size != dataset_batch:  # Keras ignores it too
       logging.warning(errors.as_caller(f"batch_size={batch_size} is not used: x is a dataset "
@@ -275,7 +276,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                             steps_name)
     from_arrays, validation = False, None
   else:
-    if y is None:
+    if y is None and labels:
       _check_kind(x, "x")
       raise fail("y", "is None, so there are no labels",
                  "pass y, or a tf.data.Dataset of (x, y) as x")
@@ -299,15 +300,17 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     if validation is not None:
       raise fail("validation_data", "was given with validation_split", "pass one of them")
     validation = _validation_source(validation_data, validation_steps,
-                                    validation_batch_size or global_batch, model_input_ranks)
+                                    validation_batch_size or global_batch, model_input_ranks, labels)
   return KerasData(train, validation, global_batch, from_arrays, validation_batch_size or 0)
 
 
-def _validation_source(validation_data, validation_steps, batch_size, model_input_ranks):
+def _validation_source(validation_data, validation_steps, batch_size, model_input_ranks,
+                       labels=True):
   """validation_steps counts the validation data's own batches, as Keras does: a batched
   dataset's, else batch_size (validation_batch_size or the training batch)."""
   if is_dataset(validation_data):
-    _check_has_labels(validation_data, "validation_data")
+    if labels:
+      _check_has_labels(validation_data, "validation_data")
     dataset, dataset_batch = _unbatched(validation_data, model_input_ranks)
     batch = dataset_batch or batch_size
     dataset, count = _count(dataset, validation_steps or 0, batch, "validation_data",

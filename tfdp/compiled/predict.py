@@ -71,7 +71,8 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
   if needs_labels:
     source = inputs_lib.make_inputs(x, y, sample_weight=sample_weight,  # (a dataset: its own)
                                     batch_size=None if inputs_lib.is_dataset(x) else 1,
-                                    model_input_ranks=ranks, steps_name="steps").train
+                                    model_input_ranks=ranks, steps_name="steps",
+                                    labels=task_lib.needs_labels(model)).train
   else:  # inputs alone (a dataset's labels are kept, unused)
     source = inputs_lib.predict_source(x, ranks)
   if users_model is not None:

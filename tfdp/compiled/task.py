@@ -95,6 +95,8 @@ class CompiledModelTask(tasks.Task):
     check_not_overridden(model, steps)
     self.sample = sample = inputs_lib.first_examples(inputs.train)
     y_pred = outputs_of(model, sample["x"])
+    if compile_loss is None:  # the layers' add_loss is the loss (its labels, if any, unused)
+      return self._attach_without_loss(model)
     if any(t.dtype == tf.string for t in tf.nest.flatten(sample["y"])):
       raise DataError("y holds strings; pass numeric labels (class ids, e.g. from "
                       "keras.layers.StringLookup, or numbers).")
@@ -137,6 +139,15 @@ class CompiledModelTask(tasks.Task):
     self._state_sizes = [int(v.size) for v in self._metric_initial]
     self.metric_state_size = int(sum(self._state_sizes))
     self._metric_names = list(self.metric_state_values(np.zeros(self.metric_state_size)))
+    return self
+
+  def _attach_without_loss(self, model) -> "CompiledModelTask":
+    if not model.losses:  # read after the eager call on the sample
+      raise ConfigError("the model is compiled without a loss and its layers add none "
+                        "(add_loss), so nothing would train; compile it with loss=...")
+    self._flat_losses, self._global_counts, self.metric_names = [], False, ("loss",)
+    self._metrics, self._metric_variables, self._metric_initial = None, [], []
+    self._state_sizes, self.metric_state_size, self._metric_names = [], 0, []
     return self
 
   def _align(self, y_true, y_pred):
@@ -212,6 +223,8 @@ class CompiledModelTask(tasks.Task):
   def per_example_loss(self, batch, outputs):
     weighted = [v * w for v, (_, _, w, _) in zip(self._losses(batch, outputs, "all"),
                                                    self._flat_losses)]
+    if not weighted:  # no compiled loss: the layers' add_loss (model.losses) is all of it
+      return 0.0 * batch["sample_weight"]
     return sum(weighted[1:], weighted[0]) * batch["sample_weight"]
 
   def metric_sums(self, batch, outputs, per_example_loss):
@@ -322,13 +335,24 @@ def _recorded_name(layer_or_optimizer) -> str:
 
 
 def check_compiled(model):
-  """The model's compiled loss and metrics; one line if it was not compiled."""
+  """The model's compiled loss and metrics; one line if it was not compiled. The loss may be
+  None: a model whose layers add its loss (`add_loss`), compiled without one, as Keras trains
+  it; `attach` checks, once the model has run, that there is such a loss."""
   compile_loss, compile_metrics = compat.compiled_loss_and_metrics(model)
-  if compile_loss is None or getattr(model, "optimizer", None) is None:
+  if getattr(model, "optimizer", None) is None:
     raise ConfigError("the model is not compiled with an optimizer and a loss; "
                       "call model.compile(optimizer=..., loss=..., "
                       "metrics=[...]) first.")
+  if compile_loss is None and compile_metrics is not None:
+    raise ConfigError("the model is compiled with metrics but no loss (its loss is add_loss's "
+                      "alone), which tfdp does not score; compile it with a loss, or drop "
+                      "metrics= and evaluate after training.")
   return compile_loss, compile_metrics
+
+
+def needs_labels(model) -> bool:
+  """False for a model compiled without a loss (its layers add it): x alone trains it."""
+  return compat.compiled_loss_and_metrics(model)[0] is not None
 
 
 def check_not_overridden(model, steps) -> None:

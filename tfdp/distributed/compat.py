@@ -194,6 +194,11 @@ def metrics_in_keras_order(model, logs: dict):
   return flatten(logs)
 
 
+def _flat(structure) -> list:
+  import keras  # pylint: disable=g-import-not-at-top
+  return [] if structure is None else [m for m in keras.tree.flatten(structure) if m is not None]
+
+
 def compiled_loss_and_metrics(model):
   """What `model.compile(loss=..., metrics=..., weighted_metrics=...)` made: Keras 3 keeps them
   as private CompileLoss / CompileMetrics objects (`model._compile_loss`,
@@ -203,6 +208,9 @@ def compiled_loss_and_metrics(model):
   Keras's own losses and metrics per example, with the padding weight; tested in test_compat.py."""
   loss = getattr(model, "_compile_loss", None)
   metrics = getattr(model, "_compile_metrics", None)
+  if metrics is not None and not any(  # compile(metrics=[]): none, as Keras computes none
+      _flat(getattr(metrics, attr, None)) for attr in ("_user_metrics", "_user_weighted_metrics")):
+    metrics = None
   for obj, attrs in ((loss, ("build", "_flat_losses")),
                      (metrics, ("build", "_flat_metrics", "_flat_weighted_metrics", "_flatten_y"))):
     if obj is not None and obj.built and not all(hasattr(obj, a) for a in attrs[1:]):
