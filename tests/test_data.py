@@ -194,7 +194,7 @@ def test_image_folder_says_what_it_skips_and_which_classes_are_empty(tmp_path, c
   assert source.info["class_names"] == ["cat", "dog", "empty_class"]  # no __pycache__
   said = [r.getMessage() for r in caplog.records if "image folder" in r.getMessage()]
   assert len(said) == 1, caplog.text
-  for words in ("classes cat, dog, empty_class", "'empty_class' hold no images",
+  for words in ("classes cat, dog, empty_class", "'empty_class' hold no image files",
                 "1 files beside the class folders", "3 files in nested folders", "1 '.webp' files",
                 "1 '.tiff' files"):
     assert words in said[0], said[0]

@@ -120,6 +120,44 @@ def test_read_text_files_bad_input_is_one_line_naming_the_file(tmp_path, given, 
   assert words in message and named in message, message
 
 
+def test_a_text_folder_says_which_classes_it_reads_nothing_from(tmp_path, caplog):
+  """A probe's folder: neg's files were in neg/2020/, so neg trained with no example, silently."""
+  import logging  # pylint: disable=g-import-not-at-top
+  (tmp_path / "pos").mkdir()
+  (tmp_path / "neg" / "2020").mkdir(parents=True)
+  (tmp_path / "pos" / "a.txt").write_text("good", encoding="utf-8")
+  (tmp_path / "neg" / "2020" / "b.txt").write_text("bad", encoding="utf-8")
+  (tmp_path / "pos" / "c.csv").write_text("x", encoding="utf-8")
+  with caplog.at_level(logging.WARNING):
+    paths, labels, classes = text.list_text_folder(str(tmp_path))
+  assert classes == ["neg", "pos"] and labels == [1]
+  said = [r.getMessage() for r in caplog.records if "text folder" in r.getMessage()]
+  assert len(said) == 1, caplog.text
+  for words in ("'neg' hold no text files", "1 files in nested folders", "1 '.csv' files"):
+    assert words in said[0], said[0]
+
+
+@pytest.mark.parametrize("unit, fate", [("document", "each trained as an empty document"),
+                                        ("speech", "read as no text")])
+def test_empty_files_are_said_with_what_becomes_of_them_and_no_text_is_refused(
+    tmp_path, caplog, unit, fate):
+  """Empty files only: masked-LM stopped with a traceback (np.stack of nothing), or trained one
+  [CLS] [SEP] sequence as data; an empty file beside text was said to be 'kept' under speech."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from tfdp.config.schema import DataConfig  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.text import tasks as text_tasks  # pylint: disable=g-import-not-at-top
+  (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+  (tmp_path / "blank.txt").write_text("  \n\n", encoding="utf-8")
+  blank = DataConfig(source="text_files", path=str(tmp_path / "*.txt"), split="all",
+                     text_unit=unit)
+  with pytest.raises(DataError, match="its files are empty or blank"):
+    text_tasks.read_documents(blank)
+  (tmp_path / "play.txt").write_text(PLAY, encoding="utf-8")
+  with caplog.at_level(logging.WARNING):
+    text_tasks.read_documents(blank)
+  assert f"2 of 3 file(s) are empty ({fate})" in caplog.text, caplog.text
+
+
 def test_read_text_files_from_folder_and_glob(tmp_path):
   (tmp_path / "sub").mkdir()
   (tmp_path / "b.txt").write_text("second", encoding="utf-8")

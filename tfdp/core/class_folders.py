@@ -5,11 +5,46 @@ from __future__ import annotations
 import json
 import os
 
+from absl import logging
+
 from tfdp.config.schema import DataConfig
 from tfdp.errors import DataError
 
 CLASS_NAMES_FILE = "class_names.json"  # a run's classes, in label order, saved in model_dir
 NOT_CLASSES = ("__pycache__",)  # beside code, never a class
+
+
+class SkippedFiles:
+  """What a class folder tree holds that trains nothing, said in one warning: a class folder
+  without files read (its label never trained), files of other kinds, nested folders (only a
+  class folder's own files are read) and files beside the class folders."""
+
+  def __init__(self, root: str, kind: str, extensions: tuple[str, ...]):
+    """`kind`: image, text (an image folder, image files)."""
+    self.root, self.kind, self.extensions, self.empty, self.kinds = root, kind, extensions, [], {}
+    for entry in os.listdir(root):
+      if not entry.startswith(".") and os.path.isfile(os.path.join(root, entry)):
+        self.kinds["files beside the class folders"] = (
+            self.kinds.get("files beside the class folders", 0) + 1)
+
+  def add(self, path: str) -> None:
+    if os.path.isdir(path):
+      kind, count = "files in nested folders", sum(len(files) for _, _, files in os.walk(path))
+    else:
+      kind, count = f"'{os.path.splitext(path)[1].lower() or 'no extension'}' files", 1
+    self.kinds[kind] = self.kinds.get(kind, 0) + count
+
+  def say(self, classes: list[str]) -> None:
+    said = []
+    if self.empty:
+      said.append(f"class folder(s) {', '.join(repr(n) for n in self.empty)} hold no "
+                  f"{self.kind} files, so this folder has no example of their labels")
+    if self.kinds:
+      said.append("skipped " + ", ".join(f"{n} {k}" for k, n in self.kinds.items()) +
+                  f" (read: {'/'.join(self.extensions)} directly in a class folder)")
+    if said:
+      logging.warning("%s folder '%s' (classes %s): %s", self.kind, self.root,
+                      ", ".join(classes), "; ".join(said))
 
 
 def class_names(root: str) -> list[str]:

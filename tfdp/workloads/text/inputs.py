@@ -58,35 +58,44 @@ def _is_text_file(name: str) -> bool:
   return name.lower().endswith(TEXT_EXTENSIONS) and not name.startswith(".")
 
 
-def _warn_empty(where: str, texts: list[str], paths: list[str]) -> None:
+def warn_empty(where: str, texts: list[str], paths: list[str], fate: str) -> None:
+  """`fate`: what becomes of an empty file (trained as an empty document, read as nothing)."""
   empty = [p for p, t in zip(paths, texts) if not t.strip()]
   if empty:
-    logging.warning("text %s: %d of %d file(s) are empty (kept), e.g. %s", where, len(empty),
-                    len(paths), empty[0])
+    logging.warning("text %s: %d of %d file(s) are empty (%s), e.g. %s", where, len(empty),
+                    len(paths), fate, empty[0])
 
 
 def list_text_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   """Returns (paths, labels, class_names) for root/<class>/*.txt|*.md, sorted; reads every file
-  once so a binary or non-UTF-8 file is reported by name before training starts."""
+  once so a binary or non-UTF-8 file is reported by name before training starts. What is not
+  read (a class folder without text files, nested folders, other files) is said in one warning."""
   if not os.path.isdir(root):
     raise DataError(f"text folder '{root}' is not a folder; point it at root/<class>/*.txt.")
   classes = class_folders.class_names(root)
   if not classes:
     raise DataError(f"text folder '{root}' has no class subfolders; lay it out as "
                     "root/<class>/*.txt.")
-  paths, labels, texts = [], [], []
+  paths, labels = [], []
+  skipped = class_folders.SkippedFiles(root, "text", TEXT_EXTENSIONS)
   for label, name in enumerate(classes):
+    found = len(paths)
     for file in sorted(os.listdir(os.path.join(root, name))):
       path = os.path.join(root, name, file)
-      if not _is_text_file(file) or not os.path.isfile(path):
+      if file.startswith("."):
         continue
-      texts.append(read_text_file(path))
+      if not _is_text_file(file) or not os.path.isfile(path):
+        skipped.add(path)
+        continue
+      read_text_file(path)
       paths.append(path)
       labels.append(label)
+    if len(paths) == found:
+      skipped.empty.append(name)
   if not paths:
     raise DataError(f"text folder '{root}' holds no {'/'.join(TEXT_EXTENSIONS)} files in its class "
                     "subfolders; lay it out as root/<class>/*.txt.")
-  _warn_empty(f"folder '{root}'", texts, paths)
+  skipped.say(classes)
   return paths, labels, classes
 
 
@@ -118,7 +127,7 @@ def read_text_files(paths: str | list[str]) -> list[str]:
     if not os.path.isfile(path):
       raise DataError(f"text file '{path}' does not exist (or is not a file); fix the path.")
     texts.append(read_text_file(path))
-  _warn_empty(f"files ({len(paths)})", texts, list(paths))
+  warn_empty(f"files ({len(paths)})", texts, list(paths), "read as no text")
   return texts
 
 

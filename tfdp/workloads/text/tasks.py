@@ -53,12 +53,14 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
                     "without extension, e.g. hamlet.")
   keep = {"all": lambda n: True, "train": lambda n: n not in data.holdout,
           "holdout": lambda n: n in data.holdout}[data.split]
-  documents, document_labels, read_from = [], [], set()
+  documents, document_labels, read_from, contents, read_paths = [], [], set(), [], []
   for path, name, label in zip(paths, names, labels):
     if not keep(name):
       continue
     read_from.add(label)
     content = text.read_text_file(path)
+    contents.append(content)
+    read_paths.append(path)
     if data.text_unit == "speech":
       pieces = text.split_speeches(content)
     elif data.text_unit == "passage":
@@ -68,6 +70,10 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
       pieces = [content]
     documents.extend(pieces)
     document_labels.extend([label] * len(pieces))
+  if not any(c.strip() for c in contents):  # else one [CLS] [SEP] sequence, trained as data
+    blank = "; its files are empty or blank" if contents else ""
+    raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
+                    f"{list(data.holdout)}{blank}); check path, split and holdout.")
   # Speeches are a play's **NAME** turns: plain text has none, so a class of plain files would
   # train as no examples at all (its label never seen, its accuracy the others').
   silent = sorted(read_from - set(document_labels))
@@ -75,9 +81,9 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
     which = f"class '{classes[silent[0]]}' holds" if classes != [""] else "its files hold"
     raise DataError(f"'{data.path}': {which} no speeches (**NAME** lines of a play), which "
                     f"text_unit '{data.text_unit}' reads; set text_unit: document for plain text.")
-  if not documents:
-    raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
-                    f"{list(data.holdout)}); check path, split and holdout.")
+  text.warn_empty(f"'{data.path}'", contents, read_paths,
+                  "each trained as an empty document" if data.text_unit == "document"
+                  else "read as no text")
   return documents, document_labels, classes
 
 

@@ -58,7 +58,7 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   if not classes:
     raise DataError(f"image folder '{root}' has no class subfolders; lay it out as root/<class>/*.jpg.")
   paths, labels = [], []
-  skipped = _Skipped(root)
+  skipped = class_folders.SkippedFiles(root, "image", IMAGE_EXTENSIONS)
   for label, name in enumerate(classes):
     found = len(paths)
     for file in sorted(os.listdir(os.path.join(root, name))):
@@ -83,38 +83,6 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
     raise DataError(f"image folder '{root}' holds no {'/'.join(IMAGE_EXTENSIONS)} files.")
   skipped.say(classes)
   return paths, labels, classes
-
-
-class _Skipped:
-  """What an image folder holds that trains nothing, said in one warning: a class folder without
-  images (its label never trained), files tfdp does not decode, nested folders (only a class
-  folder's own files are read) and files beside the class folders."""
-
-  def __init__(self, root: str):
-    self.root, self.empty, self.kinds = root, [], {}
-    for entry in os.listdir(root):
-      if not entry.startswith(".") and os.path.isfile(os.path.join(root, entry)):
-        self.kinds["files beside the class folders"] = (
-            self.kinds.get("files beside the class folders", 0) + 1)
-
-  def add(self, path: str) -> None:
-    if os.path.isdir(path):
-      kind, count = "files in nested folders", sum(len(files) for _, _, files in os.walk(path))
-    else:
-      kind, count = f"'{os.path.splitext(path)[1].lower() or 'no extension'}' files", 1
-    self.kinds[kind] = self.kinds.get(kind, 0) + count
-
-  def say(self, classes: list[str]) -> None:
-    said = []
-    if self.empty:
-      said.append(f"class folder(s) {', '.join(repr(n) for n in self.empty)} hold no images, so "
-                  "this folder has no example of their labels")  # (a training or eval folder)
-    if self.kinds:
-      said.append("skipped " + ", ".join(f"{n} {k}" for k, n in self.kinds.items()) +
-                  f" (read: {'/'.join(IMAGE_EXTENSIONS)} directly in a class folder)")
-    if said:
-      logging.warning("image folder '%s' (classes %s): %s", self.root, ", ".join(classes),
-                      "; ".join(said))
 
 
 def _resize(image, size: int):
