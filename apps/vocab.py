@@ -22,7 +22,7 @@ from absl import flags
 import apps
 from tfdp import cli
 from tfdp.workloads.text import inputs as text
-from tfdp.errors import TfdpError
+from tfdp.errors import DataError, TfdpError
 
 PROG = "tfdp-vocab"
 LEARNER_SLACK, LEARNER_MIN_COUNT = 0.05, 10  # keras_hub's word-piece learner's, fixed there
@@ -50,6 +50,9 @@ def main(argv):
     texts = text.read_text_files(paths)
     if FLAGS.plays:
       texts = [speech for play in texts for speech in text.split_speeches(play)]
+      if not texts:  # plain text: learn_vocabulary would call the files empty
+        raise DataError(f"--plays reads **NAME** speaker lines, and '{FLAGS.input}' has none; "
+                        "drop --plays for plain text.")
     cli.quiet_tensorflow()
     vocab = text.learn_vocabulary(texts, FLAGS.vocab_size, FLAGS.output, lowercase=FLAGS.lowercase)
   except TfdpError as error:

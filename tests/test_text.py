@@ -534,6 +534,26 @@ def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
   assert not noise, proc.stderr  # TensorFlow's loading lines are hidden, as in every other app
 
 
+def test_vocab_app_plays_on_plain_text_says_it_has_no_speeches(tmp_path):
+  (tmp_path / "notes.txt").write_text("plain words, no speaker lines", encoding="utf-8")
+  proc = run_vocab(f"--input={tmp_path / 'notes.txt'}", "--plays", "--vocab_size=80",
+                   f"--output={tmp_path / 'vocab.txt'}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  # it said 'the input files are empty'
+  assert "has none; drop --plays for plain text" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_docs_name_functions_that_exist():
+  """configs/vocab/README.md named tfdp.text.*, a module that does not exist."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  readme = (helpers.REPO / "configs" / "vocab" / "README.md").read_text(encoding="utf-8")
+  named = re.findall(r"`(tfdp(?:\.\w+)+)\.(\w+)", readme)
+  assert named
+  for module, function in named:
+    assert hasattr(importlib.import_module(module), function), (module, function)
+
+
 def test_vocab_app_says_the_learner_stops_within_five_percent_of_the_size(tmp_path):
   # 400 words seen 10 to 2000 times: some minimum count gives 95-100 tokens, and the learner
   # stops there, short of 100 (not for want of text: the tfdp-vocab note said so before).

@@ -41,6 +41,14 @@ def test_eval_holdout_must_equal_train_holdout_of_the_same_path():
   message = one_line(excinfo)
   assert "task.train_data.holdout and task.eval_data.holdout" in message, message
   assert "['macbeth'] would be trained on and evaluated" in message and "must be equal" in message, message
+  for split, holdout in (("holdout", "[hamlet]"), ("all", "[]")):  # trains hamlet, or every play
+    with pytest.raises(ConfigError) as excinfo:  # runlocal_text with hamlet evaluated too
+      config_lib.load_config(mlm, [f"task.train_data.split={split},task.train_data.holdout="
+                                   f"{holdout},task.eval_data.holdout=[edward-iii, hamlet]"])
+    message = one_line(excinfo)
+    assert f"(split '{split}') trains on" in message and "'hamlet'] would be trained" in message
+  config_lib.load_config(mlm, ["task.train_data.split=holdout,task.train_data.holdout=[hamlet],"
+                               "task.eval_data.holdout=[edward-iii]"])
   config_lib.load_config(mlm)  # the shipped configs share one list
   config_lib.load_config(mlm + [str(CONFIGS / "runlocal_text.yaml")])  # train: split holdout
   config_lib.load_config(mlm, ["task.eval_data.path=../shared/text/other"])  # another corpus

@@ -117,21 +117,27 @@ def _same_path(a: str, b: str) -> bool:
 
 
 def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
-  """Training's split train and evaluation's split holdout of one path: a file only eval's
-  holdout names would be trained on and evaluated."""
-  if (train.split, evaluation.split) != ("train", "holdout") or \
-      not _same_path(train.path, evaluation.path):
+  """Evaluation's split holdout of the path training reads: a file it names that training reads
+  too (any split) would be trained on and evaluated; with training's split train, a file only
+  training's holdout names would never be read."""
+  if evaluation.split != "holdout" or not _same_path(train.path, evaluation.path):
     return
-  trained_too = sorted(set(evaluation.holdout) - set(train.holdout))
-  never_read = sorted(set(train.holdout) - set(evaluation.holdout))
+  held, trained_held = set(evaluation.holdout), set(train.holdout)
+  trained_too = sorted({"holdout": held & trained_held, "train": held - trained_held,
+                        "all": held}[train.split])
+  never_read = sorted(trained_held - held) if train.split == "train" else []
   if not trained_too and not never_read:
     return
   differences = "; ".join(
       ([f"{trained_too} would be trained on and evaluated"] if trained_too else []) +
       ([f"{never_read}, held out of training, would never be evaluated"] if never_read else []))
-  raise ConfigError(f"task.train_data.holdout and task.eval_data.holdout differ for the same "
-                    f"path '{train.path}' ({differences}); they must be equal: give both the same "
-                    "list (configs/shakespeare_mlm.yaml shares it with a YAML anchor).")
+  if train.split == "train":
+    raise ConfigError(f"task.train_data.holdout and task.eval_data.holdout differ for the same "
+                      f"path '{train.path}' ({differences}); they must be equal: give both the "
+                      "same list (configs/shakespeare_mlm.yaml shares it with a YAML anchor).")
+  raise ConfigError(f"task.eval_data.holdout names files that task.train_data (split "
+                    f"'{train.split}') trains on, for the same path '{train.path}' ({differences});"
+                    " evaluate on files training does not read.")
 
 
 def _read_saved(path: str, context: tasks.SavedRunUse) -> str:
