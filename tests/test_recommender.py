@@ -482,3 +482,68 @@ def test_a_warm_start_is_refused_by_task_name_only_between_the_two_built_in_reco
         recommenders.MatrixFactorizationTask.check_saved_artifacts(config, str(tmp_path), warm)
     else:
       recommenders.MatrixFactorizationTask.check_saved_artifacts(config, str(tmp_path), warm)
+
+
+@pytest.fixture(scope="module")
+def implicit_small(tmp_path_factory):
+  """60 users x 80 items, 12 clicks a user; 2 training shards by user; the id vocabularies."""
+  root = tmp_path_factory.mktemp("implicit_small")
+  frame, _ = interactions.planted_interactions(60, 80, 3, 0.3, 12, seed=2, implicit=True)
+  frame.to_csv(root / "all.csv", index=False)
+  interactions.write_shards(frame, str(root / "s-{worker}.csv"), 2)
+  interactions.build_vocabulary(frame["user"].to_numpy(), str(root / "users.txt"))
+  interactions.build_vocabulary(np.arange(80), str(root / "items.txt"))
+  return root
+
+
+TINY_RETRIEVAL = (",trainer.epochs=2,trainer.global_batch_size=32,runtime.cpu_replicas=1,"
+                  "trainer.learning_rate.base_batch_size=32,trainer.steps_per_loop=5")
+
+
+def test_an_evaluation_of_a_retrieval_checkpoint_excludes_the_training_items_as_training_did(
+    implicit_small, tmp_path):
+  # --mode=eval read no training split, so it ranked each user's training items too: a lower
+  # recall than the evaluation at the end of training, for the same checkpoint.
+  override = f"--params_override={retrieval_job(implicit_small, TINY_RETRIEVAL)}"
+  trained = helpers.run_train(f"--model_dir={tmp_path}", "--mode=train_and_eval", override)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  evaluation = helpers.run_train(f"--model_dir={tmp_path}", "--mode=eval")
+  assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+  again, last = json.loads((tmp_path / "eval.json").read_text()), final_eval(tmp_path)
+  assert again["step"] == last["step"]
+  for name in ("eval_recall_at_10", "eval_ndcg_at_10", "eval_loss"):
+    assert again[name] == pytest.approx(last[name], rel=1e-6), name
+
+
+def test_two_workers_rank_their_own_users_as_one_process_over_all_shards_does(implicit_small,
+                                                                              tmp_path):
+  # Each worker excludes only its own shard's training items: it must rank exactly its own
+  # shard's users. The 2-worker run's last evaluation, redone on one process that reads both
+  # shards, gives the same recall.
+  shards = str(implicit_small / "s-{worker}.csv")
+  override = (retrieval_job(implicit_small, TINY_RETRIEVAL).replace(
+      str(implicit_small / "all.csv"), shards))
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable, helpers.TRAIN_APP,
+       f"--model_dir={tmp_path}", "--mode=train_and_eval", f"--params_override={override}"],
+      env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  both = "task.train_data.worker_shards=[[0, 1]],task.eval_data.worker_shards=[[0, 1]]"
+  one = helpers.run_train(f"--model_dir={tmp_path}", "--mode=eval", f"--params_override={both}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  again, last = json.loads((tmp_path / "eval.json").read_text()), final_eval(tmp_path)
+  assert again["eval_examples"] == last["eval_examples"]
+  for name in ("eval_recall_at_10", "eval_ndcg_at_10"):
+    assert again[name] == pytest.approx(last[name], rel=1e-6), name
+
+
+def test_per_worker_training_shards_with_an_evaluation_split_by_row_are_refused(implicit_small):
+  # Rows of one eval file go to workers by row: a worker would rank users whose training
+  # items only another worker read, with nothing excluded.
+  from tfdp.workloads.recommenders import tasks as recommenders  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [retrieval_job(implicit_small) + (
+      f",task.train_data.path={implicit_small / 's-{worker}.csv'}")]).task
+  task = recommenders.RetrievalTask(config)
+  task.worker, task.num_workers = 0, 2
+  with pytest.raises(ConfigError, match="task.eval_data.path to the same {worker} path"):
+    task.read_rows(config.eval_data)

@@ -300,8 +300,8 @@ class RetrievalTask(MatrixFactorizationTask):
   """Implicit feedback, two towers: user and item embeddings scored by their dot product,
   trained with an in-batch softmax (the other items of the replica's batch are the negatives;
   padding rows never are). Evaluated exactly over every item but the user's training items
-  (this worker's): recall@10 and NDCG@10 of each held-out (user, item) pair, summed over
-  workers and divided once."""
+  (read in --mode=eval too; with per-worker shards each worker ranks its own shards' users):
+  recall@10 and NDCG@10 of each held-out (user, item) pair, summed over workers, divided once."""
 
   metric_names = ("loss", "recall_at_10", "ndcg_at_10")
   KWARGS = ("embedding_dim", "l2", "temperature")
@@ -310,11 +310,32 @@ class RetrievalTask(MatrixFactorizationTask):
 
   def read_rows(self, data: DataConfig):
     import numpy as np  # pylint: disable=g-import-not-at-top
+    train = self.config.train_data
+    if data is not train:
+      self._check_eval_sees_its_users(data)
+      if self.seen is None:  # --mode=eval: exclude what training's evaluation excluded
+        self.read_rows(train)
     columns, shards, users, items = super().read_rows(data)
-    if data.split != "holdout" and self.seen is None:  # the training split: built first
+    if data is train:
       self.seen = np.zeros((users.num_rows, items.num_rows), bool)
       self.seen[columns["user"], columns["item"]] = True
     return columns, shards, users, items
+
+  def _check_eval_sees_its_users(self, data: DataConfig) -> None:
+    """A worker knows only its own training shards' items: it may rank only their users, so the
+    evaluation must read the same shards per worker (rows split by row would go elsewhere)."""
+    from tfdp.core import local_shards  # pylint: disable=g-import-not-at-top
+    train = self.config.train_data
+    if self.num_workers <= 1 or "{worker" not in train.path:
+      return
+    if ("{worker" not in data.path or local_shards.map_shards(data, self.num_workers, "task.eval_data")
+        != local_shards.map_shards(train, self.num_workers, "task.train_data")):
+      raise ConfigError(
+          f"task.train_data.path '{train.path}' gives each worker its own users, but "
+          f"task.eval_data ('{data.path}') does not give each worker the same shards, so a worker "
+          "would rank users whose training items it never read (a silently low recall); set "
+          "task.eval_data.path to the same {worker} path (split holdout) with the same "
+          "shards_per_worker / worker_shards, or evaluate on one process.")
 
   def build_model(self, source):
     kwargs = {"embedding_dim": 32, "l2": 0.0, **self.config.model.kwargs}
