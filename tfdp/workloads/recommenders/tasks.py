@@ -365,6 +365,7 @@ class RetrievalTask(MatrixFactorizationTask):
     exclude = None
     if self.seen is not None:
       exclude = tf.logical_and(tf.gather(tf.constant(self.seen), batch["user"]), own < 0.5)
+    # loss: the in-batch softmax of the replica's eval batch, so it varies with the layout
     return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight)),
             **interactions.ranking_sums_tf(scores, positives, exclude, k=10)}
 
