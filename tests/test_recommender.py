@@ -547,3 +547,36 @@ def test_per_worker_training_shards_with_an_evaluation_split_by_row_are_refused(
   task.worker, task.num_workers = 0, 2
   with pytest.raises(ConfigError, match="task.eval_data.path to the same {worker} path"):
     task.read_rows(config.eval_data)
+
+
+def test_shards_beyond_the_workers_are_refused_not_left_unread(implicit_small, tmp_path):
+  # 3 shards on 2 workers: s-2.csv was never read, a third of the users dropped silently.
+  frame = pd.read_csv(implicit_small / "all.csv")
+  interactions.write_shards(frame, str(tmp_path / "s-{worker}.csv"), 3)
+  override = retrieval_job(implicit_small, TINY_RETRIEVAL).replace(
+      str(implicit_small / "all.csv"), str(tmp_path / "s-{worker}.csv"))
+  proc = subprocess.run(
+      [sys.executable, LAUNCH_APP, "--num_workers=2", "--", sys.executable, helpers.TRAIN_APP,
+       f"--model_dir={tmp_path / 'run'}", "--mode=train", f"--params_override={override}"],
+      env=helpers.env(), cwd=str(helpers.REPO), capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0
+  lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "tfdp-train: error:" in l]
+  assert lines and all("split into more shards than workers" in l and "worker_shards" in l
+                       or "a peer stopped early" in l or "SIGTERM (not training)" in l
+                       for l in lines), lines
+  assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_more_workers_than_shards_says_how_many_shards_there_are(implicit_small):
+  # A 2-shard run resumed on 3 workers: worker 2 was told to copy its shard, which never was.
+  from tfdp.workloads.recommenders import tasks as recommenders  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [retrieval_job(implicit_small).replace(
+      str(implicit_small / "all.csv"), str(implicit_small / "s-{worker}.csv"))]).task
+  task = recommenders.RetrievalTask(config)
+  task.worker, task.num_workers = 2, 3
+  with pytest.raises(DataError, match=r"has 2 shard\(s\).*run on at most 2 worker\(s\) and map"):
+    task.read_rows(config.train_data)
+  with pytest.raises(ConfigError, match="non-empty list"):  # every worker reads a shard file
+    config_lib.load_config([], [retrieval_job(implicit_small).replace(
+        str(implicit_small / "all.csv"), str(implicit_small / "s-{worker}.csv")) +
+        ",task.train_data.worker_shards=[[0], [1], []]"])

@@ -106,6 +106,25 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
                       "task.train_data.split to train.")
 
 
+def _check_shard_count(path: str, total: int, worker: int, shards, key: str) -> None:
+  """The run must read every shard file there is, and only those (a glob of this machine's files:
+  shards held on other machines are checked there)."""
+  from tfdp.workloads.recommenders.interactions import shards as shard_files  # pylint: disable=g-import-not-at-top
+  fix = f"map them all onto the workers with {key}.worker_shards or shards_per_worker"
+  beyond = shard_files.shard_files_beyond(path, total)
+  if beyond:
+    raise DataError(f"{key}.path '{path}' has shard files beyond the {total} this run reads "
+                    f"('{beyond[0]}'): the data was split into more shards than workers, and "
+                    f"their rows would never be read; {fix}, or resplit into {total} shards.")
+  here = [os.path.exists(interactions.resolve_shard_path(path, i, total)) for i in range(total)]
+  have = here.index(False) if False in here else total
+  if have and not any(here[have:]) and max(shards) >= have:  # fewer shards than the run reads
+    raise DataError(f"worker {worker}: {key}.path '{path}' has {have} shard(s) (0..{have - 1}), "
+                    f"but this run reads {total}, so shard {max(shards)} does not exist; run on "
+                    f"at most {have} worker(s) and {fix} (each worker at least one), or resplit "
+                    f"into {total} shards.")
+
+
 @tasks.register_task("matrix_factorization")
 class MatrixFactorizationTask(tasks.Task):
   """Explicit ratings: rating ≈ mean + b_user + b_item + p_user · q_item, squared error.
@@ -187,6 +206,7 @@ class MatrixFactorizationTask(tasks.Task):
       mapping = local_shards.map_shards(data, self.num_workers, key)
       shards = mapping[self.worker]
       total = max(max(s) for s in mapping) + 1
+      _check_shard_count(data.path, total, self.worker, shards, key)
     frames = []
     for shard in shards or [None]:
       path = interactions.resolve_shard_path(data.path, shard, total if shards else 0)
