@@ -378,6 +378,16 @@ def test_holdouts_that_evaluate_training_rows_are_refused_before_tensorflow(tmp_
                                   ",task.eval_data.holdout_fraction=0.2")])
 
 
+def test_training_on_all_of_the_evaluated_file_is_refused_however_it_is_spelled(tmp_path,
+                                                                                monkeypatch):
+  # train_data.split all was compared with the eval path as a raw string: a relative spelling,
+  # or {worker} shards of the file, trained on the rows evaluated.
+  monkeypatch.chdir(tmp_path)
+  for train_path in ("all.csv", "./sub/../all.csv", tmp_path / "train-{worker}.csv"):
+    with pytest.raises(ConfigError, match="split' is all, so training reads"):
+      config_lib.load_config([], [job(tmp_path, train_path, ",task.train_data.split=all")])
+
+
 def test_a_holdout_holds_out_only_its_fraction_of_the_rows():
   from tfdp.workloads.recommenders import tasks as recommender_tasks  # pylint: disable=g-import-not-at-top
   frame, _ = interactions.planted_interactions(50, 50, 2, 0.3, 20, seed=0)

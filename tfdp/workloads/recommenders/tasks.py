@@ -100,7 +100,7 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
     raise ConfigError(f"config keys 'task.train_data.holdout_fraction' ({seen:g}) and "
                       f"'task.eval_data.holdout_fraction' ({held:g}) differ, so {effect}; they "
                       "must be equal: set both to the same value.")
-  if train.split == "all" and train.path == evaluation.path:
+  if train.split == "all" and same_rows:
     raise ConfigError(f"config key 'task.train_data.split' is all, so training reads the rows of "
                       f"'{train.path}' that task.eval_data (split holdout) evaluates; set "
                       "task.train_data.split to train.")
