@@ -590,3 +590,32 @@ def test_more_workers_than_shards_says_how_many_shards_there_are(implicit_small)
     config_lib.load_config([], [retrieval_job(implicit_small).replace(
         str(implicit_small / "all.csv"), str(implicit_small / "s-{worker}.csv")) +
         ",task.train_data.worker_shards=[[0], [1], []]"])
+
+
+def readme_commands(heading: str) -> list[list[str]]:
+  """The commands of the first bash block under a README heading, continuations joined."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  text = (helpers.REPO / "README.md").read_text().split(heading, 1)[1]
+  block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+  return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_recommender_commands_work_together(tmp_path):
+  # The split wrote columns and vocabularies that the launch's config did not name.
+  data = tmp_path / "shared" / "interactions" / "insteval" / "InstEval.csv"
+  data.parent.mkdir(parents=True)
+  frame, _ = interactions.planted_interactions(30, 30, 2, 0.3, 10, seed=3)
+  frame.rename(columns={"user": "s", "item": "d", "label": "y"})[["s", "d", "y"]].to_csv(
+      data, index=False)
+  (tmp_path / "repo").mkdir()
+  apps = {"python": [sys.executable], "tfdp-launch": [sys.executable, LAUNCH_APP],
+          "tfdp-train": [sys.executable, helpers.TRAIN_APP]}
+  for command in readme_commands("## Recommenders"):
+    argv = [part for word in command for part in apps.get(word, [
+        word.replace("configs/", f"{helpers.REPO}/configs/").replace(
+            "apps/", f"{helpers.REPO}/apps/")])]
+    argv = [a + ",trainer.epochs=1" if a.startswith("--params_override") else a for a in argv]
+    proc = subprocess.run(argv, env=helpers.env(), cwd=str(tmp_path / "repo"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (argv, (proc.stdout + proc.stderr)[-3000:])
+  assert final_eval(tmp_path / "repo" / "runs" / "insteval_mf_3w")["eval_examples"] > 0
