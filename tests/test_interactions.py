@@ -279,6 +279,15 @@ def test_a_header_with_spaces_after_its_commas_is_named_and_the_fix_works(tmp_pa
   assert read["item"].tolist() == [12, 4] and read["label"].tolist() == [4.0, 5.0]
 
 
+def test_a_file_without_a_header_row_is_named_so(tmp_path):
+  # Once "its columns are '0', '8', '4': set user_column to one of them" (the first data row).
+  path = tmp_path / "ratings.csv"
+  path.write_text("0,8,4\n1,2,3.5\n")
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "user", "item", "rating")
+  assert "seems to have no header row; add one" in one_line_error(excinfo)
+
+
 @pytest.mark.parametrize("separator", [";", "\t", "; ", " | "])  # 'user; item': spaces too
 def test_a_file_of_another_separator_is_named_and_the_fix_works(tmp_path, separator):
   """Once "has no user column 'user'; its columns are 'user;item;rating': set user_column to one

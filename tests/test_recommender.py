@@ -484,7 +484,8 @@ def test_a_warm_start_is_refused_by_task_name_only_between_the_two_built_in_reco
   warm = tasks.SavedRunUse("warm start from task.init_checkpoint 'x'", "drop it", warm_start=True)
   for trained, name, refused in (("my_mf", "matrix_factorization", False),
                                  ("matrix_factorization", "my_mf", False),
-                                 ("matrix_factorization", "retrieval", True)):
+                                 ("matrix_factorization", "retrieval", True),
+                                 ("masked_lm", "matrix_factorization", True)):
     (tmp_path / "config.yaml").write_text(f"task: {{name: {trained}}}\n")
     config = config_lib.TaskConfig(name=name)
     if refused:
@@ -619,3 +620,19 @@ def test_the_readme_recommender_commands_work_together(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (argv, (proc.stdout + proc.stderr)[-3000:])
   assert final_eval(tmp_path / "repo" / "runs" / "insteval_mf_3w")["eval_examples"] > 0
+
+
+def test_unknown_ids_and_zero_buckets_name_the_file_and_the_config_key(implicit_small, tmp_path):
+  from tfdp.workloads.recommenders import tasks as recommenders  # pylint: disable=g-import-not-at-top
+  users = (implicit_small / "users.txt").read_text().splitlines()
+  (tmp_path / "users.txt").write_text("\n".join(users[1:]) + "\n")  # one user left out
+  config = config_lib.load_config([], [retrieval_job(implicit_small).replace(
+      str(implicit_small / "users.txt"), str(tmp_path / "users.txt"))]).task
+  with pytest.raises(DataError) as excinfo:
+    recommenders.RetrievalTask(config).read_rows(config.train_data)
+  assert (f"'{implicit_small / 'all.csv'}': user id {users[0]} is not in" in str(excinfo.value)
+          and "task.recommender.oov_buckets" in str(excinfo.value)), excinfo.value
+  hashed = config_lib.load_config([], [retrieval_job(implicit_small) + (
+      ",task.recommender.user_vocab_path=,task.recommender.user_buckets=0")]).task
+  with pytest.raises(ConfigError, match="'task.recommender.user_buckets' is 0"):
+    recommenders.id_mappings(hashed)

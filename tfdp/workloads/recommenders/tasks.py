@@ -27,6 +27,10 @@ def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interaction
     if vocab_path:
       return interactions.IdMapping.from_vocabulary_file(vocab_path, oov_buckets=rec.oov_buckets,
                                                          role=role)
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+      raise ConfigError(f"config key 'task.recommender.{role}_buckets' is {buckets!r}, but "
+                        f"without task.recommender.{role}_vocab_path {role} ids are hashed into "
+                        "that many rows; give at least 1 (e.g. 4096), or a vocabulary file.")
     return interactions.IdMapping.hashed(buckets)
 
   return (mapping("user", rec.user_vocab_path, rec.user_buckets),
@@ -85,6 +89,20 @@ def _warn_of_unknown_ids(where: str, frame, users, items) -> None:
                     "swapped?).", where, "; ".join(found))
 
 
+def _check_ids_known(frame, path: str, users, items) -> None:
+  """With oov_buckets 0 an id outside the vocabulary has no row: name the file and the keys."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  for role, mapping in (("user", users), ("item", items)):
+    if mapping.vocabulary is None or mapping.oov_buckets:
+      continue
+    unknown = frame[role].to_numpy()[~np.isin(frame[role].to_numpy(), mapping.vocabulary)]
+    if unknown.size:
+      raise DataError(f"interactions file '{path}': {role} id {unknown[0]} is not in the {role} "
+                      f"vocabulary '{mapping.source}' (task.recommender.{role}_vocab_path) and "
+                      "task.recommender.oov_buckets is 0; rebuild the vocabulary from all the "
+                      "data, or set task.recommender.oov_buckets >= 1.")
+
+
 def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
   """The held-out rows are a hash of (user, item) below holdout_fraction: training must leave out
   exactly the rows evaluation takes, also when it reads shards of the file evaluation reads."""
@@ -123,6 +141,15 @@ def _check_shard_count(path: str, total: int, worker: int, shards, key: str) -> 
                     f"but this run reads {total}, so shard {max(shards)} does not exist; run on "
                     f"at most {have} worker(s) and {fix} (each worker at least one), or resplit "
                     f"into {total} shards.")
+
+
+def _a_recommender(name: str) -> bool:
+  """Whether task `name` trains these models (a user's task not registered here: unknown, so
+  assumed so; its restore names any mismatch)."""
+  try:
+    return issubclass(tasks.task_class(name), MatrixFactorizationTask)
+  except ConfigError:
+    return True
 
 
 @tasks.register_task("matrix_factorization")
@@ -208,15 +235,16 @@ class MatrixFactorizationTask(tasks.Task):
       total = max(max(s) for s in mapping) + 1
       _check_shard_count(data.path, total, self.worker, shards, key)
     frames = []
+    users, items = id_mappings(self.config)
     for shard in shards or [None]:
       path = interactions.resolve_shard_path(data.path, shard, total if shards else 0)
       frames.append(holdout_split(interactions.read_interactions(
           path, data.user_column, data.item_column, data.label_column, data.weight_column,
           worker=self.worker if shards else None), data))
+      _check_ids_known(frames[-1], path, users, items)
     if not shards:
       interactions.check_not_empty(frames[0], data.path)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    users, items = id_mappings(self.config)
     columns = {"user": users.lookup(frame["user"].to_numpy()).astype(np.int64),
                "item": items.lookup(frame["item"].to_numpy()).astype(np.int64),
                "label": frame["label"].to_numpy(np.float32),
@@ -247,8 +275,10 @@ class MatrixFactorizationTask(tasks.Task):
     from the config alone: no data is read, TensorFlow is not started)."""
     import json  # pylint: disable=g-import-not-at-top
     trained = context.warm_start and warm_start.trained_task(folder)
-    if trained != config.name and {trained, config.name} <= {"matrix_factorization", "retrieval"}:
-      # the other built-in recommender: its model is another, no id mapping makes it fit
+    if trained and trained != config.name and (
+        {trained, config.name} <= {"matrix_factorization", "retrieval"}
+        or not _a_recommender(trained)):
+      # the other built-in recommender, or not a recommender: no id mapping makes its model fit
       raise ConfigError(f"{context.action}: that run trained task '{trained}', and this one is "
                         f"'{config.name}'; point task.init_checkpoint at a {config.name} run, "
                         f"or {context.fix}.")

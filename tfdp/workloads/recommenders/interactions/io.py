@@ -204,6 +204,10 @@ def _check_columns(available: list, columns: dict, where: str, path: str = "") -
         raise DataError(f"{where} has one column, {listed}: its header is {shown}-separated, and "
                         "tfdp reads comma-separated CSV; write it with commas (pandas: "
                         f"pd.read_csv(path, {sep}).to_csv(new_path, index=False)).")
+      if path and available and all(re.fullmatch(r"\s*[-+.\deE]+\s*", str(a)) for a in available):
+        raise DataError(f"{where} has no {role} column '{name}': its first line {listed} looks "
+                        "like data, so the file seems to have no header row; add one naming "
+                        f"the columns (e.g. user,item,label) and set {role}_column to its name.")
       raise DataError(f"{where} has no {role} column '{name}'; its columns are {listed}: set "
                       f"{role}_column to one of them.")
 
