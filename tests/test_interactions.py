@@ -557,6 +557,18 @@ def test_app_writes_shards_and_vocabularies(tmp_path):
   assert sorted(mapping.lookup(frame["item"].unique())) == list(range(frame["item"].nunique()))
 
 
+@pytest.mark.parametrize("label, item", [("s", "d"), ("d", "d"), ("y", "s")])
+def test_the_splitter_refuses_one_column_for_two_roles(tmp_path, label, item):
+  # --label_column=s (the user column) split the users' ids in as their ratings.
+  pd.DataFrame({"s": [1, 2], "d": [3, 4], "y": [5.0, 4.0]}).to_csv(tmp_path / "in.csv", index=False)
+  proc = run_split(f"--input={tmp_path / 'in.csv'}", f"--output={tmp_path}/c-{{worker}}.csv",
+                   "--num_shards=1", "--user_column=s", f"--item_column={item}",
+                   f"--label_column={label}")
+  assert proc.returncode != 0 and not list(tmp_path.glob("c-*.csv"))
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "both name column" in lines[0], proc.stderr
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--item_column=dd"], "interactions file '{tmp}/in.csv' has no item column 'dd'; its columns "
                            "are 's', 'd', 'y': set item_column to one of them."),

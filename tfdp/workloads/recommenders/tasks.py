@@ -378,8 +378,9 @@ class RetrievalTask(MatrixFactorizationTask):
     train = self.config.train_data
     if self.num_workers <= 1 or "{worker" not in train.path:
       return
-    if ("{worker" not in data.path or local_shards.map_shards(data, self.num_workers, "task.eval_data")
-        != local_shards.map_shards(train, self.num_workers, "task.train_data")):
+    mapped = local_shards.map_shards
+    if ("{worker" not in data.path or mapped(data, self.num_workers, "task.eval_data")
+        != mapped(train, self.num_workers, "task.train_data")):
       raise ConfigError(
           f"task.train_data.path '{train.path}' gives each worker its own users, but "
           f"task.eval_data ('{data.path}') does not give each worker the same shards, so a worker "

@@ -102,6 +102,12 @@ def read_interactions(path: str, user_column: str, item_column: str, label_colum
     if not name:
       raise DataError(f"{prefix}no {role} column is named for '{path}'; set {role}_column to the "
                       f"column that holds the {role} ids.")
+  for role, name in (("label", label_column), ("weight", weight_column), ("item", item_column)):
+    other = ("user" if name == user_column
+             else "item" if role != "item" and name == item_column else "")
+    if name and other:  # the ids read as ratings (or as the other id): a silent wrong model
+      raise DataError(f"{prefix}{role}_column and {other}_column both name column '{name}' of "
+                      f"'{path}'; give each its own column.")
   if not os.path.exists(path):
     if worker is not None:  # a worker's shard, which the splitter writes
       fix = f"copy this worker's shard there ({SPLIT_COMMAND} writes one per worker) or fix the path"
