@@ -124,12 +124,15 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
                       "task.train_data.split to train.")
 
 
-def _check_shard_count(path: str, total: int, worker: int, shards, key: str) -> None:
+def _check_shard_count(data: DataConfig, total: int, worker: int, shards, key: str) -> None:
   """The run must read every shard file there is, and only those (a glob of this machine's files:
-  shards held on other machines are checked there)."""
+  shards held on other machines are checked there); a mapping given (worker_shards,
+  shards_per_worker) may leave shards out on purpose."""
   from tfdp.workloads.recommenders.interactions import shards as shard_files  # pylint: disable=g-import-not-at-top
+  path = data.path
   fix = f"map them all onto the workers with {key}.worker_shards or shards_per_worker"
-  beyond = shard_files.shard_files_beyond(path, total)
+  beyond = (shard_files.shard_files_beyond(path, total)
+            if not (data.worker_shards or data.shards_per_worker) else [])
   if beyond:
     raise DataError(f"{key}.path '{path}' has shard files beyond the {total} this run reads "
                     f"('{beyond[0]}'): the data was split into more shards than workers, and "
@@ -233,7 +236,7 @@ class MatrixFactorizationTask(tasks.Task):
       mapping = local_shards.map_shards(data, self.num_workers, key)
       shards = mapping[self.worker]
       total = max(max(s) for s in mapping) + 1
-      _check_shard_count(data.path, total, self.worker, shards, key)
+      _check_shard_count(data, total, self.worker, shards, key)
     frames = []
     users, items = id_mappings(self.config)
     for shard in shards or [None]:
