@@ -239,6 +239,9 @@ CASES = [
     # ---- data --------------------------------------------------------------------------------
     Case("tfds_not_prepared", ("cifar10", "TFDS_DATA_DIR"),
          override="task.train_data.source=tfds,task.train_data.data_dir={folder}/none"),
+    # An IndexError traceback from the source's read of no file.
+    Case("tfds_split_empty", ("cifar10", "'train[50000:]' holds no examples", "train[:1000]"),
+         override="task.train_data.source=tfds,task.train_data.split=train[50000:]"),
     Case("tfds_version_not_prepared", ("cifar10:9.9.9", "9.9.9"),
          override="task.train_data.source=tfds,task.train_data.name=cifar10:9.9.9"),
     Case("tfds_broken_dataset_info", ("cifar10", "{folder}/tfds", "tfds build"),

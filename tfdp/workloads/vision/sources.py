@@ -107,6 +107,9 @@ def _tfds_source(data: DataConfig) -> Source:
                     "fix the name, version or split, or prepare the dataset again with "
                     "`tfds build`.") from None
   instructions = split.file_instructions
+  if not sum(fi.take for fi in instructions):  # train[:0], train[50000:]: read() had no file
+    raise DataError(f"TFDS dataset '{data.name}' split '{data.split}' holds no examples; give a "
+                    f"slice with some, e.g. {data.split.split('[')[0]}[:1000].")
   features = builder.info.features
   num_classes = data.num_classes or features["label"].num_classes
   shape = tuple(features["image"].shape)
