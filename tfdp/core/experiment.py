@@ -46,10 +46,9 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
                       "first, or point --model_dir at a trained run.")
   task_class = tasks.task_class(config.task.name)
-  if check_data and mode != "eval":
-    task_class.check_source(config.task.train_data, "task.train_data")
-  if check_data and mode != "train":
-    task_class.check_source(config.task.eval_data, "task.eval_data")
+  for key, read in (("train_data", mode != "eval"), ("eval_data", mode != "train")):
+    if check_data and read:
+      task_class.check_source(getattr(config.task, key), f"task.{key}")
   # Only a fresh run warm starts: a resume or an evaluation needs no init checkpoint (it may be
   # gone since), as build restores none.
   init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
@@ -257,7 +256,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                 if train_plan else None)
   if run_record and prior.record:  # no record: a run from before records, resumed as it is
     # before anything is written: a refused resume leaves model_dir as it was
-    resume.check_resume(prior.record, run_record, model_dir)
+    resume.check_resume(prior.record, run_record, model_dir, prior.checkpoint)
     _check_precision_kept(prior.record, run_record, plan, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
@@ -372,7 +371,7 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
   # the fields preflight compares before the data is planned, under the same names
   decided = resume.config_decided_fields(plan.global_batch, trainer_cfg.seed,
                                          config.task.train_data.shard_policy)
-  stream = plan.source.info.get("stream_epoch_examples")  # tfdp.fit: a run-long pass
+  stream, train = plan.source.info.get("stream_epoch_examples"), config.task.train_data
   return {**decided, "steps_per_epoch": epoch_steps(config, plan) if stream else plan.steps_per_epoch,
           "examples_per_epoch": stream or (sum(plan.counts) if plan.policy == "local"  # own
                                            else plan.source.num_examples),
@@ -383,7 +382,7 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas,
           "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype,
-          "model_input": model_input(plan.source)}
+          "model_input": model_input(plan.source), "data_order": resume.data_order(plan, train)}
 
 
 # The run record's numerics fields, and the config key that sets each.

@@ -12,8 +12,8 @@ import shutil
 import time
 
 from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, EXPORT_FILE, METRICS_FILE, RUN_FILES,
-                               WEIGHTS_FILE, atomic_write_text, latest_checkpoint,
-                               start_over_hint)
+                               WEIGHTS_FILE, atomic_write_text, checkpoint_step,
+                               latest_checkpoint, start_over_hint)
 from tfdp import errors
 from tfdp.errors import OutputError
 
@@ -103,13 +103,17 @@ def _check_no_outputs_without_checkpoint(model_dir: str) -> None:
         f"{errors.terms().model_dir}.")
 
 
-def check_resume(record: dict, current: dict, model_dir: str) -> None:
+def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | None = None
+                 ) -> None:
   """Refuses a resume whose config gives the restored step another meaning. A longer or shorter
   run is a continuation only when the learning-rate schedule does not decay over its length.
-  `current` may hold only some fields (config_decided_fields, before the data is planned)."""
+  `current` may hold only some fields (config_decided_fields, before the data is planned);
+  `checkpoint`: the one restored, whose step says whether the data order may change."""
   changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
              for field, key in RESUME_FIELDS.items()
              if field in record and field in current and record[field] != current[field]]
+  if not changed and checkpoint:
+    _check_order_kept(record, current, model_dir, checkpoint_step(checkpoint))
   if (current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
       and "total_steps" in current and record["total_steps"] != current["total_steps"]):
     changed.append(f"total_steps was {record['total_steps']}, now {current['total_steps']} "
@@ -121,6 +125,34 @@ def check_resume(record: dict, current: dict, model_dir: str) -> None:
         f"{'; '.join(changed)}. Its checkpoint's step would mean another batch, data position or "
         "schedule; restore the earlier value (a constant schedule may train longer), "
         f"{errors.terms().start_over}, or use a new {errors.terms().model_dir}.")
+
+
+def data_order(plan, data) -> dict:
+  """What decides the order an epoch reads beside the seed (`plan`: the training InputPlan):
+  recorded, as a resume in the middle of an epoch that changes it is refused."""
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+  buffer = data.shuffle_buffer if plan.policy == "local" else data_lib.shuffle_buffer(plan.source,
+                                                                                      data)
+  return {"shuffle": data.shuffle, "shuffle_buffer": buffer if data.shuffle else 0}
+
+
+def _check_order_kept(record: dict, current: dict, model_dir: str, step: int | None) -> None:
+  """Another shuffle, buffer (cache: off resolves a smaller one) in the middle of an epoch reads
+  the rest of it in another order: some examples twice, others never. From its end it is fine."""
+  was, now = record.get("data_order"), current.get("data_order")
+  per_epoch = int(record.get("steps_per_epoch") or 0)
+  if not (was and now and was != now and per_epoch and step and step % per_epoch):
+    return
+  changes = ", ".join(f"{key} {was.get(key)} → {now.get(key)}" for key in now
+                      if was.get(key) != now.get(key))
+  end = (step // per_epoch + 1) * per_epoch
+  raise OutputError(
+      f"{errors.terms().model_dir} '{model_dir}' holds a run stopped at step {step}, in the "
+      f"middle of an epoch, that read its training data in another order ({changes}: "
+      "task.train_data.shuffle, shuffle_buffer or cache); the rest of the epoch would repeat "
+      f"some examples and skip others. Set them back to resume (a change is fine from the "
+      f"epoch's end, step {end}), {errors.terms().start_over}, or use a new "
+      f"{errors.terms().model_dir}.")
 
 
 # What the checkpoint holds beside the weights: another optimizer's slots, or a weight average
