@@ -88,6 +88,20 @@ def test_a_job_of_ones_own_on_base_yaml(tmp_path):
   assert config.trainer == config_lib.load_config([BASE]).trainer
 
 
+def test_settings_for_a_model_picked_on_the_command_line_apply(tmp_path):
+  """A probe's file on cifar10_quick (airbench) with model_settings for small_cnn, trained with
+  --params_override=task.model.name=small_cnn: refused, 'trains airbench but its model_settings
+  are written for small_cnn'. Seen failing on the old tfdp/config/__init__.py."""
+  (tmp_path / "my.yaml").write_text(
+      f"base: {CONFIGS / 'cifar10_quick.yaml'}\n"
+      "model_settings:\n  small_cnn:\n    trainer: {global_batch_size: 256}\n")
+  swapped = config_lib.load_config([str(tmp_path / "my.yaml")], ["task.model.name=small_cnn"])
+  assert swapped.trainer.global_batch_size == 256
+  for other in ([], ["task.model.name=resnet20"]):  # the run trains another model: left out
+    assert config_lib.load_config([str(tmp_path / "my.yaml")], other) == config_lib.load_config(
+        [str(CONFIGS / "cifar10_quick.yaml")], other)
+
+
 def write(tmp_path, name, text):
   (tmp_path / name).write_text(text)
   return str(tmp_path / name)

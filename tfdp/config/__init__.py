@@ -52,13 +52,11 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
       from_dict(data)  # reject unknown keys naming the file's own mistake early
       layers.append((where, data, settings))
   layers += [(errors.terms().overrides, parse_overrides(text), None) for text in overrides]
-  merged = _merge(layers)
-  model = _model_name(merged)
-  stale = {i for i, (_, _, settings) in enumerate(layers) if settings and settings[0] != model}
+  model = _checked_models(layers)
+  merged = _merge(layers, lambda written_for: written_for == model)
+  stale = [layer for layer in layers if layer[2] and layer[2][0] != model]
   if stale:
-    kept = _merge(layers, skip=stale)
-    _log_dropped([layers[i] for i in sorted(stale)], from_dict(merged), from_dict(kept), model)
-    merged = kept
+    _log_dropped(stale, from_dict(_merge(layers, lambda _: True)), from_dict(merged), model)
   config = from_dict(merged)
   validate(config)
   checks.warn_unused_slices(config.task)
@@ -86,17 +84,31 @@ def _model_settings(where: str, block) -> tuple[str, dict] | None:
   return str(model), settings
 
 
-def _merge(layers, skip=frozenset()) -> dict:
+def _checked_models(layers) -> str:
+  """The model the run trains (settings never name one). A file's model_settings apply when the
+  run trains their model, whichever layer picked it (the command line, a later file); a file
+  that names one model itself and writes settings for another the run does not train is a
+  mistake, said in one line."""
   merged: dict = {}
-  for i, (where, data, settings) in enumerate(layers):
+  for _, data, _ in layers:
     merged = loader.deep_merge(merged, data)
-    if settings and i not in skip:
-      written_for, values = settings
-      if _model_name(merged) != written_for:
-        raise ConfigError(f"config file '{where}' trains task.model.name {_model_name(merged)} "
-                          f"but its model_settings are written for {written_for}; rename the "
-                          "model_settings entry or delete it.")
-      merged = loader.deep_merge(merged, values)
+  model = _model_name(merged)
+  for where, data, settings in layers:
+    own = loader.get_path(data, MODEL_NAME)
+    if settings and own is not None and settings[0] not in (own, model):
+      raise ConfigError(f"config file '{where}' trains task.model.name {own} but its "
+                        f"model_settings are written for {settings[0]}; rename the "
+                        "model_settings entry or delete it.")
+  return model
+
+
+def _merge(layers, applies) -> dict:
+  """The layers in order, each file's model_settings right after it where `applies(model)`."""
+  merged: dict = {}
+  for _, data, settings in layers:
+    merged = loader.deep_merge(merged, data)
+    if settings and applies(settings[0]):
+      merged = loader.deep_merge(merged, settings[1])
   return merged
 
 
