@@ -3,7 +3,8 @@ r"""tfdp-train: train / evaluate one experiment config, on one host or as one wo
   tfdp-train                                   # the default job: configs/cifar10_quick.yaml
   tfdp-train --config_file=configs/cifar10_quick.yaml --config_file=configs/runlocal.yaml \
       --params_override=runtime.cpu_replicas=2 --model_dir=/tmp/run
-  tfdp-train --params_override=trainer.epochs=2,trainer.global_batch_size=256
+  tfdp-train --params_override=trainer.epochs=2,trainer.global_batch_size=256 \
+      --model_dir=runs/batch256                # another job: a folder of its own
   tfdp-train --print_config                    # the final config, as it would be saved
 """
 import os
@@ -24,7 +25,7 @@ from tfdp import paths
 from tfdp.core import controller
 from tfdp.core import outputs
 from tfdp.distributed import cluster
-from tfdp.errors import ConfigError, Preempted, TfdpError
+from tfdp.errors import ConfigError, OutputError, Preempted, TfdpError
 
 DEFAULT_CONFIG = paths.default_job()
 PROG = "tfdp-train"
@@ -70,6 +71,8 @@ def main(argv):
       result = experiment.run(config, model_dir, FLAGS.mode, start_over=_start_over())
     except Preempted as stop:
       cli.exit_with_error(PROG, stop, code=stop.exit_code)
+    except OutputError as error:
+      cli.exit_with_error(PROG, f"{error}{_job_hint(str(error), model_dir)}")
     except KeyboardInterrupt:
       cli.exit_with_error(PROG, "interrupted; the last checkpoint is kept, re-run to resume", 130)
   except TfdpError as error:
@@ -98,6 +101,21 @@ def _config_files() -> list[str]:
                       f"'{os.path.join(FLAGS.model_dir, 'model.keras')}'), x, y).")
   logging.info("--mode=eval: no --config_file given: the run's own %s", recorded)
   return [recorded]
+
+
+def _job_hint(message: str, model_dir: str) -> str:
+  """A run refused for another job's settings: where the folder or the settings came from when
+  the flags did not say (a second job in the default folder; the default job over a run)."""
+  if f"'{os.path.abspath(os.path.expanduser(model_dir))}' holds a run" not in message:
+    return ""
+  if not FLAGS.model_dir:
+    return (f" (--model_dir was not given: {model_dir} is named after the config files, not "
+            "--params_override; give another job its own --model_dir)")
+  recorded = os.path.join(model_dir, outputs.CONFIG_FILE)
+  if not FLAGS.config_file and os.path.isfile(recorded):
+    return (" (no --config_file was given, so this is the default job; to resume that run, pass "
+            f"--config_file={recorded})")
+  return ""
 
 
 def _shown(value) -> str:

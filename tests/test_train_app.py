@@ -234,3 +234,29 @@ def test_default_model_dir_is_named_after_every_config_file(tmp_path, config_fil
   assert f"'{tmp_path / 'runs' / run_name}' has none" in proc.stderr, proc.stderr[-2000:]
   assert "outputs:" not in proc.stderr  # named only once the start's checks have passed
   assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_resume_says_where_the_folder_or_the_job_came_from(tmp_path):
+  """A probe's second job, --params_override=task.model.name=small_cnn after the default job,
+  landed in the same default folder (named after the config files) and was told to 'restore the
+  earlier value'; a run's folder given without its --config_file met the default job. Seen
+  failing on the old apps/train.py (no hint in either line)."""
+  from test_hardening import TINY  # pylint: disable=g-import-not-at-top
+  job = tmp_path / "job.yaml"
+  job.write_text("task: {model: {name: small_cnn}}\n")
+
+  def train(*args):
+    return subprocess.run([sys.executable, helpers.TRAIN_APP, "--mode=train", *args],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                          env=helpers.env())
+  first = train(f"--config_file={job}", f"--params_override={TINY},trainer.max_steps=2")
+  assert first.returncode == 0, first.stderr[-3000:]
+  second = train(f"--config_file={job}", f"--params_override={TINY},trainer.global_batch_size=32")
+  (line,) = helpers.error_lines(second)
+  assert "cannot resume" in line and "--model_dir was not given: runs/job is named after the " \
+      "config files, not --params_override" in line, line
+  run = tmp_path / "runs" / "job"
+  default_job = train(f"--model_dir={run}")  # the default job (CIFAR-10, batch 1000) over it
+  (line,) = helpers.error_lines(default_job)
+  assert f"no --config_file was given, so this is the default job; to resume that run, pass " \
+      f"--config_file={run / 'config.yaml'}" in line, line
