@@ -28,6 +28,11 @@ def assert_one_line_error(proc, *words):
     ("runtime.cpu_replicas=3,task.train_data.shard_policy=file",  # data/auto: split unevenly
      ["global_batch_size", "3 replicas", "multiple of 3"]),
     ("task.model.name=resnet21", ["task.model.name", "resnet20"]),
+    # A scalar for a mapping, and a comma inside a value: no key or fix was named (a probe).
+    ("trainer.learning_rate=0.01", ["did you mean trainer.learning_rate.base_lr=0.01?"]),
+    ("trainer.optimizer=adam", ["did you mean trainer.optimizer.name=adam?"]),
+    ("task.train_data.path=/tmp/a,b/imgs", ["'b/imgs' has no '='", "quote that value",
+                                            'task.train_data.path="/tmp/a,b/imgs"']),
     ("task.train_data.source=csv", ["task.train_data.source", "tfds"]),
     ("task.train_data.name=cifar11,task.train_data.data_dir=/nonexistent",
      ["cifar11", "/nonexistent", "TFDS_DATA_DIR"]),

@@ -116,6 +116,9 @@ def write(tmp_path, name, text):
     ({"a.yaml": "# nothing yet\n"}, ["is empty (it holds no settings)", "leave it out"]),
     ({"a.yaml": "base: b.yaml\n", "b.yaml": ""}, ["b.yaml' is empty"]),
     ({"a.yaml": "base: [b.yaml]\n"}, ["base must name a YAML file"]),
+    # A typo in a base file was said without the file (a probe).
+    ({"a.yaml": "base: b.yaml\n", "b.yaml": "trainer: {epoch: 3}\n"},
+     ["b.yaml': unknown config key 'trainer.epoch'", "trainer.epochs"]),
     ({"a.yaml": "task: {model: {name: small_cnn}}\nmodel_settings: {airbench: {task: "
                 "{eval_flip: true}}}\n"}, ["small_cnn", "written for airbench", "delete it"]),
     ({"a.yaml": "model_settings: {task: {eval_flip: true}, trainer: {epochs: 1}}\n"},

@@ -49,7 +49,10 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
   for path in config_files:
     for where, data in loader.file_layers(path):
       settings = _model_settings(where, data.pop(MODEL_SETTINGS, None))
-      from_dict(data)  # reject unknown keys naming the file's own mistake early
+      try:
+        from_dict(data)  # reject unknown keys naming the file's own mistake early
+      except ConfigError as e:
+        raise ConfigError(f"config file '{where}': {e}") from None
       layers.append((where, data, settings))
   layers += [(errors.terms().overrides, parse_overrides(text), None) for text in overrides]
   model = _checked_models(layers)

@@ -72,6 +72,17 @@ def _type_name(tp: Any) -> str:
   return getattr(tp, "__name__", str(tp))
 
 
+def _field_for(cls: type, value: Any, key: str) -> str:
+  """A scalar given for a mapping (trainer.learning_rate=0.01): the key of that mapping it was
+  likely meant for, its first of the value's type (base_lr, a float; optimizer.name, a str)."""
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
+    if type(value) in (int, float, str) and hints[field.name] in (
+        (int, float) if type(value) in (int, float) else (str,)):
+      return f"; did you mean {key}.{field.name}={_yaml_text(value)}?"
+  return ""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
   """Returns value as type tp, or raises ConfigError naming key."""
   origin = typing.get_origin(tp)
@@ -79,7 +90,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if value is None:
       value = {}
     if not isinstance(value, dict):
-      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {short_repr(value)}.")
+      raise ConfigError(f"config key '{key}' must be a mapping of keys, got {short_repr(value)}"
+                        f"{_field_for(tp, value, key) or '.'}")
     return from_dict(tp, value, key + ".")
   if origin is list:
     (item_tp,) = typing.get_args(tp)
@@ -214,10 +226,14 @@ def parse_overrides(text: str) -> dict:
     check_nesting(data, errors.terms().overrides)
     return data
   result: dict = {}
-  for item in _split_top_level(text):
+  items = _split_top_level(text)
+  for i, item in enumerate(items):
     if "=" not in item:
+      comma = (f" (if it is the rest of '{items[i - 1]}', whose value holds a comma, quote that "
+               f"value: {items[i - 1].split('=', 1)[0]}=\"{items[i - 1].split('=', 1)[1]},{item}\")"
+               if i and "=" in items[i - 1] else "")
       raise ConfigError(f"{errors.terms().overrides} item '{item}' has no '='; write it as "
-                        "key.path=value.")
+                        f"key.path=value{comma}.")
     path, raw = item.split("=", 1)
     keys = path.strip().split(".")
     if len(keys) > MAX_NESTING:

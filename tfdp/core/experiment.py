@@ -40,7 +40,7 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
                        "tfdp-train --mode=eval --model_dir=<the run> (it reads the latest checkpoint).")
   model_dir = outputs.resolve_model_dir(model_dir)
   if start_over and cluster.is_chief:
-    resume.check_start_over_target(model_dir)
+    resume.check_start_over_target(model_dir, mode)
   prior = resume.read_prior(model_dir, start_over, mode != "eval", cluster.is_chief)
   if mode == "eval" and prior.checkpoint is None:
     raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
@@ -126,7 +126,7 @@ class Experiment:
           from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
           start = trainer.global_step
           if start >= trainer.total_steps:  # replicas= is this group's: it trained nothing
-            result["trained"] = f"nothing (the run had finished at step {start})"
+            result["trained"] = f"nothing (finished at step {start}; --mode=eval evaluates it)"
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
               self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())

@@ -15,7 +15,7 @@ from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, EXPORT_FILE, METRICS
                                WEIGHTS_FILE, atomic_write_text, checkpoint_step,
                                latest_checkpoint, start_over_hint)
 from tfdp import errors
-from tfdp.errors import OutputError
+from tfdp.errors import ConfigError, OutputError
 
 RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside together
 # Changing any of these reinterprets the restored step: another data position, another batch,
@@ -312,9 +312,13 @@ def write_run_record(model_dir: str, record: dict) -> None:
   atomic_write_text(run_record_path(model_dir), json.dumps(record, indent=2) + "\n")
 
 
-def check_start_over_target(model_dir: str) -> None:
+def check_start_over_target(model_dir: str, mode: str = "train") -> None:
   """--start_over moves train/, eval/, ... aside: refuse a folder that holds them but no tfdp run
-  (a data folder with train/ and eval/ must not be rearranged)."""
+  (a data folder with train/ and eval/ must not be rearranged), and an evaluation, which trains
+  nothing to start over (it was told the trained run 'has none')."""
+  if mode == "eval":
+    raise ConfigError("--start_over moves a run aside to train from step 0, and --mode=eval "
+                      "trains nothing; drop --start_over to evaluate the run.")
   present = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
   if not present or _holds_tfdp_run(model_dir):
     return
