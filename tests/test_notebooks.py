@@ -153,3 +153,17 @@ def test_launch_notebook_stopped_mid_training_says_one_line_per_worker(tmp_path)
     assert len(stopped) == 1, printed[-3000:]
     assert f"model_dir='{tmp_path / 'run'}'" in stopped[0], stopped  # where to resume from
   assert "stopped at step" in said.split("its last lines:")[1], said
+
+
+def test_a_stopped_workers_last_line_survives_long_progress_lines_before_it():
+  """A probe's Ctrl-C under launch_notebook with progress lines: the error, shortened to its
+  length, lost the workers' 'checkpoint saved at step 95 ... to resume' line. Seen failing on
+  the old tail (the last 10 lines, whole, cut at the error's end)."""
+  from tfdp import notebook  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import TfdpError  # pylint: disable=g-import-not-at-top
+  lines = [f"epoch 1/9 step {i}/50 loss 2.3 " + "=" * 300 for i in range(12)]
+  lines.append("stopped at step 95 on SIGINT: checkpoint saved; to resume, pass model_dir='/r'")
+  said = str(TfdpError("launch_notebook: launcher got SIGINT; stopped all workers; its last "
+                       f"lines:{notebook.said_tail(lines, 0)}"))
+  assert said.endswith("to resume, pass model_dir='/r'"), said[-300:]
+  assert "step 11/50" in said  # and the lines before it, as many as fit

@@ -41,6 +41,19 @@ def check_private_folder(folder: str) -> None:
                     "refusing to load pickles from it.")
 
 
+def said_tail(lines: list[str], worker: int, budget: int = 700) -> str:
+  """A worker's last lines within the error's length, the last first kept: it says where the
+  worker stopped ('checkpoint saved at step ...'), which long progress lines before it had cut
+  off the error's end. Each line is cut to 200 characters."""
+  kept: list[str] = []
+  for line in reversed(lines[-10:]):
+    line = line if len(line) <= 200 else line[:197] + "..."
+    if kept and sum(len(k) + 8 for k in kept) + len(line) > budget:
+      break
+    kept.insert(0, f"\n  [w{worker}] {line}")
+  return "".join(kept)
+
+
 def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: dict | None = None,
                     env: dict | None = None, output=None, allow_remote: bool = False) -> list:
   """Runs train_fn(*args, **kwargs) on num_workers local worker processes under
@@ -72,7 +85,7 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
                                   private_network=not allow_remote)
     if not result.ok:
       failed = result.first_failed if result.first_failed is not None else 0
-      tail = "".join(f"\n  [w{failed}] {line}" for line in result.last_lines[failed][-10:])
+      tail = said_tail(result.last_lines[failed], failed)
       raise TfdpError(f"launch_notebook: {result.failure_summary() or 'the workers stopped'}; "
                       f"its last lines:{tail}")
     check_private_folder(folder)  # still ours and still private before we unpickle from it
