@@ -288,6 +288,19 @@ def test_a_file_without_a_header_row_is_named_so(tmp_path):
   assert "seems to have no header row; add one" in one_line_error(excinfo)
 
 
+def test_ids_that_differ_only_by_leading_zeros_are_refused_not_merged(tmp_path):
+  # A probe: users '007' and '7' became one user, silently.
+  path = tmp_path / "ratings.csv"
+  path.write_text("user,item,rating\n007,1,4\n7,2,3\n8,1,5\n")
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "user", "item", "rating")
+  said = one_line_error(excinfo)
+  assert "user ids '007' and '7' (column 'user') both read as 7" in said, said
+  path.write_text("user,item,rating\n007,01,4\n008,02,3\n")  # padded alike: one spelling each
+  frame = interactions.read_interactions(path, "user", "item", "rating")
+  assert frame["user"].tolist() == [7, 8] and frame["item"].tolist() == [1, 2]
+
+
 @pytest.mark.parametrize("separator", [";", "\t", "; ", " | "])  # 'user; item': spaces too
 def test_a_file_of_another_separator_is_named_and_the_fix_works(tmp_path, separator):
   """Once "has no user column 'user'; its columns are 'user;item;rating': set user_column to one

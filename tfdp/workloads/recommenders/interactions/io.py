@@ -234,7 +234,25 @@ def _read_csv(path: str, columns: dict, where: str) -> dict | None:
     raise DataError(f"{where} cannot be read ({e.strerror or e}); fix its permissions.") from None
   if frame.empty:
     return None
+  for role in ("user", "item"):
+    if not pd.api.types.is_float_dtype(frame[columns[role]].dtype):  # floats: _ids refuses
+      _check_ids_not_merged(path, role, columns[role], where)
   return {role: frame[name] for role, name in columns.items()}
+
+
+def _check_ids_not_merged(path: str, role: str, name: str, where: str) -> None:
+  """Ids are numbers: '007' and '7' read as one id, silently merging two users (or items)."""
+  text = pd.read_csv(path, usecols=[name], dtype=str, keep_default_na=False)[name].str.strip()
+  if not text.str.match(r"[+]?0\d").any():  # no leading zero: one spelling per number
+    return
+  spelled = pd.DataFrame({"text": text, "id": pd.to_numeric(text, errors="coerce")})
+  spelled = spelled.dropna().drop_duplicates("text")
+  merged = spelled[spelled.duplicated("id", keep=False)]
+  if len(merged):
+    first = merged[merged["id"] == merged["id"].iloc[0]]["text"].tolist()
+    raise DataError(f"{where}: {role} ids '{first[0]}' and '{first[1]}' (column '{name}') both "
+                    f"read as {int(merged['id'].iloc[0])}: ids are numbers, so leading zeros "
+                    f"drop; renumber them if they are two {role}s, or write them alike.")
 
 
 def _read_tfrecord(path: str, columns: dict, where: str) -> dict | None:
