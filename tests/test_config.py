@@ -229,3 +229,17 @@ def test_a_sliced_split_on_a_folder_source_is_said_to_read_everything(tmp_path, 
   with caplog.at_level(logging.WARNING):
     config_lib.validate(config_lib.load_config(files, []))
   assert sum("slicing is for TFDS" in r.getMessage() for r in caplog.records) == 2, caplog.text
+
+
+def test_a_home_folder_path_is_expanded_in_path_keys_only(monkeypatch, tmp_path):
+  """A probe's task.train_data.path=~/imgs (no shell expands it inside --params_override) was
+  looked for in ./~/imgs; a model's kwargs are the model's, as given. Seen failing on the old
+  tfdp/config/__init__.py (the path stayed '~/imgs')."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  config = config_lib.load_config([], [
+      "task.train_data.path=~/imgs,task.init_checkpoint=~/runs/mlm,task.text.vocab_path=~/v.txt,"
+      "task.model.kwargs={path: ~/x}"])
+  assert config.task.train_data.path == str(tmp_path / "imgs")
+  assert config.task.init_checkpoint == str(tmp_path / "runs" / "mlm")
+  assert config.task.text.vocab_path == str(tmp_path / "v.txt")
+  assert config.task.model.kwargs == {"path": "~/x"}

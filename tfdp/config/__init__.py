@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Sequence
 
 import yaml
@@ -60,10 +61,19 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
   stale = [layer for layer in layers if layer[2] and layer[2][0] != model]
   if stale:
     _log_dropped(stale, from_dict(_merge(layers, lambda _: True)), from_dict(merged), model)
-  config = from_dict(merged)
+  config = from_dict(_home_expanded(merged))
   validate(config)
   checks.warn_unused_slices(config.task)
   return config
+
+
+def _home_expanded(section: dict) -> dict:
+  """`~/data` in a path key (path, data_dir, *_path, init_checkpoint) is the home folder's, as a
+  shell would expand it (inside --params_override=... it does not); a model's kwargs as given."""
+  return {key: (_home_expanded(value) if isinstance(value, dict) and key != "kwargs"
+                else os.path.expanduser(value) if isinstance(value, str) and value.startswith("~")
+                and (key in ("path", "data_dir", "init_checkpoint") or key.endswith("_path"))
+                else value) for key, value in section.items()}
 
 
 def _model_name(merged: dict) -> str:
