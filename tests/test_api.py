@@ -139,6 +139,9 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   without labels, predict on a dataset of inputs, and bad arguments, each naming its caller."""
   out, stderr = notebook_session
   assert out["same_strategy"] and out["fit_replicas"] == 2
+  # Seen failing: after the train, make_strategy() returned the run's strategy (a probe's
+  # model then trained on its 1 replica, not the user's 2)
+  assert out["users_strategy_after_train"]
   # Seen failing: config.yaml said strategy auto, cpu_replicas 0 (the config's, not what ran)
   assert out["fit_recorded_runtime"] == {"strategy": "mirrored", "cpu_replicas": 2,
                                          "devices": []}, out["fit_recorded_runtime"]
@@ -289,3 +292,43 @@ def test_fit_without_a_strategy_says_it_trains_on_one_device(tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "no strategy was made" not in proc.stderr
+
+
+FAILED_TRAIN = textwrap.dedent("""
+    import json, signal
+    import tfdp
+    from tfdp.workloads.vision.image_classification import ImageClassificationTask
+
+    @tfdp.register_task("scalar_loss")
+    class ScalarLoss(ImageClassificationTask):
+      def per_example_loss(self, batch, outputs):  # one number, not one per example
+        import tensorflow as tf
+        return tf.reduce_mean(super().per_example_loss(batch, outputs))
+
+    def users_handler(signum, frame):
+      pass
+    signal.signal(signal.SIGINT, users_handler)
+    config = {"task": {"name": "scalar_loss", "model": {"name": "small_cnn"},
+                       "train_data": {"source": "synthetic", "num_examples": 32, "image_size": 8,
+                                      "num_classes": 2},
+                       "eval_data": {"source": "synthetic", "num_examples": 16, "image_size": 8,
+                                     "num_classes": 2}},
+              "trainer": {"global_batch_size": 16, "epochs": 1, "export_model": False}}
+    try:
+      tfdp.train([], config, model_dir="runs/scalar", verbose=False)
+      said = "trained"
+    except tfdp.TfdpError as error:
+      said = str(error)
+    print(json.dumps({"said": said, "handler_kept": signal.getsignal(signal.SIGINT) is users_handler}))
+""")
+
+
+def test_a_run_failing_while_its_loop_is_traced_gives_the_users_signal_handlers_back(tmp_path):
+  """A probe's task whose loss failed the trace left tfdp's SIGINT handler installed: the
+  user's next Ctrl-C was swallowed. Seen failing on the old controller (handler_kept false)."""
+  proc = subprocess.run([sys.executable, "-c", FAILED_TRAIN], cwd=tmp_path, env=helpers.env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert "per_example_loss" in out["said"], out  # the task's one-line error
+  assert out["handler_kept"], out

@@ -65,7 +65,7 @@ def make_strategy(**runtime_overrides):
   logs.start_tensorflow()
   # The cluster too: under TF_CONFIG naming several workers (tfdp.launch_notebook, tfdp-launch)
   # `auto` is MultiWorkerMirroredStrategy.
-  return strategy.make_strategy(runtime, cluster.resolve_cluster())[0]
+  return strategy.make_strategy(runtime, cluster.resolve_cluster(), for_user=True)[0]
 
 
 __all__ = ["Source", "Task", "TfdpError", "evaluate", "fit", "launch_notebook", "make_strategy",

@@ -69,6 +69,7 @@ keras.config.set_dtype_policy("float32")
 expected = seeded_draws()
 tfdp.train("tiny.yaml", model_dir="runs/config_run", verbose=False)  # a path, not a list
 out["policy_after_train"] = keras.config.dtype_policy().name  # mixed_bfloat16 before
+out["users_strategy_after_train"] = tfdp.make_strategy() is strategy  # train's 1 replica before
 out["random_by_train"] = [random_draws(), expected]
 expected = seeded_draws()
 history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)

@@ -48,7 +48,8 @@ def strategy_for(model, strategy):
                         "keras.Model or a function that returns one.")
     if strategy is None:  # as tfdp.make_strategy() with no arguments
       from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
-      strategy = strategy_lib.make_strategy(config_lib.RuntimeConfig(), cluster.resolve_cluster())[0]
+      strategy = strategy_lib.make_strategy(config_lib.RuntimeConfig(), cluster.resolve_cluster(),
+                                            for_user=True)[0]
     with strategy.scope():
       built = model()
     if not isinstance(built, keras.Model):

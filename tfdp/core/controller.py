@@ -379,25 +379,28 @@ class Controller:
     # minute (end of CIFAR-10 runs: ~RootDataset::Iterator waiting on tf.data's autotune thread),
     # before the model was exported. The apps leave with os._exit once every output is written.
     trainer._train_iterator = iterator  # pylint: disable=protected-access
-    stop = StopRequest.for_run(trainer, trainer.config.runtime.checkpoint_on_preemption)
     watchdog = Watchdog(trainer.config.runtime.watchdog_seconds)
-    step, last_row = start, {}
-    logging.info("training: steps %d-%d in loops of up to %d", start + 1, total, cfg.steps_per_loop)
-    flops_per_example, peak_flops, peak_how = flops.trainer_flops_and_peak(
-        trainer, lambda: iterator.element_spec)
-    logging.info("MFU against a peak of %.4g FLOP/s (%s)", peak_flops, peak_how)
-    progress = logs.Progress(total, steps_per_epoch, trainer.task.reported_metric_names(),
-                             enabled=trainer.verbose, flops_per_example=flops_per_example,
-                             peak_flops=peak_flops)
-    profile = ProfileWindow(trainer.config.runtime.profile_steps,
-                            trainer.write_plan.path("train"), trainer.write_plan.is_chief)
-    if StopRequest._process is not None:  # a command (its first line installed it), not a notebook
-      logging.info("start-up: %.1f s from process start to the first training step (imports, "
-                   "cluster, data plan, model build, restore; the loop is traced next)",
-                   logs.process_age_seconds())
-    if step < total:
-      logging.info("traced the training loop in %.1f s", trainer.trace_train_loop(iterator))
+    step, last_row, profile = start, {}, None
+    # From here every exit gives the signals back: a failure while tracing (a task's one-line
+    # error) left tfdp's handler in place, swallowing the user's next Ctrl-C.
+    stop = StopRequest.for_run(trainer, trainer.config.runtime.checkpoint_on_preemption)
     try:
+      logging.info("training: steps %d-%d in loops of up to %d", start + 1, total,
+                   cfg.steps_per_loop)
+      flops_per_example, peak_flops, peak_how = flops.trainer_flops_and_peak(
+          trainer, lambda: iterator.element_spec)
+      logging.info("MFU against a peak of %.4g FLOP/s (%s)", peak_flops, peak_how)
+      progress = logs.Progress(total, steps_per_epoch, trainer.task.reported_metric_names(),
+                               enabled=trainer.verbose, flops_per_example=flops_per_example,
+                               peak_flops=peak_flops)
+      profile = ProfileWindow(trainer.config.runtime.profile_steps,
+                              trainer.write_plan.path("train"), trainer.write_plan.is_chief)
+      if StopRequest._process is not None:  # a command (its first line installed it), no notebook
+        logging.info("start-up: %.1f s from process start to the first training step (imports, "
+                     "cluster, data plan, model build, restore; the loop is traced next)",
+                     logs.process_age_seconds())
+      if step < total:
+        logging.info("traced the training loop in %.1f s", trainer.trace_train_loop(iterator))
       while step < total:
         epoch = step // steps_per_epoch
         epoch_end = min((epoch + 1) * steps_per_epoch, total)
@@ -463,7 +466,8 @@ class Controller:
       if self.hooks is not None:
         self.hooks.train_end(last_row)
     finally:
-      profile.stop(step)
+      if profile is not None:
+        profile.stop(step)
       stop.end_training()
       watchdog.close()
       with contextlib.suppress(Exception):  # a full disk was said once, above

@@ -263,8 +263,10 @@ def check_jit_compile(runtime: RuntimeConfig, replicas: int, flag: str = "") -> 
                       f"{replicas}; set runtime.jit_compile=false.")
 
 
-def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
-  """The one place a strategy is created. Returns (strategy, plan)."""
+def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None,
+                  for_user: bool = False):
+  """The one place a strategy is created. Returns (strategy, plan). `for_user`: made by
+  tfdp.make_strategy (or tfdp.fit in its place), which returns it again; a run's own is not."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   cluster = cluster or cluster_lib.Cluster(task_type="", task_index=0, cluster={}, source="none")
@@ -303,7 +305,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None):
   else:
     strategy = tf.distribute.get_strategy()
   logging.info("%s", describe(plan, strategy.num_replicas_in_sync))  # once: what, and why
-  _MADE.insert(0, _Made(strategy, plan, runtime))
+  _MADE.insert(0, _Made(strategy, plan, runtime, for_user))
   return strategy, plan
 
 
@@ -314,6 +316,7 @@ class _Made:
   strategy: object
   plan: StrategyPlan
   runtime: RuntimeConfig
+  for_user: bool = False
 
   @property
   def in_a_scope(self) -> bool:  # every variable made outside a scope is the default strategy's
@@ -328,10 +331,13 @@ def _made(strategy) -> _Made | None:
 
 
 def last_made(runtime: RuntimeConfig | None = None):
-  """The strategy made last; with `runtime`, only if it was made from those settings."""
-  if not _MADE or (runtime is not None and _MADE[0].runtime != runtime):
+  """The strategy made last for the user (tfdp.make_strategy); with `runtime`, only if it was
+  made from those settings. Not a tfdp.train run's: `with tfdp.make_strategy().scope():` after
+  one built the user's model there (its replicas, not the user's)."""
+  users = [made for made in _MADE if made.for_user]
+  if not users or (runtime is not None and users[0].runtime != runtime):
     return None
-  return _MADE[0].strategy
+  return users[0].strategy
 
 
 def strategy_of(variables):
