@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import helpers
 
 tf = pytest.importorskip("tensorflow")
 
@@ -561,3 +562,57 @@ def test_a_model_builders_own_error_names_its_line_and_bad_kwargs_are_named():
     models.build_model("toy_broken_builder", (8, 8, 3), 2, depth=3)
   with pytest.raises(config_lib.ConfigError, match=r"task.model.kwargs \{'width': 5\}.*my own bug"):
     models.build_model("toy_broken_builder", (8, 8, 3), 2, width=5)
+
+
+BF16_TASK = """
+import numpy as np
+import tensorflow as tf
+import tfdp
+from tfdp.core import data as data_lib
+
+
+@tfdp.register_task("bf16_regression")
+class Bf16Regression(tfdp.Task):
+  metric_names = ("loss", "abs_error")
+
+  def build_source(self, data):
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    y = x @ np.array([1.0, -2.0, 0.5], "float32")
+    return data_lib.Source([64], lambda files: tf.data.Dataset.from_tensor_slices(
+        {"x": x, "y": y}), "toy")
+
+  def preprocess(self, example, data, training, seed):
+    return example
+
+  def build_model(self, source):
+    import keras
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+  def model_inputs(self, batch):
+    return batch["x"]
+
+  def per_example_loss(self, batch, outputs):  # no cast: the README's example, as written
+    return tf.square(outputs[:, 0] - batch["y"])
+
+  def metric_sums(self, batch, outputs, per_example_loss):
+    weight = batch["weight"]
+    return {"loss": (tf.reduce_sum(per_example_loss * weight), tf.reduce_sum(weight)),
+            "abs_error": (tf.reduce_sum(tf.abs(outputs[:, 0] - batch["y"]) * weight),
+                          tf.reduce_sum(weight))}
+"""
+
+
+def test_a_tasks_loss_sees_float32_outputs_under_mixed_precision(tmp_path):
+  """A probe's README-style task under base.yaml's auto precision (mixed_bfloat16 here): a bare
+  TypeError 'Input y of Sub Op has type float32 that does not match type bfloat16'. Seen failing
+  on the old trainer (that traceback)."""
+  (tmp_path / "bf16_task.py").write_text(BF16_TASK)
+  proc = helpers.run_train(
+      f"--model_dir={tmp_path / 'run'}", "--params_override=task.name=bf16_regression,"
+      "task.module=bf16_task,runtime.mixed_precision=mixed_bfloat16,"
+      "trainer.global_batch_size=16,trainer.epochs=2,trainer.export_model=false",
+      timeout=300, PYTHONPATH=f"{tmp_path}:{helpers.REPO}", **helpers.UNCAPPED)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  import json  # pylint: disable=g-import-not-at-top
+  record = json.loads((tmp_path / "run" / "checkpoints" / "run.json").read_text())
+  assert record["precision"] == "mixed_bfloat16", record

@@ -67,6 +67,7 @@ class CompiledModelTask(tasks.Task):
   alone."""
 
   metric_names = ("loss",)
+  float32_outputs = False  # Keras's losses cast themselves, and read the outputs' masks
 
   def __init__(self, config):
     super().__init__(config)

@@ -99,6 +99,9 @@ class Task:
 
   metric_names: tuple[str, ...] = ("loss",)  # the order of the trainer's sums vector
   metric_state_size = 0  # entries of metric_state, after the sums
+  # Under mixed precision the model's outputs are bfloat16 or float16: the loss and metrics see
+  # them in float32, as Keras computes losses (tf.square(outputs - y) would mix dtypes).
+  float32_outputs = True
   supports_eval_flip = False  # task.eval_flip: its inputs are images whose mirror is one too
 
   def __init__(self, config: TaskConfig):
@@ -144,6 +147,15 @@ class Task:
 
   def per_example_loss(self, batch: dict, outputs):
     raise NotImplementedError
+
+  def loss_outputs(self, outputs):
+    """The model's outputs as the loss and metrics see them: float32 (float32_outputs)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not self.float32_outputs:
+      return outputs
+    return tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating and t.dtype != tf.float32 else t,
+        outputs)
 
   def eval_outputs(self, model, batch: dict):
     """The model's outputs for evaluation (a task may add test-time augmentation)."""

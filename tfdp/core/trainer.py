@@ -259,7 +259,7 @@ class Trainer:
     with regularization.replica_step(self._regularized, batch["weight"],
                                      lambda: self.task.activity_scale(batch)) as step:
       with tf.GradientTape() as tape:
-        outputs = self.model(self.task.model_inputs(batch), training=True)
+        outputs = self.task.loss_outputs(self.model(self.task.model_inputs(batch), training=True))
         regularizers = step.keep(self.model)
         per_example = per_example_loss(self.task, batch, outputs)
         # Divide by the *global* batch: the all-reduce SUM of replica gradients is then the
@@ -310,7 +310,7 @@ class Trainer:
   def _eval_sums(self, batch):
     with regularization.replica_step(self._regularized, batch["weight"],
                                      lambda: self.task.activity_scale(batch)) as step:
-      outputs = self.task.eval_outputs(self.model, batch)
+      outputs = self.task.loss_outputs(self.task.eval_outputs(self.model, batch))
       step.keep(self.model)
       return self._sums(batch, outputs, per_example_loss(self.task, batch, outputs))
 
