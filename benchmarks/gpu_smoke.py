@@ -207,6 +207,15 @@ CHECKS = [  # (name, runs on logical CPUs, function)
 ]
 
 
+def visible_gpus() -> int:
+  """The GPUs TensorFlow sees, counted in a process of its own (devices are fixed at start)."""
+  proc = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(len("
+                         "tf.config.list_physical_devices('GPU')))"], capture_output=True,
+                        text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  lines = proc.stdout.strip().splitlines()
+  return int(lines[-1]) if proc.returncode == 0 and lines and lines[-1].isdigit() else 0
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--cpu", action="store_true", help="run the CPU-runnable checks on CPUs")
@@ -215,6 +224,12 @@ def main() -> int:
   kind = "CPU" if args.cpu else "GPU"
   if args.cpu:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+  else:  # without 2 GPUs the first check waited minutes on devices that are not there, silently
+    gpus = visible_gpus()
+    if gpus < 2:
+      print(f"gpu_smoke: TensorFlow sees {gpus} GPU(s) here and the checks need 2 or more; run "
+            "it on a machine with GPUs, or pass --cpu for the checks CPUs can show.", flush=True)
+      return 2
   failed = 0
   for name, cpu_ok, check in CHECKS:
     if args.only and name not in args.only.split(","):

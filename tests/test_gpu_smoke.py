@@ -36,3 +36,15 @@ def test_gpu_only_checks_are_skipped_on_cpu_not_passed():
                         capture_output=True, text=True, timeout=120, env=helpers.env(),
                         cwd=str(helpers.REPO))
   assert proc.stdout.strip() == "SKIP gpus_per_worker: needs GPUs"
+
+
+def test_without_two_gpus_it_says_so_at_once():
+  """A probe ran it on this CPU-only machine without --cpu: no line for minutes (its first check
+  waited on GPUs that are not there). helpers.env hides GPUs, as a CPU machine has none. Seen
+  failing on the old script (timed out with no output)."""
+  proc = subprocess.run([sys.executable, SMOKE, "--only=devices_and_memory_growth"],
+                        capture_output=True, text=True, timeout=120, env=helpers.env(),
+                        cwd=str(helpers.REPO))
+  assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+  assert "TensorFlow sees 0 GPU(s) here and the checks need 2 or more" in proc.stdout
+  assert "--cpu" in proc.stdout
