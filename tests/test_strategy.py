@@ -187,3 +187,35 @@ def test_workers_must_agree_on_the_decided_precision():
            for p in ("mixed_bfloat16", "float32")]
   with pytest.raises(ConfigError, match="worker 1 has precision='float32'"):
     strategy_lib.check_workers_agree(plans)
+
+
+THREADS_TWICE = """
+import tensorflow as tf
+from tfdp import config as config_lib
+from tfdp.distributed import strategy as strategy_lib
+from tfdp.errors import ConfigError
+strategy_lib.configure_devices(config_lib.RuntimeConfig(intra_op_threads=1))
+tf.constant(1.0) + 1.0  # TensorFlow runs: its thread pools are fixed
+strategy_lib.configure_devices(config_lib.RuntimeConfig(intra_op_threads=1))  # the same: fine
+try:
+  strategy_lib.configure_devices(config_lib.RuntimeConfig(intra_op_threads=2))
+except ConfigError as e:
+  print("REFUSED", e)
+strategy_lib.configure_devices(config_lib.RuntimeConfig())
+"""
+
+
+def test_thread_pools_set_once_are_said_not_a_bare_runtime_error():
+  """A probe's second run in one process with another runtime.intra_op_threads: a bare
+  RuntimeError from TensorFlow; with the default 0 afterwards it silently kept the first run's 1.
+  Seen failing on the old configure_devices (the RuntimeError)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import helpers  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, "-c", THREADS_TWICE], capture_output=True, text=True,
+                        timeout=120, env=helpers.env(TF_CPP_MIN_LOG_LEVEL="3"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert ("REFUSED runtime.intra_op_threads=2 must be set before TensorFlow starts, but this "
+          "process already runs with 1") in proc.stdout, proc.stdout
+  assert "runtime.intra_op_threads is 0 (TensorFlow's default), but this process runs with 1" \
+      in proc.stderr, proc.stderr[-3000:]

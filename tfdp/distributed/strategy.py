@@ -177,10 +177,22 @@ def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> int
   not use logical CPU devices, so `cpu_replicas` (a single-host setting) is ignored there.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if runtime.intra_op_threads:
-    tf.config.threading.set_intra_op_parallelism_threads(runtime.intra_op_threads)
-  if runtime.inter_op_threads:
-    tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
+  threading = tf.config.threading
+  for key, wanted, get, set_ in (
+      ("intra_op_threads", runtime.intra_op_threads, threading.get_intra_op_parallelism_threads,
+       threading.set_intra_op_parallelism_threads),
+      ("inter_op_threads", runtime.inter_op_threads, threading.get_inter_op_parallelism_threads,
+       threading.set_inter_op_parallelism_threads)):
+    if wanted and wanted != get():
+      try:
+        set_(wanted)
+      except RuntimeError:  # fixed once TensorFlow runs (an earlier run in this process)
+        raise ConfigError(f"runtime.{key}={wanted} must be set before TensorFlow starts, but this "
+                          f"process already runs with {get() or 'its default'}; restart the "
+                          "process (or Jupyter kernel) first.") from None
+    elif not wanted and get():
+      logging.warning("strategy: runtime.%s is 0 (TensorFlow's default), but this process runs "
+                      "with %d, set before; restart the process for the default", key, get())
   num_cpus = 1
   if runtime.cpu_replicas > 1 and multi_worker:
     logging.info("strategy: runtime.cpu_replicas=%d ignored: each worker process is one CPU "
