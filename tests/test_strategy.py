@@ -64,10 +64,12 @@ def test_a_default_strategy_made_earlier_claims_no_variable_and_records_nothing(
   a run records."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(strategy_lib, "_MADE", [])
-  default, _ = strategy_lib.make_strategy(runtime(strategy="default"))
+  default, _ = strategy_lib.make_strategy(runtime(strategy="default"), for_user=True)
   assert strategy_lib.strategy_of([tf.Variable(1.0)]) is None
   assert strategy_lib.runtime_of(default, runtime(cpu_replicas=3)) == runtime(cpu_replicas=3)
   assert strategy_lib.last_made() is default and strategy_lib.plan_of(default).kind == "default"
+  strategy_lib.make_strategy(runtime(strategy="one_device"))  # a run's own (tfdp.train)
+  assert strategy_lib.last_made() is default  # make_strategy() gives the user's again
 
 
 def test_cpu_replicas_on_a_gpu_host_say_what_was_chosen_and_why():
