@@ -14,6 +14,7 @@ from tfdp import config as config_lib  # pylint: disable=wrong-import-position
 from tfdp.core import data as data_lib  # pylint: disable=wrong-import-position
 from tfdp.core import experiment  # pylint: disable=wrong-import-position
 from tfdp.core import task as tasks  # pylint: disable=wrong-import-position
+from tfdp.errors import ConfigError  # pylint: disable=wrong-import-position
 
 TRUE_W, TRUE_B = np.array([1.5, -2.0, 0.5], np.float32), 0.25
 
@@ -616,3 +617,50 @@ def test_a_tasks_loss_sees_float32_outputs_under_mixed_precision(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   record = json.loads((tmp_path / "run" / "checkpoints" / "run.json").read_text())
   assert record["precision"] == "mixed_bfloat16", record
+
+
+def test_a_task_that_breaks_the_contract_is_refused_when_registered(caplog):
+  """A probe's tasks: one not derived from tfdp.Task (AttributeError: no 'validate'), one without
+  per_example_loss (a bare NotImplementedError while tracing), one under a built-in name (which
+  of the two trained depended on import order). Seen failing on the old register_task."""
+  import logging  # pylint: disable=g-import-not-at-top
+
+  class NotATask:
+    pass
+
+  class NoLoss(tasks.Task):
+    def build_model(self, source):
+      return None
+
+    def model_inputs(self, batch):
+      return batch["x"]
+
+  for cls, name, words in ((NotATask, "not_a_task", "is not a tfdp.Task"),
+                           (NoLoss, "no_loss", "does not define per_example_loss"),
+                           (ToyRegression, "image_classification", "is tfdp's own task")):
+    with pytest.raises(ConfigError, match=words):
+      tasks.register_task(name)(cls)
+  assert "no_loss" not in tasks.registered_tasks()
+
+  class Again(ToyRegression):
+    pass
+  with caplog.at_level(logging.WARNING):
+    tasks.register_task("toy_regression")(ToyRegression)  # a cell run again: quiet
+    assert "register_task" not in caplog.text
+    tasks.register_task("toy_regression")(Again)
+    tasks.register_task("toy_regression")(ToyRegression)
+  assert "'toy_regression' is now" in caplog.text
+
+
+@tasks.register_task("toy_no_model")
+class ToyNoModel(ToyRegression):
+  def build_model(self, source):
+    return None  # forgot the return
+
+
+def test_a_build_model_that_returns_no_model_is_one_line(tmp_path):
+  config = config_lib.load_config([], [
+      "task.name=toy_no_model,task.train_data.num_examples=32,task.eval_data.num_examples=16,"
+      "task.eval_data.split=eval,trainer.global_batch_size=16,runtime.strategy=default"])
+  with pytest.raises(ConfigError, match="build_model returned a NoneType; return a keras.Model"):
+    experiment.build(config, str(tmp_path), "train_and_eval", verbose=False)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from absl import logging
+
 from tfdp.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: config.checks imports this module
@@ -47,9 +49,31 @@ _BUILTIN_TASKS = {
 }
 
 
+REQUIRED_METHODS = ("build_model", "model_inputs", "per_example_loss")  # Task's raise
+
+
 def register_task(name: str) -> Callable[[type], type]:
-  """Class decorator: `@tfdp.register_task("my_task") class MyTask(tfdp.Task)`."""
+  """Class decorator: `@tfdp.register_task("my_task") class MyTask(tfdp.Task)`. What would fail
+  later with a bare traceback is said here, in one line: a class that is no Task, a method every
+  task needs left out, a name of tfdp's own (which of the two ran would depend on import
+  order)."""
   def decorate(cls: type) -> type:
+    who = f"register_task('{name}')"
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+      raise ConfigError(f"{who}: {getattr(cls, '__name__', cls)} is not a tfdp.Task; declare it "
+                        f"as class {getattr(cls, '__name__', 'MyTask')}(tfdp.Task).")
+    missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Task, m)]
+    if missing:
+      raise ConfigError(f"{who}: {cls.__name__} does not define {', '.join(missing)}, which "
+                        "every task needs (README: 'Your own workload').")
+    if name in _BUILTIN_TASKS and not cls.__module__.startswith(_BUILTIN_TASKS[name]):
+      raise ConfigError(f"{who}: '{name}' is tfdp's own task; register {cls.__name__} under "
+                        "another name and select it with task.name.")
+    earlier = _REGISTRY.get(name)
+    if earlier is not None and (earlier.__module__, earlier.__qualname__) != (
+        cls.__module__, cls.__qualname__):  # a notebook cell run again re-registers quietly
+      logging.warning("register_task: '%s' is now %s.%s, no longer %s.%s", name, cls.__module__,
+                      cls.__qualname__, earlier.__module__, earlier.__qualname__)
     _REGISTRY[name] = cls
     return cls
   return decorate

@@ -186,6 +186,9 @@ class Trainer:
     keras.mixed_precision.set_dtype_policy(precision)
     with strategy.scope():
       self.model = model_fn()
+      if not isinstance(self.model, keras.Model):  # else an AttributeError deep in the optimizer
+        raise ConfigError(f"task '{task.config.name}': build_model returned a "
+                          f"{type(self.model).__name__}; return a keras.Model.")
       self._replica_local = (compat.replica_local_statistics(self.model)
                              if strategy.num_replicas_in_sync > 1 else [])
       self._regularized = regularization.regularized_layers(self.model)
