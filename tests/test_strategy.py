@@ -221,3 +221,15 @@ def test_thread_pools_set_once_are_said_not_a_bare_runtime_error():
           "process already runs with 1") in proc.stdout, proc.stdout
   assert "runtime.intra_op_threads is 0 (TensorFlow's default), but this process runs with 1" \
       in proc.stderr, proc.stderr[-3000:]
+
+
+def test_devices_this_process_does_not_have_are_refused():
+  """A probe's runtime.devices=[/gpu:0, /gpu:1] on a CPU machine: NCCL's 'no OpKernel' blamed on
+  the data; [/cpu:0, /cpu:7] with one CPU device: 'replicas=2' and trained, silently. Seen
+  failing on the old plan_strategy (no error)."""
+  for devices, missing in ((["/gpu:0", "/gpu:1"], "/gpu:0, /gpu:1"), (["/cpu:0", "/cpu:7"], "/cpu:7")):
+    with pytest.raises(ConfigError, match=f"runtime.devices names {missing}, which this process"):
+      strategy_lib.plan_strategy(runtime(strategy="mirrored", devices=devices), SINGLE, CPUS)
+  spelled = ["/job:localhost/replica:0/task:0/device:GPU:1", "GPU:0"]  # TF's other spellings
+  plan = strategy_lib.plan_strategy(runtime(strategy="mirrored", devices=spelled), SINGLE, GPUS)
+  assert plan.devices == tuple(spelled)

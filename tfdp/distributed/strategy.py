@@ -143,6 +143,12 @@ def resolve_precision(requested: str) -> tuple[str, str]:
 
 def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str]) -> StrategyPlan:
   """Pure: decides strategy, devices and reduction from the config and the devices found."""
+  have = {_device_name(d) for d in local_devices}
+  missing = [d for d in runtime.devices if _device_name(d) not in have]
+  if missing:  # else NCCL's 'no OpKernel' blamed on the data, or one replica fewer, silently
+    raise ConfigError(f"runtime.devices names {', '.join(missing)}, which this process does not "
+                      f"have (it has {', '.join(local_devices)}); name devices it has, or leave "
+                      "runtime.devices empty (runtime.cpu_replicas makes CPU replicas).")
   gpus = [d for d in local_devices if "gpu" in d.lower()]
   kind = choose_strategy_kind(runtime, cluster, len(gpus))
   if kind == "multi_worker_mirrored":
@@ -167,6 +173,11 @@ def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Seque
     device = runtime.devices[0] if runtime.devices else (gpus[0] if gpus else "/cpu:0")
     return StrategyPlan(kind, (device,))
   return StrategyPlan(kind)
+
+
+def _device_name(device: str) -> str:
+  """'/job:localhost/replica:0/task:0/device:GPU:1', 'GPU:1', '/gpu:1' → '/gpu:1'."""
+  return "/" + device.lower().rsplit("device:", 1)[-1].lstrip("/")
 
 
 def configure_devices(runtime: RuntimeConfig, multi_worker: bool = False) -> int:
