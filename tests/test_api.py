@@ -167,9 +167,16 @@ def test_library_runs_say_their_fixes_in_their_own_arguments(notebook_session):
   assert "model_dir '" in train_said and "pass start_over=True" in train_said, train_said
   assert "tfdp.train(start_over=True): the earlier run in " in stderr, stderr[-3000:]
   assert out["params_malformed"].startswith("tfdp.train: params item 'trainer.epochs' has no '='")
+  # Seen failing: "tfdp.train: --mode 'bogus' is unknown", "... point --model_dir at a trained
+  # run", and a bare TypeError for a config path that is no path (a probe)
+  assert out["train_bad_mode"].startswith("tfdp.train: mode 'bogus' is unknown")
+  assert "mode=eval needs a trained checkpoint" in out["train_eval_untrained"]
+  assert out["train_not_a_path"].startswith("tfdp.train: config_files holds 123")
+  assert "point model_dir at a trained run" in out["train_eval_untrained"]
   fit_said = out["fit_resume_another_seed"]
   assert "model_dir '" in fit_said and "pass model_dir=None" in fit_said, fit_said
-  for said in (train_said, out["params_malformed"], fit_said):
+  for said in (train_said, out["params_malformed"], fit_said, out["train_bad_mode"],
+               out["train_eval_untrained"]):
     assert "--" not in said, said
   assert "--start_over" not in stderr and "--model_dir" not in stderr, stderr[-3000:]
 

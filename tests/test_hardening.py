@@ -300,7 +300,7 @@ CASES = [
     Case("model_dir_inside_a_file", ("--model_dir", "afile"), args=("--model_dir={folder}/afile/run",),
          setup=write("afile", "x")),
     # Said the trained run 'has none' (no checkpoint): start_over read no checkpoint (a probe).
-    Case("eval_start_over", ("--start_over", "--mode=eval", "drop --start_over"),
+    Case("eval_start_over", ("starting over", "--mode=eval", "evaluate without starting over"),
          args=("--mode=eval", "--start_over"), trained=True),
     Case("model_dir_world_writable", ("--model_dir", "{folder}/run", "chmod o-w"),
          setup=lambda folder: (folder / "run").chmod(0o777)),  # anyone could swap checkpoints

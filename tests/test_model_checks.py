@@ -40,6 +40,9 @@ def build(name: str, shape=(8, 8, 3), classes: int = 3):
     ("user_returns_none", ("returned None, not a keras.Model", "return the model",
                            "user_builders.user_returns_none")),
     ("user_call_fails", ("fails on the data's images (8x8x3)", "fix the builder")),
+    # Keras's bare 'not enough values to unpack' in apply_gradients (a probe)
+    ("user_int_outputs", ("outputs int32, not float logits", "Dense(num_classes)")),
+    ("user_spatial", ("user_spatial) outputs shape 8x8x3 per example",)),
 ])
 def test_a_builder_mistake_is_one_line_naming_the_fix(name, words):
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top

@@ -29,6 +29,10 @@ def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
   if isinstance(config_files, (str, os.PathLike)):
     config_files = [config_files]
   with errors.speaking_as(TRAIN_TERMS):
+    bad = [p for p in config_files if not isinstance(p, (str, os.PathLike))]
+    if bad:  # os.fspath's bare TypeError otherwise
+      raise config_lib.ConfigError(f"config_files holds {bad[0]!r}; give config file paths (a "
+                                   "path or a list of paths).")
     config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
                                     in_process.overrides(params))
     logs.start_tensorflow()
@@ -42,7 +46,8 @@ TRAIN_TERMS = errors.Terms(
     "tfdp.train", "model_dir", f"pass start_over=True {errors.START_OVER_DOES}", "params",
     "config_files",
     "tfdp.train(start_over=True): the earlier run in %s was moved to %s",
-    "checkpoint saved in {model_dir}; call tfdp.train with the same model_dir to resume")
+    "checkpoint saved in {model_dir}; call tfdp.train with the same model_dir to resume",
+    mode="mode")
 
 
 def _finished(result: dict) -> dict:

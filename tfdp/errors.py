@@ -64,6 +64,7 @@ class Terms:
                        "trainer.stop_on_nan=false to train on regardless")
   # examples of varying shapes: where they get one (the task's preprocess, or the user's data)
   fixed_shapes_fix: str = "pad or truncate them in the task's preprocess"
+  mode: str = "--mode"  # what chooses train, eval or train_and_eval
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

@@ -70,6 +70,10 @@ expected = seeded_draws()
 tfdp.train("tiny.yaml", model_dir="runs/config_run", verbose=False)  # a path, not a list
 out["policy_after_train"] = keras.config.dtype_policy().name  # mixed_bfloat16 before
 out["users_strategy_after_train"] = tfdp.make_strategy() is strategy  # train's 1 replica before
+out["train_bad_mode"] = one_line(lambda: tfdp.train("tiny.yaml", model_dir="runs/m", mode="bogus"))
+out["train_eval_untrained"] = one_line(lambda: tfdp.train("tiny.yaml", model_dir="runs/none",
+                                                          mode="eval"))
+out["train_not_a_path"] = one_line(lambda: tfdp.train([123], model_dir="runs/n"))
 out["random_by_train"] = [random_draws(), expected]
 expected = seeded_draws()
 history = tfdp.fit(model, x, y, batch_size=16, epochs=1, model_dir="runs/fit", verbose=0)

@@ -102,3 +102,20 @@ def user_needs_width(input_shape, num_classes, width):
 
 # A builder registered as a functools.partial of another (its name is its function's).
 tfdp.register_model("user_partial")(functools.partial(user_needs_width, width=2))
+
+
+@tfdp.register_model("user_int_outputs")
+def user_int_outputs(input_shape, num_classes):
+  """Class ids, not logits: Keras's apply_gradients said 'not enough values to unpack'."""
+  import keras  # pylint: disable=g-import-not-at-top
+  model = _head(input_shape, num_classes)
+  return keras.Model(model.inputs, keras.ops.cast(model.outputs[0], "int32"))
+
+
+@tfdp.register_model("user_spatial")
+def user_spatial(input_shape, num_classes):
+  """Per-pixel logits: its message said 'outputs outputs of shape'."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras import layers  # pylint: disable=g-import-not-at-top
+  inputs = keras.Input(input_shape)
+  return keras.Model(inputs, layers.Conv2D(num_classes, 1)(inputs))

@@ -33,7 +33,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   Returns the resolved model_dir, the earlier run in it (read once) and a fresh run's warm start."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
-    raise ConfigError(f"--mode '{mode}' is unknown; use one of {', '.join(config_lib.MODES)}.")
+    raise ConfigError(f"{errors.terms().mode} '{mode}' is unknown; use one of "
+                      f"{', '.join(config_lib.MODES)}.")
   if cluster.task_type == "evaluator":
     raise ClusterError("TF_CONFIG makes this task an evaluator, but tfdp has no side-car "
                        "evaluator; drop the evaluator task from TF_CONFIG and evaluate with "
@@ -43,8 +44,8 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     resume.check_start_over_target(model_dir, mode)
   prior = resume.read_prior(model_dir, start_over, mode != "eval", cluster.is_chief)
   if mode == "eval" and prior.checkpoint is None:
-    raise OutputError(f"--mode=eval needs a trained checkpoint, and '{model_dir}' has none; train "
-                      "first, or point --model_dir at a trained run.")
+    raise OutputError(f"{errors.terms().mode}=eval needs a trained checkpoint, and '{model_dir}' "
+                      f"has none; train first, or point {errors.terms().model_dir} at a trained run.")
   task_class = tasks.task_class(config.task.name)
   for key, read in (("train_data", mode != "eval"), ("eval_data", mode != "train")):
     if check_data and read:

@@ -317,8 +317,8 @@ def check_start_over_target(model_dir: str, mode: str = "train") -> None:
   (a data folder with train/ and eval/ must not be rearranged), and an evaluation, which trains
   nothing to start over (it was told the trained run 'has none')."""
   if mode == "eval":
-    raise ConfigError("--start_over moves a run aside to train from step 0, and --mode=eval "
-                      "trains nothing; drop --start_over to evaluate the run.")
+    raise ConfigError(f"starting over moves a run aside to train from step 0, and "
+                      f"{errors.terms().mode}=eval trains nothing; evaluate without starting over.")
   present = [n for n in RUN_FILES if os.path.exists(os.path.join(model_dir, n))]
   if not present or _holds_tfdp_run(model_dir):
     return

@@ -75,11 +75,14 @@ def check_classifier(model, name: str, builder, input_shape, num_classes: int):
                       "returns one tensor, the logits (batch, num_classes).")
   if len(output.shape) != 2 or (num_classes and output.shape[-1] != num_classes):
     got = (f"{output.shape[-1]} values per example" if len(output.shape) == 2
-           else f"outputs of shape {dims(output.shape)} per example")
+           else f"shape {dims(output.shape)} per example")
     raise ConfigError(
         f"{who} outputs {got}, but the data has {num_classes} classes (task.train_data."
         f"num_classes, or the class folders of an image folder); end it in one Dense("
         "num_classes) with the num_classes its builder is given.")
+  if not keras.backend.is_float_dtype(output.dtype):  # else Keras's bare 'not enough values'
+    raise ConfigError(f"{who} outputs {output.dtype}, not float logits; end it in one Dense("
+                      "num_classes), without a cast to integers.")
   activation = _final_activation(model)
   if activation:
     raise ConfigError(f"{who} ends in a {activation}, but the image task's loss is "
