@@ -58,7 +58,8 @@ MODELS = {
     "airbench_w32": ([], "airbench", 32, ["task.model.kwargs={widths: [32, 128, 128]}"]),
     # configs/shakespeare_mlm.yaml's BERT (2 layers, hidden 128); one play, so start-up is short
     "bert_mlm": ([os.path.join(paths.REPO_ROOT, "configs", "shakespeare_mlm.yaml")], "bert", 8,
-                 ["task.train_data.holdout=[hamlet]", "task.train_data.split=holdout"]),
+                 ["task.train_data.holdout=[hamlet]", "task.train_data.split=holdout",
+                  "task.eval_data.holdout=[edward-iii]"]),  # as runlocal_text: not hamlet
 }
 VARIANTS = {
     "fp32": [],

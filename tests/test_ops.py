@@ -245,6 +245,9 @@ def test_launcher_does_not_restart_a_worker_that_exits_with_the_permanent_code(t
       index = os.environ["TFDP_WORKER_INDEX"]
       pathlib.Path({str(starts)!r}, f"{{index}}-{{os.getpid()}}").write_text("")
       if index == "1":
+        # after worker 0 has started (under load it was stopped before it wrote its start)
+        while not any(p.name.startswith("0-") for p in pathlib.Path({str(starts)!r}).iterdir()):
+          time.sleep(0.02)
         print("tfdp-train: error: task.train_data.path 'x' holds a corrupt image", flush=True)
         sys.exit(2)
       time.sleep(60)
