@@ -7,6 +7,7 @@ import pytest
 
 from tfdp.distributed import cluster as cluster_lib
 from tfdp.distributed import isolation
+from tfdp.distributed import startup as startup_lib
 from tfdp.errors import ClusterError
 
 
@@ -20,7 +21,7 @@ def test_tensorflows_could_not_start_grpc_server_is_one_line_naming_the_port_and
         "cluster": {"worker": [f"127.0.0.1:{port}", "127.0.0.1:1"]},
         "task": {"type": "worker", "index": 0}}))
     with pytest.raises(ClusterError) as raised:
-      with cluster_lib.StartupDeadline(cluster, 0):  # 0: no watcher process
+      with startup_lib.StartupDeadline(cluster, 0):  # 0: no watcher process
         raise tf.errors.UnknownError(None, None, "Could not start gRPC server")
   line = str(raised.value)
   assert line == (
@@ -36,5 +37,5 @@ def test_other_errors_leave_the_start_up_block_as_they_are():
   cluster = cluster_lib.parse_tf_config(json.dumps({
       "cluster": {"worker": ["127.0.0.1:2", "127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}))
   with pytest.raises(tf.errors.UnknownError, match="something else"):
-    with cluster_lib.StartupDeadline(cluster, 0):
+    with startup_lib.StartupDeadline(cluster, 0):
       raise tf.errors.UnknownError(None, None, "something else")

@@ -1,4 +1,4 @@
-"""The start-up watcher's line (cluster.watch_startup) is whole on stderr, newline included,
+"""The start-up watcher's line (startup.watch_startup) is whole on stderr, newline included,
 before it SIGKILLs the worker: the shell's "Killed" or a launcher's next line starts a new line."""
 import json
 import subprocess
@@ -20,8 +20,8 @@ def _watch(tmp_path, said: bytes = b"", seconds: float = 0.2) -> bytes:
     stderr = tmp_path / "stderr"
     with open(stderr, "wb") as out:
       watcher = subprocess.Popen(
-          [sys.executable, "-c", "import sys; from tfdp.distributed import cluster; "
-           "cluster.watch_startup(sys.argv[1])", spec],
+          [sys.executable, "-c", "import sys; from tfdp.distributed import startup; "
+           "startup.watch_startup(sys.argv[1])", spec],
           stdin=subprocess.PIPE, stderr=out, env=helpers.env(), cwd=str(helpers.REPO))
       watcher.stdin.write(said)
       watcher.stdin.flush()
@@ -53,3 +53,71 @@ def test_the_watcher_names_what_the_rendezvous_said_it_waits_for(tmp_path, said,
   """Seen failing before the rendezvous told the watcher: a line written to its stdin ended the
   watcher, and the worker was never stopped."""
   assert named in _watch(tmp_path, said, seconds=2.0)
+
+
+WORKER = """
+import json, os, signal, subprocess, sys, time
+spec = json.dumps({"pid": os.getpid(), "seconds": 60, "prog": "tfdp-train", "tf_config": {
+    "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}})
+watcher = subprocess.Popen([sys.executable, "-c", "import sys; from tfdp.distributed import "
+                            "startup; startup.watch_startup(sys.argv[1])", spec],
+                           stdin=subprocess.PIPE, pass_fds=PASS)
+if sys.argv[1] == "held":  # inside TF's start-up: its signal thread cannot run (the GIL is held)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and TF's own handler takes SIGTERM
+else:  # still in Python (the rendezvous): leaves by itself
+  signal.signal(signal.SIGTERM, lambda *a: os._exit(143))
+def watching():  # the watcher's SIGTERM handler is in place (its imports take a moment)
+  status = open(f"/proc/{watcher.pid}/status").read()
+  return int(status.split("SigCgt:")[1].split()[0], 16) & (1 << (signal.SIGTERM - 1))
+while not watching():
+  time.sleep(0.02)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _worker(tmp_path, how: str, pass_fds=(), env=None):
+  """A worker (a process group of its own, as tfdp-launch starts one) with its watcher child."""
+  code = WORKER.replace("PASS", repr(tuple(pass_fds)))
+  out = open(tmp_path / "stderr", "wb")  # pylint: disable=consider-using-with
+  worker = subprocess.Popen([sys.executable, "-c", code, how], stdout=subprocess.PIPE, stderr=out,
+                            start_new_session=True, cwd=str(helpers.REPO), pass_fds=pass_fds,
+                            env=env or helpers.env())
+  assert worker.stdout.readline() == b"ready\n"
+  out.close()
+  return worker
+
+
+@pytest.mark.parametrize("how, code", [("held", -9), ("leaves", 143)])
+def test_a_stop_of_the_group_during_start_up_stops_a_worker_tensorflow_holds(tmp_path, how, code):
+  """A probe's SIGTERM (and a killed launcher) during TF's start-up: the worker lived on until
+  runtime.startup_timeout_seconds (600 s), holding its port. The watcher, in the worker's
+  process group, now stops it after its grace; a worker that leaves by itself is left alone.
+  Seen failing on the old watcher (the SIGTERM killed the watcher; the worker slept on)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  worker = _worker(tmp_path, how)
+  try:
+    os.killpg(worker.pid, signal.SIGTERM)  # as tfdp-launch stops a worker's group
+    assert worker.wait(timeout=20) == code
+  finally:
+    os.killpg(worker.pid, signal.SIGKILL) if worker.poll() is None else None
+  text = (tmp_path / "stderr").read_bytes().decode()
+  said = ("worker 0: SIGTERM during start-up, which TensorFlow's start-up holds; stopping this "
+          "worker (SIGKILL): nothing is trained yet")
+  assert (said in text) == (how == "held"), text
+
+
+def test_the_launchers_end_during_start_up_stops_a_worker_tensorflow_holds(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import isolation  # pylint: disable=g-import-not-at-top
+  read, write = os.pipe()
+  env = helpers.env(**{isolation.LIFELINE_VAR: f"{read}:{os.fstat(read).st_ino}"})
+  worker = _worker(tmp_path, "held", pass_fds=(read,), env=env)
+  os.close(read)
+  try:
+    os.close(write)  # the launcher is gone (even by SIGKILL): its end of the lifeline closes
+    assert worker.wait(timeout=20) == -9
+  finally:
+    worker.kill()
+  assert "worker 0: the launcher ended during start-up" in (tmp_path / "stderr").read_text()

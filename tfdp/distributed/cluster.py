@@ -15,8 +15,6 @@ import itertools
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -455,79 +453,3 @@ def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "") -
       f"{cluster.task_type} {cluster.task_index} cannot listen on {address} (port {port}: "
       f"{why}{said}); give it another free port in {where}, or stop what holds port {port} "
       f"(`ss -ltnp 'sport = :{port}'` names it).")
-
-
-class StartupDeadline:
-  """Bounds the wait for the other workers while the strategy is made. TF's
-  MultiWorkerMirroredStrategy waits for every worker for ever, inside C++ that holds the GIL
-  (Context.ensure_initialized): a restarted group whose host never came back hung there for over
-  10 minutes, and no Python thread, signal handler or the coordination service's register timeout
-  could act. So a small watcher *process* waits instead: past runtime.startup_timeout_seconds it
-  names, in one line, the workers whose ports take no connection, and kills this worker
-  (SIGKILL: a retryable death for tfdp-launch --max_restarts/--min_workers and Kubeflow alike).
-  Leaving the block (or this process dying) ends the watcher; TF's 'Could not start gRPC server'
-  leaves it as one line (port_taken_error)."""
-
-  def __init__(self, cluster: Cluster, seconds: float):
-    self.cluster, self.seconds = cluster, seconds
-    self._watcher = None
-
-  def __enter__(self) -> "StartupDeadline":
-    if self.seconds > 0 and self.cluster.is_multi_worker:
-      from tfdp import cli  # pylint: disable=g-import-not-at-top
-      spec = json.dumps({"pid": os.getpid(), "seconds": self.seconds, "prog": cli.prog,
-                         "tf_config": self.cluster.as_tf_config()})
-      self._watcher = subprocess.Popen(  # its stderr is this worker's: the line lands in its log
-          [sys.executable, "-c", "import sys; from tfdp.distributed import cluster; "
-           "cluster.watch_startup(sys.argv[1])", spec],
-          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    return self
-
-  def say(self, who: str) -> None:
-    """What the rendezvous waits for, in words (rendezvous.wait_for_peers; "" once it is over):
-    the watcher's line names it, where a probe of the ports could not tell a tfdp worker's port
-    from another program's."""
-    if self._watcher is not None:
-      try:
-        self._watcher.stdin.write(" ".join(who.split()).encode() + b"\n")
-        self._watcher.stdin.flush()
-      except OSError:  # the watcher is gone: it has nothing left to say
-        pass
-
-  def __exit__(self, kind, error, traceback) -> None:
-    if self._watcher is not None:
-      self._watcher.stdin.close()  # end of input: the watcher leaves
-      self._watcher.wait()
-    # TF's bare UnknownError when this task's port cannot be bound (it names neither port nor why)
-    if (kind is not None and kind.__name__ == "UnknownError" and self.cluster.is_multi_worker
-        and "Could not start gRPC server" in str(error)):
-      raise port_taken_error(self.cluster, said="; TensorFlow: Could not start gRPC server") from None
-
-
-def watch_startup(spec_json: str) -> None:
-  """The watcher process of StartupDeadline: waits for the worker to close its stdin, keeping the
-  last line the worker wrote there (StartupDeadline.say)."""
-  import select  # pylint: disable=g-import-not-at-top
-  import signal  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-  spec = json.loads(spec_json)
-  end, said, unread = time.monotonic() + spec["seconds"], "", b""
-  while (left := end - time.monotonic()) > 0:
-    if select.select([sys.stdin], [], [], left)[0]:
-      chunk = os.read(sys.stdin.fileno(), 65536)
-      if not chunk:
-        return  # the strategy was made (or the worker died): nothing to do
-      *lines, unread = (unread + chunk).split(b"\n")
-      said = lines[-1].decode() if lines else said
-  cluster = parse_tf_config(json.dumps(spec["tf_config"]))
-  silent = [] if said else unanswered_peers(cluster)
-  who = said or ("no answer from " + ", ".join(silent) if silent else
-                 "every other worker's port answers, so one of them is stuck in its own start-up")
-  line = (f"{spec['prog']}: error: worker {cluster.rank}: the cluster did not assemble in "
-          f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this worker "
-          "(SIGKILL) so that the group restarts\n")
-  try:  # one unbuffered write, newline included, done before the kill: the shell's "Killed"
-    os.write(sys.stderr.fileno(), line.encode())  # (or a launcher's next line) starts a line
-  except (OSError, ValueError):
-    pass  # no stderr to say it on: the kill still restarts the group
-  os.kill(spec["pid"], signal.SIGKILL)

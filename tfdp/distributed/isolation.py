@@ -183,17 +183,24 @@ def lifeline() -> tuple[int, str]:
   return read, f"{read}:{os.fstat(read).st_ino}"
 
 
-def watch_lifeline(on_gone: Callable[[], None]) -> bool:
-  """A worker's side: calls `on_gone` (in a daemon thread) once the launcher has ended. False,
-  watching nothing, outside tfdp-launch, or where the variable came without its pipe (a process
-  the worker started with its fds closed): a descriptor must be that pipe to be read."""
-  global _watching
+def lifeline_fd() -> int | None:
+  """The read end of the launcher's lifeline pipe, or None outside tfdp-launch or where the
+  variable came without its pipe (a process the worker started with its fds closed): a
+  descriptor must be that pipe to be read."""
   try:
     fd, inode = (int(part) for part in os.environ.get(LIFELINE_VAR, "").split(":"))
     status = os.fstat(fd)
   except (ValueError, OSError):
-    return False
-  if _watching or not stat.S_ISFIFO(status.st_mode) or status.st_ino != inode:
+    return None
+  return fd if stat.S_ISFIFO(status.st_mode) and status.st_ino == inode else None
+
+
+def watch_lifeline(on_gone: Callable[[], None]) -> bool:
+  """A worker's side: calls `on_gone` (in a daemon thread) once the launcher has ended. False,
+  watching nothing, where there is no lifeline (lifeline_fd)."""
+  global _watching
+  fd = lifeline_fd()
+  if _watching or fd is None:
     return _watching
   _watching = True
 

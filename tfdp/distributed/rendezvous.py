@@ -2,7 +2,7 @@
 
 MultiWorkerMirroredStrategy waits for every peer inside C++ that holds the GIL, where no Python
 thread runs: an operator's SIGTERM or Ctrl-C to a worker whose peer is late was taken only when
-runtime.startup_timeout_seconds ran out (cluster.StartupDeadline's watcher process). So each
+runtime.startup_timeout_seconds ran out (startup.StartupDeadline's watcher process). So each
 worker first holds its own port with a listener (a thread of its own) and connects to every
 peer's port; only then does TensorFlow start, with every peer up. While waiting here the main
 thread is in Python, so controller.StopRequest exits at once on a signal, and a port another
@@ -230,7 +230,7 @@ def wait_for_peers(cluster: cluster_lib.Cluster, say: Callable[[str], None] = la
                    ) -> float:
   """Returns once this worker has reached every other training task's port and each has reached
   this one's, all agreeing on the cluster; the seconds it took. The caller bounds it
-  (cluster.StartupDeadline, whose watcher `say` tells what this worker waits for; "" at the end).
+  (startup.StartupDeadline, whose watcher `say` tells what this worker waits for; "" at the end).
 
   Raises:
     ClusterError: a peer disagrees (one line naming it, what differs and the fix).

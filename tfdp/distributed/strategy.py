@@ -18,6 +18,7 @@ from tfdp.distributed import compat
 from tfdp.distributed import cpus
 from tfdp.distributed import gpus
 from tfdp.distributed import rendezvous
+from tfdp.distributed import startup
 from tfdp import errors
 from tfdp.errors import ConfigError
 
@@ -312,7 +313,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None,
     if cluster.is_multi_worker:
         compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
-    with cluster_lib.StartupDeadline(cluster, runtime.startup_timeout_seconds) as deadline:
+    with startup.StartupDeadline(cluster, runtime.startup_timeout_seconds) as deadline:
       # in Python: a signal while a peer is late acts at once; a peer that differs is one line
       rendezvous.wait_for_peers(cluster, deadline.say)
       strategy = tf.distribute.MultiWorkerMirroredStrategy(

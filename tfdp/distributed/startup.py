@@ -1,0 +1,126 @@
+"""The start-up of a multi-worker strategy, bounded from outside: TF's MultiWorkerMirroredStrategy
+waits for every worker inside C++ that holds the GIL, where no Python thread of the worker can
+act, so a watcher *process* (StartupDeadline, watch_startup) ends a start-up that takes too long,
+or that its group was asked to stop."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tfdp.distributed import isolation
+from tfdp.distributed.cluster import Cluster, parse_tf_config, port_taken_error, unanswered_peers
+
+
+class StartupDeadline:
+  """Bounds the wait for the other workers while the strategy is made. TF's
+  MultiWorkerMirroredStrategy waits for every worker for ever, inside C++ that holds the GIL
+  (Context.ensure_initialized): a restarted group whose host never came back hung there for over
+  10 minutes, and no Python thread, signal handler or the coordination service's register timeout
+  could act. So a small watcher *process* waits instead: past runtime.startup_timeout_seconds it
+  names, in one line, the workers whose ports take no connection, and kills this worker
+  (SIGKILL: a retryable death for tfdp-launch --max_restarts/--min_workers and Kubeflow alike).
+  Leaving the block (or this process dying) ends the watcher; TF's 'Could not start gRPC server'
+  leaves it as one line (port_taken_error)."""
+
+  def __init__(self, cluster: Cluster, seconds: float):
+    self.cluster, self.seconds = cluster, seconds
+    self._watcher = None
+
+  def __enter__(self) -> "StartupDeadline":
+    if self.seconds > 0 and self.cluster.is_multi_worker:
+      from tfdp import cli  # pylint: disable=g-import-not-at-top
+      spec = json.dumps({"pid": os.getpid(), "seconds": self.seconds, "prog": cli.prog,
+                         "tf_config": self.cluster.as_tf_config()})
+      lifeline = isolation.lifeline_fd()  # the watcher sees the launcher end too
+      self._watcher = subprocess.Popen(  # its stderr is this worker's: the line lands in its log
+          [sys.executable, "-c", "import sys; from tfdp.distributed import startup; "
+           "startup.watch_startup(sys.argv[1])", spec],
+          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+          pass_fds=() if lifeline is None else (lifeline,))
+    return self
+
+  def say(self, who: str) -> None:
+    """What the rendezvous waits for, in words (rendezvous.wait_for_peers; "" once it is over):
+    the watcher's line names it, where a probe of the ports could not tell a tfdp worker's port
+    from another program's."""
+    if self._watcher is not None:
+      try:
+        self._watcher.stdin.write(" ".join(who.split()).encode() + b"\n")
+        self._watcher.stdin.flush()
+      except OSError:  # the watcher is gone: it has nothing left to say
+        pass
+
+  def __exit__(self, kind, error, traceback) -> None:
+    if self._watcher is not None:
+      self._watcher.stdin.close()  # end of input: the watcher leaves
+      self._watcher.wait()
+    # TF's bare UnknownError when this task's port cannot be bound (it names neither port nor why)
+    if (kind is not None and kind.__name__ == "UnknownError" and self.cluster.is_multi_worker
+        and "Could not start gRPC server" in str(error)):
+      raise port_taken_error(self.cluster, said="; TensorFlow: Could not start gRPC server") from None
+
+
+class _Stopped(Exception):
+  """The watcher's group got SIGTERM/SIGINT, or the launcher ended: said in its message."""
+
+
+def _raise_stopped(signum, frame) -> None:
+  del frame
+  raise _Stopped(f"{signal.Signals(signum).name} during start-up")
+
+
+def watch_startup(spec_json: str) -> None:
+  """The watcher process of StartupDeadline: waits for the worker to close its stdin, keeping the
+  last line the worker wrote there (StartupDeadline.say). TF's start-up holds the worker's GIL,
+  so neither its signal thread nor its lifeline thread can act there: a SIGTERM/SIGINT to the
+  group (the launcher's stop, a Ctrl-C) or the launcher's end stops it from here (SIGKILL: nothing
+  is trained yet), after STOP_GRACE_SECONDS for a worker that can still leave by itself."""
+  import select  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  spec = json.loads(spec_json)
+  end, said, unread = time.monotonic() + spec["seconds"], "", b""
+  lifeline = [fd for fd in [isolation.lifeline_fd()] if fd is not None]
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, _raise_stopped)
+  try:
+    while (left := end - time.monotonic()) > 0:
+      ready = select.select([sys.stdin, *lifeline], [], [], left)[0]
+      if lifeline and lifeline[0] in ready and not os.read(lifeline[0], 1):
+        raise _Stopped("the launcher ended during start-up")
+      if sys.stdin in ready:
+        chunk = os.read(sys.stdin.fileno(), 65536)
+        if not chunk:
+          return  # the strategy was made (or the worker died): nothing to do
+        *lines, unread = (unread + chunk).split(b"\n")
+        said = lines[-1].decode() if lines else said
+  except _Stopped as stopped:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if select.select([sys.stdin], [], [], STOP_GRACE_SECONDS)[0]:
+      return  # the worker left (or got past its start-up) by itself
+    _stop_worker(spec, f"worker {parse_tf_config(json.dumps(spec['tf_config'])).rank}: {stopped}, "
+                 "which TensorFlow's start-up holds; stopping this worker (SIGKILL): nothing is "
+                 "trained yet")
+    return
+  cluster = parse_tf_config(json.dumps(spec["tf_config"]))
+  silent = [] if said else unanswered_peers(cluster)
+  who = said or ("no answer from " + ", ".join(silent) if silent else
+                 "every other worker's port answers, so one of them is stuck in its own start-up")
+  _stop_worker(spec, f"worker {cluster.rank}: the cluster did not assemble in "
+               f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this "
+               "worker (SIGKILL) so that the group restarts")
+
+
+STOP_GRACE_SECONDS = 2.0
+
+
+def _stop_worker(spec: dict, said: str) -> None:
+  line = f"{spec['prog']}: error: {said}\n"
+  try:  # one unbuffered write, newline included, done before the kill: the shell's "Killed"
+    os.write(sys.stderr.fileno(), line.encode())  # (or a launcher's next line) starts a line
+  except (OSError, ValueError):
+    pass  # no stderr to say it on: the kill still restarts the group
+  os.kill(spec["pid"], signal.SIGKILL)
