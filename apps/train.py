@@ -103,11 +103,18 @@ def _config_files() -> list[str]:
   return [recorded]
 
 
+# How the resume checks say a run's setting differs from this config's (tfdp/core/resume.py,
+# experiment.py): where another job's folder or the default job may be the cause.
+CONFIG_REFUSALS = (" this config cannot resume", " stopped at step", " whose checkpoint this config",
+                   " this config would")
+
+
 def _job_hint(message: str, model_dir: str) -> str:
   """A run refused for another job's settings: where the folder or the settings came from when
   the flags did not say (a second job in the default folder; the default job over a run)."""
-  if f"'{os.path.abspath(os.path.expanduser(model_dir))}' holds a run" not in message:
-    return ""
+  where = f"'{os.path.abspath(os.path.expanduser(model_dir))}' holds a run"
+  if not any(where + said in message for said in CONFIG_REFUSALS):
+    return ""  # not a setting of this config's (its outputs without a checkpoint, a group size)
   if not FLAGS.model_dir:
     return (f" (--model_dir was not given: {model_dir} is named after the config files, not "
             "--params_override; give another job its own --model_dir)")

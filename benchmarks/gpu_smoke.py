@@ -209,9 +209,12 @@ CHECKS = [  # (name, runs on logical CPUs, function)
 
 def visible_gpus() -> int:
   """The GPUs TensorFlow sees, counted in a process of its own (devices are fixed at start)."""
-  proc = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(len("
-                         "tf.config.list_physical_devices('GPU')))"], capture_output=True,
-                        text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  try:
+    proc = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(len("
+                           "tf.config.list_physical_devices('GPU')))"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  except subprocess.TimeoutExpired:
+    return 0
   lines = proc.stdout.strip().splitlines()
   return int(lines[-1]) if proc.returncode == 0 and lines and lines[-1].isdigit() else 0
 

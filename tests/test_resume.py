@@ -203,3 +203,19 @@ def test_a_finished_run_on_another_group_says_nothing_trains_and_a_resume_says_i
   # config's value (a probe: 2 in config.yaml while the record's split trained with 1).
   recorded = config_lib.load_config([str(model_dir / "config.yaml")], [])
   assert recorded.trainer.gradient_accumulation_steps == 2
+
+
+def test_the_data_order_refusal_names_the_callers_own_setting():
+  """A review: tfdp.fit's resume with another shuffle= was told to change
+  task.train_data.shuffle, which a fit user never sets. Seen failing on the fixed wording."""
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import OutputError  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  was = {"steps_per_epoch": 4, "data_order": {"shuffle": True, "shuffle_buffer": 64}}
+  now = {"data_order": {"shuffle": False, "shuffle_buffer": 0}}
+  for terms, said in ((errors.CLI, "task.train_data.shuffle, shuffle_buffer or cache"),
+                      (fit_lib.terms(), "fit's shuffle= and the kind of x")):
+    with errors.speaking_as(terms), pytest.raises(OutputError, match=re.escape(said)):
+      resume.check_resume(was, now, "/tmp/run", "/tmp/run/checkpoints/ckpt-3")

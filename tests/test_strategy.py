@@ -233,3 +233,17 @@ def test_devices_this_process_does_not_have_are_refused():
   spelled = ["/job:localhost/replica:0/task:0/device:GPU:1", "GPU:0"]  # TF's other spellings
   plan = strategy_lib.plan_strategy(runtime(strategy="mirrored", devices=spelled), SINGLE, GPUS)
   assert plan.devices == tuple(spelled)
+
+
+def test_a_runs_multi_worker_strategy_is_the_one_a_worker_process_has(monkeypatch):
+  """A review: after a tfdp.train under TF_CONFIG, make_strategy() made a second
+  MultiWorkerMirroredStrategy (a second rendezvous) and tfdp.fit refused 'no tfdp strategy was
+  made'. A process joins its cluster once: the run's strategy is returned. Seen failing after
+  726ab4a (None)."""
+  run = object()
+  plan = strategy_lib.StrategyPlan("multi_worker_mirrored")
+  monkeypatch.setattr(strategy_lib, "_MADE", [strategy_lib._Made(run, plan, runtime())])  # pylint: disable=protected-access
+  assert strategy_lib.last_made() is run
+  one = strategy_lib.StrategyPlan("one_device", ("/cpu:0",))
+  monkeypatch.setattr(strategy_lib, "_MADE", [strategy_lib._Made(run, one, runtime())])  # pylint: disable=protected-access
+  assert strategy_lib.last_made() is None  # a single-host run's: the user makes their own

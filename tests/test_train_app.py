@@ -260,3 +260,6 @@ def test_a_refused_resume_says_where_the_folder_or_the_job_came_from(tmp_path):
   (line,) = helpers.error_lines(default_job)
   assert f"no --config_file was given, so this is the default job; to resume that run, pass " \
       f"--config_file={run / 'config.yaml'}" in line, line
+  shutil.rmtree(run / "checkpoints")  # its outputs without a checkpoint: no setting to blame
+  (line,) = helpers.error_lines(train(f"--config_file={job}", f"--params_override={TINY}"))
+  assert "no checkpoint to resume it from" in line and "--model_dir was not given" not in line, line

@@ -47,7 +47,7 @@ TRAIN_TERMS = errors.Terms(
     "config_files",
     "tfdp.train(start_over=True): the earlier run in %s was moved to %s",
     "checkpoint saved in {model_dir}; call tfdp.train with the same model_dir to resume",
-    mode="mode")
+    mode="mode", evaluate_it="mode='eval' evaluates it")
 
 
 def _finished(result: dict) -> dict:

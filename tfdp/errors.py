@@ -65,6 +65,8 @@ class Terms:
   # examples of varying shapes: where they get one (the task's preprocess, or the user's data)
   fixed_shapes_fix: str = "pad or truncate them in the task's preprocess"
   mode: str = "--mode"  # what chooses train, eval or train_and_eval
+  evaluate_it: str = "--mode=eval evaluates it"  # a finished run's evaluation
+  data_order: str = "task.train_data.shuffle, shuffle_buffer or cache"  # what orders the data
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

@@ -347,7 +347,7 @@ def check_compiled(model):
   if compile_loss is None and compile_metrics is not None:
     raise ConfigError("the model is compiled with metrics but no loss (its loss is add_loss's "
                       "alone), which tfdp does not score; compile it with a loss, or drop "
-                      "metrics= and evaluate after training.")
+                      "metrics=.")
   return compile_loss, compile_metrics
 
 

@@ -44,8 +44,9 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
     resume.check_start_over_target(model_dir, mode)
   prior = resume.read_prior(model_dir, start_over, mode != "eval", cluster.is_chief)
   if mode == "eval" and prior.checkpoint is None:
-    raise OutputError(f"{errors.terms().mode}=eval needs a trained checkpoint, and '{model_dir}' "
-                      f"has none; train first, or point {errors.terms().model_dir} at a trained run.")
+    raise OutputError(f"{errors.terms().mode}=eval needs a trained checkpoint, and "
+                      f"'{model_dir}' has none; train first, or point {errors.terms().model_dir} "
+                      "at a trained run.")
   task_class = tasks.task_class(config.task.name)
   for key, read in (("train_data", mode != "eval"), ("eval_data", mode != "train")):
     if check_data and read:
@@ -127,7 +128,7 @@ class Experiment:
           from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
           start = trainer.global_step
           if start >= trainer.total_steps:  # replicas= is this group's: it trained nothing
-            result["trained"] = f"nothing (finished at step {start}; --mode=eval evaluates it)"
+            result["trained"] = f"nothing (finished at step {start}; {errors.terms().evaluate_it})"
           result.update(controller.Controller(
               trainer, self.train_dataset, self.eval_dataset,
               self.eval_plan.steps_per_epoch if self.eval_plan else 0, hooks=self.hooks).run())
@@ -363,8 +364,7 @@ def epoch_steps(config: ExperimentConfig, plan: data_lib.InputPlan) -> int:
 
 def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: cluster_lib.Cluster,
                 replicas: int, precision: str) -> dict:
-  """What a step of this run means (resume.check_resume compares it on a resume), and the
-  group that takes it."""
+  """What a step of this run means (resume.check_resume compares it), and the group taking it."""
   trainer_cfg = config.trainer
   total_steps = trainer_cfg.epochs * epoch_steps(config, plan)  # as the Trainer counts them
   if trainer_cfg.max_steps:

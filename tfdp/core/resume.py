@@ -149,7 +149,7 @@ def _check_order_kept(record: dict, current: dict, model_dir: str, step: int | N
   raise OutputError(
       f"{errors.terms().model_dir} '{model_dir}' holds a run stopped at step {step}, in the "
       f"middle of an epoch, that read its training data in another order ({changes}: "
-      "task.train_data.shuffle, shuffle_buffer or cache); the rest of the epoch would repeat "
+      f"{errors.terms().data_order}); the rest of the epoch would repeat "
       f"some examples and skip others. Set them back to resume (a change is fine from the "
       f"epoch's end, step {end}), {errors.terms().start_over}, or use a new "
       f"{errors.terms().model_dir}.")

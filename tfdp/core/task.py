@@ -175,11 +175,16 @@ class Task:
   def loss_outputs(self, outputs):
     """The model's outputs as the loss and metrics see them: float32 (float32_outputs)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
     if not self.float32_outputs:
       return outputs
-    return tf.nest.map_structure(
-        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating and t.dtype != tf.float32 else t,
-        outputs)
+
+    def widened(t):  # the mixed-precision dtypes only (a float64 layer's outputs stay theirs)
+      if t.dtype not in (tf.bfloat16, tf.float16):
+        return t
+      cast, mask = tf.cast(t, tf.float32), compat.keras_mask(t)
+      return cast if mask is None else compat.with_keras_mask(cast, mask)  # a Keras loss reads it
+    return tf.nest.map_structure(widened, outputs)
 
   def eval_outputs(self, model, batch: dict):
     """The model's outputs for evaluation (a task may add test-time augmentation)."""

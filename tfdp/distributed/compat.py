@@ -228,6 +228,14 @@ def keras_mask(tensor):
   return backend.get_keras_mask(tensor)
 
 
+def with_keras_mask(tensor, mask):
+  """`tensor` carrying `mask` as a layer's output would (keras.src.backend.set_keras_mask): a
+  task's outputs cast to float32 keep the mask a Keras loss reads. Tested in test_compat.py."""
+  from keras.src import backend  # pylint: disable=g-import-not-at-top
+  backend.set_keras_mask(tensor, mask)
+  return tensor
+
+
 def created_in_scope(strategy, variable) -> bool:
   """Whether a Keras 3 variable was created under `strategy.scope()` (its TF variable is then
   the strategy's distributed variable)."""

@@ -359,6 +359,8 @@ def last_made(runtime: RuntimeConfig | None = None):
   made from those settings. Not a tfdp.train run's: `with tfdp.make_strategy().scope():` after
   one built the user's model there (its replicas, not the user's)."""
   users = [made for made in _MADE if made.for_user]
+  if not users and _MADE and _MADE[0].plan.kind == "multi_worker_mirrored":
+    return _MADE[0].strategy  # a process joins its cluster once: the run's is the only one
   if not users or (runtime is not None and users[0].runtime != runtime):
     return None
   return users[0].strategy

@@ -118,10 +118,17 @@ def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
     raise ConfigError(f"config keys 'task.train_data.holdout_fraction' ({seen:g}) and "
                       f"'task.eval_data.holdout_fraction' ({held:g}) differ, so {effect}; they "
                       "must be equal: set both to the same value.")
-  if train.split == "all" and same_rows:
+  # split all: refused where the rows are surely the same (one file however spelled, or the same
+  # {worker} shards); shards against one file may or may not have been split from it: said.
+  if train.split == "all" and (os.path.realpath(train.path) == os.path.realpath(evaluation.path)):
     raise ConfigError(f"config key 'task.train_data.split' is all, so training reads the rows of "
                       f"'{train.path}' that task.eval_data (split holdout) evaluates; set "
                       "task.train_data.split to train.")
+  if train.split == "all" and same_rows:
+    logging.warning("task.train_data.split is all over '%s' while task.eval_data evaluates the "
+                    "holdout of '%s': if the shards were split from that file, training reads the "
+                    "evaluated rows; set task.train_data.split to train", train.path,
+                    evaluation.path)
 
 
 def _check_shard_count(data: DataConfig, total: int, worker: int, shards, key: str) -> None:

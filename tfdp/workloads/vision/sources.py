@@ -8,8 +8,6 @@ from __future__ import annotations
 import glob
 import os
 
-from absl import logging
-
 from tfdp.config import DataConfig
 from tfdp.core import class_folders
 from tfdp.core import data as data_lib

@@ -234,15 +234,18 @@ def _read_csv(path: str, columns: dict, where: str) -> dict | None:
     raise DataError(f"{where} cannot be read ({e.strerror or e}); fix its permissions.") from None
   if frame.empty:
     return None
-  for role in ("user", "item"):
-    if not pd.api.types.is_float_dtype(frame[columns[role]].dtype):  # floats: _ids refuses
-      _check_ids_not_merged(path, role, columns[role], where)
+  ids = [columns[role] for role in ("user", "item")
+         if not pd.api.types.is_float_dtype(frame[columns[role]].dtype)]  # floats: _ids refuses
+  if ids:  # one more read, of the id columns as written
+    text = pd.read_csv(path, usecols=ids, dtype=str, keep_default_na=False)
+    for role in ("user", "item"):
+      if columns[role] in ids:
+        _check_ids_not_merged(text[columns[role]].str.strip(), role, columns[role], where)
   return {role: frame[name] for role, name in columns.items()}
 
 
-def _check_ids_not_merged(path: str, role: str, name: str, where: str) -> None:
+def _check_ids_not_merged(text: pd.Series, role: str, name: str, where: str) -> None:
   """Ids are numbers: '007' and '7' read as one id, silently merging two users (or items)."""
-  text = pd.read_csv(path, usecols=[name], dtype=str, keep_default_na=False)[name].str.strip()
   if not text.str.match(r"[+]?0\d").any():  # no leading zero: one spelling per number
     return
   spelled = pd.DataFrame({"text": text, "id": pd.to_numeric(text, errors="coerce")})
