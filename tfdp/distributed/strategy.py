@@ -142,9 +142,11 @@ def resolve_precision(requested: str) -> tuple[str, str]:
   return choose_precision(requested, capabilities, cpus.cpu_flags())
 
 
-def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str]) -> StrategyPlan:
-  """Pure: decides strategy, devices and reduction from the config and the devices found."""
-  have = {_device_name(d) for d in local_devices}
+def plan_strategy(runtime: RuntimeConfig, cluster: Cluster, local_devices: Sequence[str],
+                  present: Sequence[str] = ()) -> StrategyPlan:
+  """Pure: decides strategy, devices and reduction from the config and the devices found.
+  `present`: devices the process has beyond those (logical CPUs it configured itself)."""
+  have = {_device_name(d) for d in [*local_devices, *present]}
   missing = [d for d in runtime.devices if _device_name(d) not in have]
   if missing:  # else NCCL's 'no OpKernel' blamed on the data, or one replica fewer, silently
     raise ConfigError(f"runtime.devices names {', '.join(missing)}, which this process does not "
@@ -305,7 +307,9 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None,
     warning = compat.onednn_off_warning(compat.onednn_enabled(), cpus.cpu_flags(environ={}), os.environ)
     if warning:
       logging.warning(warning)
-  plan = dataclasses.replace(plan_strategy(runtime, cluster, local), precision=precision,
+  cpu = tf.config.list_physical_devices("CPU")[0]  # its logical devices, set by the caller too
+  present = [f"/cpu:{i}" for i in range(len(tf.config.get_logical_device_configuration(cpu) or []))]
+  plan = dataclasses.replace(plan_strategy(runtime, cluster, local, present), precision=precision,
                              precision_reason=precision_reason)
   if plan.kind == "multi_worker_mirrored":
     if not cluster.is_multi_worker and cluster.source == "none":
