@@ -89,20 +89,6 @@ def _warn_of_unknown_ids(where: str, frame, users, items) -> None:
                     "swapped?).", where, "; ".join(found))
 
 
-def _check_ids_known(frame, path: str, users, items) -> None:
-  """With oov_buckets 0 an id outside the vocabulary has no row: name the file and the keys."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  for role, mapping in (("user", users), ("item", items)):
-    if mapping.vocabulary is None or mapping.oov_buckets:
-      continue
-    unknown = frame[role].to_numpy()[~np.isin(frame[role].to_numpy(), mapping.vocabulary)]
-    if unknown.size:
-      raise DataError(f"interactions file '{path}': {role} id {unknown[0]} is not in the {role} "
-                      f"vocabulary '{mapping.source}' (task.recommender.{role}_vocab_path) and "
-                      "task.recommender.oov_buckets is 0; rebuild the vocabulary from all the "
-                      "data, or set task.recommender.oov_buckets >= 1.")
-
-
 def _check_holdouts_agree(train: DataConfig, evaluation: DataConfig) -> None:
   """The held-out rows are a hash of (user, item) below holdout_fraction: training must leave out
   exactly the rows evaluation takes, also when it reads shards of the file evaluation reads."""
@@ -244,19 +230,25 @@ class MatrixFactorizationTask(tasks.Task):
       shards = mapping[self.worker]
       total = max(max(s) for s in mapping) + 1
       _check_shard_count(data, total, self.worker, shards, key)
-    frames = []
+    frames, rows = [], {"user": [], "item": []}
     users, items = id_mappings(self.config)
     for shard in shards or [None]:
       path = interactions.resolve_shard_path(data.path, shard, total if shards else 0)
       frames.append(holdout_split(interactions.read_interactions(
           path, data.user_column, data.item_column, data.label_column, data.weight_column,
           worker=self.worker if shards else None), data))
-      _check_ids_known(frames[-1], path, users, items)
+      for role, mapping in (("user", users), ("item", items)):  # mapped per file: named there
+        try:
+          rows[role].append(mapping.lookup(frames[-1][role].to_numpy()))
+        except DataError as e:  # oov_buckets 0: an id outside the vocabulary has no row
+          raise DataError(f"interactions file '{path}': {role} {str(e).rstrip('.')} "
+                          f"(task.recommender.{role}_vocab_path, "
+                          "task.recommender.oov_buckets).") from None
     if not shards:
       interactions.check_not_empty(frames[0], data.path)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    columns = {"user": users.lookup(frame["user"].to_numpy()).astype(np.int64),
-               "item": items.lookup(frame["item"].to_numpy()).astype(np.int64),
+    columns = {"user": np.concatenate(rows["user"]).astype(np.int64),
+               "item": np.concatenate(rows["item"]).astype(np.int64),
                "label": frame["label"].to_numpy(np.float32),
                "weight": frame["weight"].to_numpy(np.float32)}
     _warn_of_unknown_ids(f"worker {self.worker}: {key}" if shards else key, frame, users, items)
