@@ -1,12 +1,14 @@
 """TensorFlow's bare 'Could not start gRPC server' (a port taken between rendezvous.py's check and
 TensorFlow's own bind) leaves make_strategy's start-up block as one line naming the port."""
 import json
+import re
 import socket
 
 import pytest
 
 from tfdp.distributed import cluster as cluster_lib
 from tfdp.distributed import isolation
+from tfdp.distributed import slurm
 from tfdp.distributed import startup as startup_lib
 from tfdp.errors import ClusterError
 
@@ -39,3 +41,29 @@ def test_other_errors_leave_the_start_up_block_as_they_are():
   with pytest.raises(tf.errors.UnknownError, match="something else"):
     with startup_lib.StartupDeadline(cluster, 0):
       raise tf.errors.UnknownError(None, None, "something else")
+
+
+def test_a_slurm_port_taken_by_a_job_300_ids_away_names_a_free_port_base_outside_the_jobs_blocks():
+  env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
+         "SLURM_STEP_TASKS_PER_NODE": "2"}
+  ours = cluster_lib.from_slurm({**env, "SLURM_JOB_ID": "1234"})
+  theirs = cluster_lib.from_slurm({**env, "SLURM_JOB_ID": str(1234 + slurm.JOB_PORT_SLOTS)})
+  assert ours.cluster == theirs.cluster  # the collision the line explains
+  port = cluster_lib.split_address(ours.cluster["worker"][0])[1]
+  with socket.socket() as holder:
+    try:
+      holder.bind(("", port))
+      holder.listen()
+    except OSError:  # something here holds it already: as good
+      pass
+    line = str(cluster_lib.port_taken_error(ours))
+  assert line.startswith(f"worker 0 cannot listen on localhost:{port} (port {port}: Address "
+                         "already in use); another job on this node may hold it (Slurm jobs whose "
+                         f"ids differ by a multiple of {slurm.JOB_PORT_SLOTS} share ports)"), line
+  base = int(re.search(rf"{slurm.PORT_BASE_VAR}=(\d+) \(free here\)", line).group(1))
+  assert base >= slurm.JOB_PORT_FIRST + slurm.JOB_PORT_SLOTS * slurm.JOB_PORT_SLOT  # no job's
+  assert base + 1 < slurm.EPHEMERAL_FIRST
+  for suggested in (base, base + 1):  # both workers of this node fit there
+    with socket.socket() as probe:
+      probe.bind(("", suggested))
+  assert isolation.bind_failure([[line]], 0)

@@ -447,9 +447,12 @@ def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "") -
       why = "it is free now, so something held it while TensorFlow started"
     except OSError as error:
       why = error.strerror or str(error)
-  where = (f"TF_CONFIG's cluster.{cluster.task_type}[{cluster.task_index}]"
-           if cluster.source == "TF_CONFIG" else f"{slurm.PORT_BASE_VAR} (Slurm)")
+  if cluster.source == "slurm":
+    fix = slurm.port_base_fix(cluster.cluster["worker"])
+  else:
+    fix = (f"give it another free port in TF_CONFIG's "
+           f"cluster.{cluster.task_type}[{cluster.task_index}]")
   return ClusterError(
       f"{cluster.task_type} {cluster.task_index} cannot listen on {address} (port {port}: "
-      f"{why}{said}); give it another free port in {where}, or stop what holds port {port} "
+      f"{why}{said}); {fix}, or stop what holds port {port} "
       f"(`ss -ltnp 'sport = :{port}'` names it).")

@@ -9,6 +9,7 @@ import collections
 import itertools
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 
@@ -22,6 +23,7 @@ PORT_BASE_VAR = "TFDP_SLURM_PORT_BASE"  # an explicit port base wins over the jo
 # 12000..31199, below Linux's ephemeral range (32768+) so outgoing connections do not take them.
 # Jobs whose ids differ by less than 300 never collide (with up to 64 tasks per node).
 JOB_PORT_FIRST, JOB_PORT_SLOT, JOB_PORT_SLOTS = 12000, 64, 300
+EPHEMERAL_FIRST = 32768
 
 
 def job_port_base(env: Mapping[str, str]) -> int:
@@ -35,6 +37,31 @@ def job_port_base(env: Mapping[str, str]) -> int:
   if "SLURM_JOB_ID" not in env:
     return DEFAULT_PORT_BASE
   return JOB_PORT_FIRST + _slurm_int(env, "SLURM_JOB_ID") % JOB_PORT_SLOTS * JOB_PORT_SLOT
+
+
+def port_base_fix(addresses: list[str]) -> str:
+  """The fix for a Slurm job whose port is taken, often by another job on the node whose id is
+  this one's plus or minus a multiple of JOB_PORT_SLOTS: a port base whose block is free here."""
+  per_node = max(collections.Counter(a.rpartition(":")[0] for a in addresses).values())
+  above_jobs = JOB_PORT_FIRST + JOB_PORT_SLOTS * JOB_PORT_SLOT  # no job's default block: 31200+
+  free = next((base for base in range(above_jobs, EPHEMERAL_FIRST - per_node + 1, JOB_PORT_SLOT)
+               if _ports_free(base, per_node)), None)
+  example = (f"{PORT_BASE_VAR}={free} (free here)" if free is not None
+             else f"{PORT_BASE_VAR}=40000")
+  return (f"another job on this node may hold it (Slurm jobs whose ids differ by a multiple of "
+          f"{JOB_PORT_SLOTS} share ports): export a base whose next {per_node} ports are free on "
+          f"every node before srun, e.g. {example}")
+
+
+def _ports_free(base: int, count: int) -> bool:
+  """Whether ports base..base+count-1 can be bound on every interface of this host now."""
+  for port in range(base, base + count):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+      try:
+        probe.bind(("", port))
+      except OSError:
+        return False
+  return True
 
 
 def is_ascii_number(text: str) -> bool:
