@@ -245,6 +245,7 @@ def test_from_slurm_job_level_variables():
      "adds up to 6"),
     ({"SLURM_PROCID": "9"}, "SLURM_PROCID 9 is out of range"),
     ({"SLURM_PROCID": "x"}, "SLURM_PROCID"),
+    ({"SLURM_STEP_NUM_TASKS": "0"}, "SLURM_STEP_NUM_TASKS='0' counts no task; launch with srun"),
 ])
 def test_from_slurm_inconsistent_env(overrides, words):
   with pytest.raises(ClusterError) as raised:

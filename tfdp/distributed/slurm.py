@@ -153,7 +153,10 @@ def _slurm_num_tasks(env: Mapping[str, str]) -> int | None:
   """Task count of the current step (srun) or else of the job."""
   for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
     if name in env:
-      return _slurm_int(env, name)
+      if (count := _slurm_int(env, name)) < 1:
+        raise ClusterError(f"Slurm: {name}={env[name]!r} counts no task; launch with "
+                           "srun --ntasks=N, which sets it.")
+      return count
   return None
 
 
