@@ -440,3 +440,18 @@ def test_a_failed_worker_that_printed_nothing_is_said_to_have_printed_nothing():
   assert completed.returncode == 1, completed.stderr
   last = completed.stderr.strip().splitlines()[-1]
   assert re.search(r"Worker [01] printed nothing\.$", last), completed.stderr
+
+
+def test_a_launcher_in_each_task_of_an_srun_is_refused_before_starting_workers(tmp_path):
+  step = {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
+          "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2", "PATH": os.environ["PATH"]}
+  started = tmp_path / "started"
+  command = ["sh", "-c", f"touch {started}"]
+  with pytest.raises(ClusterError, match=r"^srun started tfdp-launch as task 1 of 2: .*"
+                     r"`srun --ntasks=1 tfdp-launch \.\.\.`\)\.$"):
+    launcher.launch(command, 2, env=step)
+  assert not started.exists()
+  # one task of srun (and the batch script, which has no step) may run the launcher
+  assert launcher.launch(command, 1, env=dict(step, SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="1",
+                                              SLURM_STEP_TASKS_PER_NODE="1")) == 0
+  assert started.exists()

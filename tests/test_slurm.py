@@ -293,3 +293,20 @@ def requeue_mid_run_and_wait(script, run, out, *changes: str, stop=scontrol_requ
   finally:
     cancel(job_id)
   return job_id
+
+
+def test_tfdp_launch_in_each_task_of_an_srun_is_told_to_let_srun_start_the_workers():
+  """Each task's launcher started a group of its own, whose workers then refused srun's layout
+  with 'unset TF_CONFIG', which the user never set."""
+  proc = subprocess.run(
+      ["srun", "--ntasks=2", "--cpus-per-task=1", "--time=2", sys.executable,
+       str(helpers.REPO / "apps" / "launch.py"), "--num_workers=2", "--", "true"],
+      capture_output=True, text=True, timeout=120, env=slurm_env(), cwd=str(helpers.REPO))
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [line for line in proc.stderr.splitlines() if line.startswith("tfdp-launch")]
+  assert len(lines) == 2 and "TF_CONFIG" not in proc.stderr, proc.stderr[-3000:]
+  assert all(line.startswith("tfdp-launch: error: srun started tfdp-launch as task ")
+             and line.endswith("of 2: each task would start its own workers; let srun start "
+                               "them (`srun --ntasks=2 tfdp-train ...`, no tfdp-launch) or start "
+                               "one launcher (`srun --ntasks=1 tfdp-launch ...`).")
+             for line in lines), lines

@@ -41,6 +41,7 @@ from tfdp import errors
 from tfdp.distributed import elastic
 from tfdp.distributed import gpus as gpus_lib
 from tfdp.distributed import isolation
+from tfdp.distributed import slurm
 from tfdp.distributed.isolation import is_loopback_host, pick_free_ports  # noqa: F401 (API)
 from tfdp.errors import (EXIT_PEER_STOPPED, EXIT_PERMANENT, EXIT_RESTART_GROUP, ClusterError,
                          TfdpError)
@@ -451,8 +452,7 @@ def _log(message: str) -> None:
 
 
 def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
-           host: str = "127.0.0.1", allow_remote: bool = False,
-           env: Mapping[str, str] | None = None,
+           host: str = "127.0.0.1", allow_remote: bool = False, env: Mapping[str, str] | None = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
            output: TextIO | None = None,
            gpus_per_worker: int | str = gpus_lib.AUTO,
@@ -460,9 +460,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            slots_file: str | None = None) -> int:
   """Runs the worker group, rerunning it up to `max_restarts` times.
 
-  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT). The workers are expected
-  to resume from their checkpoint by themselves. Each worker gets its own GPUs,
-  `gpus_per_worker` each (see run_group).
+  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT); the workers resume from
+  their checkpoint by themselves. Each worker gets `gpus_per_worker` GPUs (see run_group).
 
   With `min_workers`, a rerun may have fewer workers, down to min_workers (elastic.py has the
   rules, `slots_file` lists the slots that may start); one line per restart gives the size.
@@ -478,6 +477,7 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
   """
   if num_workers < 1:
     raise TfdpError(f"--num_workers must be at least 1, got {num_workers}.")
+  slurm.check_one_launcher(os.environ if env is None else env)
   cores = os.cpu_count() or 1
   if num_workers > WORKERS_PER_CORE_LIMIT * cores and not allow_many_workers:
     raise TfdpError(

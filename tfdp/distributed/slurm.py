@@ -186,6 +186,17 @@ def running_under_srun(env: Mapping[str, str]) -> bool:
   return True
 
 
+def check_one_launcher(env: Mapping[str, str]) -> None:
+  """tfdp-launch in each task of an srun: every task would start a group of its own, and each
+  group's workers then refuse srun's layout. srun starts the workers itself."""
+  num_tasks = _slurm_num_tasks(env) if "SLURM_PROCID" in env and _in_step(env) else None
+  if num_tasks is not None and num_tasks >= 2:
+    raise ClusterError(
+        f"srun started tfdp-launch as task {env['SLURM_PROCID']} of {num_tasks}: each task would "
+        f"start its own workers; let srun start them (`srun --ntasks={num_tasks} tfdp-train ...`, "
+        "no tfdp-launch) or start one launcher (`srun --ntasks=1 tfdp-launch ...`).")
+
+
 def check_tf_config_place(env: Mapping[str, str], place: str, rank: int, workers: int) -> None:
   """TF_CONFIG wins over Slurm, so under an srun with several tasks it must give each task the
   place srun gave it: one left in the environment gives every task the same index (one task then
