@@ -267,3 +267,25 @@ def test_two_machines_both_left_at_index_0_each_exit_2_at_once_with_one_line(tmp
       continue  # tfdp-launch does, so one host may be stopped before it says its own line
     assert host["returncode"] == 2 and len(said) == 1, host["log"][-3000:]
     assert said[0].removeprefix("tfdp-train: error: ") in lines, said[0]
+
+
+@pytest.mark.parametrize("second_list, second_index, words", [
+    ("same", 0, "also says it is worker 0; " + INDEX_FIX + " (0 and 1)."),
+    ("reversed", 1, "lists cluster.worker[0] as {a}, this one as {b}; " + LIST_FIX),
+])
+def test_a_second_worker_on_one_host_given_the_same_port_names_the_mistake_and_both_stop(
+    second_list, second_index, words):
+  """Two processes of one host given one index (or the lists in opposite orders, so both get the
+  same address): the second was told its port was taken, and the first waited the start-up
+  timeout for a peer that had already gone."""
+  a, b = addresses(2)
+  first = Worker([a, b], 0)
+  deadline = time.monotonic() + 10
+  while isinstance(connection := cluster_lib.reach(a, 1.0), str):  # the first one listens
+    assert time.monotonic() < deadline, connection
+  connection.close()
+  second = Worker([a, b] if second_list == "same" else [b, a], second_index)
+  me = f"worker {second_index}"
+  assert str(second.outcome()) == (
+      f"{me}: the worker on this port ({a}) " + words.format(a=a, b=b))
+  assert "connecting from 127.0.0.1" in str(first.outcome())  # at once, not after a timeout

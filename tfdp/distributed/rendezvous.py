@@ -40,7 +40,7 @@ MAX_HELLO_BYTES = 1 << 20
 NOT_A_WORKER = "answers, but not as a tfdp worker"
 
 
-def _listen(cluster: cluster_lib.Cluster) -> socket.socket:
+def _listen(cluster: cluster_lib.Cluster, hello: dict) -> socket.socket:
   """A listener on this task's port, on every interface as TensorFlow's server binds it."""
   address = cluster.cluster[cluster.task_type][cluster.task_index]
   port = cluster_lib.split_address(address)[1]
@@ -59,12 +59,27 @@ def _listen(cluster: cluster_lib.Cluster) -> socket.socket:
       return listener
     except OSError as e:
       listener.close()
-      if e.errno == errno.EADDRINUSE:  # the words tfdp-launch reruns with fresh ports on
+      if e.errno == errno.EADDRINUSE:
+        _check_the_holder(cluster, hello, address)
+        # the words tfdp-launch reruns with fresh ports on
         raise cluster_lib.port_taken_error(cluster, e.strerror) from None
       if family == socket.AF_INET:
         raise ConfigError(f"{cluster.task_type} {cluster.task_index} cannot listen on {address} "
                           f"({e.strerror}); give it an address of this host in TF_CONFIG.") from None
   raise AssertionError("unreachable")
+
+
+def _check_the_holder(cluster: cluster_lib.Cluster, hello: dict, address: str) -> None:
+  """A worker of this very cluster on this task's port: two tasks given one index or lists in
+  another order on one host. Named as such (and the holder stops too, on this hello), not as a
+  port taken; a stranger on the port, another job's worker included, is a port taken."""
+  theirs = knock(address, hello)
+  if isinstance(theirs, dict) and (sorted(sum(theirs["cluster"].values(), [])) ==
+                                   sorted(sum(hello["cluster"].values(), []))):
+    me = f"{cluster.task_type} {cluster.task_index}"
+    problem = _disagreement(cluster, hello, theirs, f"the worker on this port ({address})", me)
+    if problem:
+      raise ClusterError(problem)
 
 
 def _training(cluster: cluster_lib.Cluster) -> dict[str, list[str]]:
@@ -167,7 +182,7 @@ class _Door:
     self.me = f"{cluster.task_type} {cluster.task_index}"
     self.reached_by: set[str] = set()  # the peers whose hello agreed here
     self.problem = ""  # the first disagreement a connecting peer showed
-    self._listener = _listen(cluster)
+    self._listener = _listen(cluster, hello)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._serve, name="tfdp-rendezvous", daemon=True)
     self._thread.start()
