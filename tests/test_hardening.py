@@ -261,6 +261,10 @@ CASES = [
     Case("image_folder_one_class", ("task.train_data", "one class", "'cat'", "two or more"),
          override=IMAGES + ",task.train_data.num_classes=0", setup=lambda folder: helpers.write_image_folder(
              folder / "images", per_class=4, classes=("cat",))),
+    Case("image_folder_one_class_of_ten", ("task.train_data", "one class", "'cat'", "two or more"),
+         override=IMAGES + ",task.train_data.num_classes=10,task.eval_data.num_classes=10",
+         setup=lambda folder: helpers.write_image_folder(folder / "images", per_class=4,
+                                                         classes=("cat",))),
     Case("synthetic_one_class", ("task.train_data", "one class", "two or more"),
          override="task.train_data.num_classes=1"),
     Case("image_folder_not_an_image", ("x.png", "JPEG/PNG"), override=IMAGES,

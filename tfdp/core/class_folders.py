@@ -57,10 +57,10 @@ def class_names(root: str) -> list[str]:
 def check_classes_to_learn(source, key: str = "task.train_data") -> None:
   """One class: its logits are one number, softmax makes it 1, so the loss is 0 and accuracy
   100% from the first step while nothing is learned; refused before anything is written."""
-  if source.num_classes != 1:
-    return
   names = source.info.get("class_names") or []
-  held = f" (its only class folder is '{names[0]}')" if names and names[0] else ""
+  if source.num_classes != 1 and len(names) != 1:  # one folder under num_classes=10: one class
+    return
+  held = f" (its only class folder is '{names[0]}')" if len(names) == 1 and names[0] else ""
   raise DataError(f"{key} has one class{held}: a classifier of one class learns nothing (loss 0, "
                   "accuracy 100% from the first step); give it two or more classes (one "
                   "subfolder per class).")
