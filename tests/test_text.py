@@ -605,3 +605,30 @@ def test_vocab_app_errors_in_one_line(tmp_path, make_input, words):
   assert len(lines) == 1 and lines[0].startswith("tfdp-vocab: error:") and words in lines[0], \
       proc.stderr
   assert not (tmp_path / "v.txt").exists()
+
+
+@pytest.mark.parametrize("kind", ["image", "text"])
+def test_a_fifo_named_like_an_example_is_skipped_and_said_not_opened(tmp_path, caplog, kind):
+  """Both folder readers walk their class folders with one loop (class_folders): the image one
+  opened anything named *.png, and a FIFO there blocked the run for ever before it started."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import sources  # pylint: disable=g-import-not-at-top
+  for name in ("a", "b"):
+    helpers.write_image_folder(tmp_path, per_class=1, size=8, classes=(name,))
+    (tmp_path / name / "x.txt").write_text("words", encoding="utf-8")
+  os.mkfifo(tmp_path / "b" / ("pipe.png" if kind == "image" else "pipe.txt"))
+  listed = []
+  reader = sources.list_image_folder if kind == "image" else text.list_text_folder
+  with caplog.at_level(logging.WARNING):
+    worker = threading.Thread(target=lambda: listed.append(reader(str(tmp_path))), daemon=True)
+    worker.start()
+    worker.join(30)
+  if worker.is_alive():  # unblock the reader so the test process can end
+    with open(tmp_path / "b" / ("pipe.png" if kind == "image" else "pipe.txt"), "wb"):
+      pass
+    pytest.fail("the reader opened the FIFO and waited on it")
+  paths, labels, classes = listed[0]
+  assert classes == ["a", "b"] and labels == [0, 1] and not any("pipe" in p for p in paths)
+  assert f"'{os.path.splitext('pipe.png' if kind == 'image' else 'pipe.txt')[1]}' files" in caplog.text

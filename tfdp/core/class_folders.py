@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 from absl import logging
 
@@ -52,6 +53,38 @@ def class_names(root: str) -> list[str]:
   would be an empty class 0 that shifts every label."""
   return sorted(d for d in os.listdir(root) if not d.startswith(".") and d not in NOT_CLASSES
                 and os.path.isdir(os.path.join(root, d)))
+
+
+def list_class_folders(root: str, kind: str, extensions: tuple[str, ...], example: str,
+                       check: Callable[[str], None]) -> tuple[list[str], list[int], list[str]]:
+  """(paths, labels, class_names) of root/<class>/<file>, sorted: a class folder's own files that
+  end in `extensions` (`kind`: image, text); `check(path)` reads each one, so a broken file is
+  named before training starts. What is not read is said in one warning (SkippedFiles)."""
+  classes = class_names(root)
+  if not classes:
+    raise DataError(f"{kind} folder '{root}' has no class subfolders; lay it out as "
+                    f"root/<class>/{example}.")
+  paths, labels = [], []
+  skipped = SkippedFiles(root, kind, extensions)
+  for label, name in enumerate(classes):
+    found = len(paths)
+    for file in sorted(os.listdir(os.path.join(root, name))):
+      path = os.path.join(root, name, file)
+      if file.startswith("."):
+        continue  # hidden: e.g. macOS's "._cat.jpg" metadata
+      if not (file.lower().endswith(extensions) and os.path.isfile(path)):  # a FIFO would hang
+        skipped.add(path)
+        continue
+      check(path)
+      paths.append(path)
+      labels.append(label)
+    if len(paths) == found:
+      skipped.empty.append(name)
+  if not paths:
+    raise DataError(f"{kind} folder '{root}' holds no {'/'.join(extensions)} files in its class "
+                    f"subfolders; lay it out as root/<class>/{example}.")
+  skipped.say(classes)
+  return paths, labels, classes
 
 
 def check_classes_to_learn(source, key: str = "task.train_data") -> None:

@@ -72,31 +72,7 @@ def list_text_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   read (a class folder without text files, nested folders, other files) is said in one warning."""
   if not os.path.isdir(root):
     raise DataError(f"text folder '{root}' is not a folder; point it at root/<class>/*.txt.")
-  classes = class_folders.class_names(root)
-  if not classes:
-    raise DataError(f"text folder '{root}' has no class subfolders; lay it out as "
-                    "root/<class>/*.txt.")
-  paths, labels = [], []
-  skipped = class_folders.SkippedFiles(root, "text", TEXT_EXTENSIONS)
-  for label, name in enumerate(classes):
-    found = len(paths)
-    for file in sorted(os.listdir(os.path.join(root, name))):
-      path = os.path.join(root, name, file)
-      if file.startswith("."):
-        continue
-      if not _is_text_file(file) or not os.path.isfile(path):
-        skipped.add(path)
-        continue
-      read_text_file(path)
-      paths.append(path)
-      labels.append(label)
-    if len(paths) == found:
-      skipped.empty.append(name)
-  if not paths:
-    raise DataError(f"text folder '{root}' holds no {'/'.join(TEXT_EXTENSIONS)} files in its class "
-                    "subfolders; lay it out as root/<class>/*.txt.")
-  skipped.say(classes)
-  return paths, labels, classes
+  return class_folders.list_class_folders(root, "text", TEXT_EXTENSIONS, "*.txt", read_text_file)
 
 
 def find_text_files(pattern: str) -> list[str]:

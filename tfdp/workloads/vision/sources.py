@@ -52,35 +52,17 @@ def check_source(data: DataConfig, key: str) -> None:
 def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
   """Returns (paths, labels, class_names); checks every file's header so a broken image is
   reported by name before training starts."""
-  classes = class_folders.class_names(root)
-  if not classes:
-    raise DataError(f"image folder '{root}' has no class subfolders; lay it out as root/<class>/*.jpg.")
-  paths, labels = [], []
-  skipped = class_folders.SkippedFiles(root, "image", IMAGE_EXTENSIONS)
-  for label, name in enumerate(classes):
-    found = len(paths)
-    for file in sorted(os.listdir(os.path.join(root, name))):
-      path = os.path.join(root, name, file)
-      if file.startswith("."):
-        continue  # hidden: e.g. macOS's "._cat.jpg" metadata, which is no image
-      if os.path.isdir(path) or not file.lower().endswith(IMAGE_EXTENSIONS):
-        skipped.add(path)
-        continue
-      try:
-        with open(path, "rb") as f:
-          head = f.read(8)
-      except OSError as e:
-        raise DataError(f"image '{path}' cannot be read ({e.strerror}); fix its permissions or remove it.") from None
-      if not head.startswith(_MAGIC):
-        raise DataError(f"image '{path}' is not a readable JPEG/PNG/GIF/BMP file; replace or remove it.")
-      paths.append(path)
-      labels.append(label)
-    if len(paths) == found:
-      skipped.empty.append(name)
-  if not paths:
-    raise DataError(f"image folder '{root}' holds no {'/'.join(IMAGE_EXTENSIONS)} files.")
-  skipped.say(classes)
-  return paths, labels, classes
+  return class_folders.list_class_folders(root, "image", IMAGE_EXTENSIONS, "*.jpg", _check_image)
+
+
+def _check_image(path: str) -> None:
+  try:
+    with open(path, "rb") as f:
+      head = f.read(8)
+  except OSError as e:
+    raise DataError(f"image '{path}' cannot be read ({e.strerror}); fix its permissions or remove it.") from None
+  if not head.startswith(_MAGIC):
+    raise DataError(f"image '{path}' is not a readable JPEG/PNG/GIF/BMP file; replace or remove it.")
 
 
 def _resize(image, size: int):
