@@ -648,7 +648,6 @@ def test_unknown_ids_and_zero_buckets_name_the_file_and_the_config_key(implicit_
     recommenders.RetrievalTask(config).read_rows(config.train_data)
   assert (f"'{implicit_small / 'all.csv'}': user id {users[0]} is not in" in str(excinfo.value)
           and "task.recommender.oov_buckets" in str(excinfo.value)), excinfo.value
-  hashed = config_lib.load_config([], [retrieval_job(implicit_small) + (
-      ",task.recommender.user_vocab_path=,task.recommender.user_buckets=0")]).task
   with pytest.raises(ConfigError, match="'task.recommender.user_buckets' is 0"):
-    recommenders.id_mappings(hashed)
+    config_lib.load_config([], [retrieval_job(implicit_small) + (  # before TensorFlow starts,
+        ",task.recommender.user_vocab_path=,task.recommender.user_buckets=0")])  # not in id_mappings

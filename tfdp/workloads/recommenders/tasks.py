@@ -20,6 +20,17 @@ from tfdp.config.schema import DataConfig, TaskConfig
 from tfdp.errors import ConfigError, DataError
 
 
+def check_buckets(config: TaskConfig, role: str) -> None:
+  """Without a vocabulary file, `role` (user, item) ids are hashed into that many rows."""
+  rec = config.recommender
+  buckets = getattr(rec, f"{role}_buckets")
+  if not getattr(rec, f"{role}_vocab_path") and (
+      isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+    raise ConfigError(f"config key 'task.recommender.{role}_buckets' is {buckets!r}, but "
+                      f"without task.recommender.{role}_vocab_path {role} ids are hashed into "
+                      "that many rows; give at least 1 (e.g. 4096), or a vocabulary file.")
+
+
 def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interactions.IdMapping]:
   rec = config.recommender
 
@@ -27,10 +38,7 @@ def id_mappings(config: TaskConfig) -> tuple[interactions.IdMapping, interaction
     if vocab_path:
       return interactions.IdMapping.from_vocabulary_file(vocab_path, oov_buckets=rec.oov_buckets,
                                                          role=role)
-    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
-      raise ConfigError(f"config key 'task.recommender.{role}_buckets' is {buckets!r}, but "
-                        f"without task.recommender.{role}_vocab_path {role} ids are hashed into "
-                        "that many rows; give at least 1 (e.g. 4096), or a vocabulary file.")
+    check_buckets(config, role)
     return interactions.IdMapping.hashed(buckets)
 
   return (mapping("user", rec.user_vocab_path, rec.user_buckets),
@@ -182,6 +190,8 @@ class MatrixFactorizationTask(tasks.Task):
                           f"0, so it holds no rows out; set {key}.holdout_fraction, e.g. 0.1, or "
                           "use split all.")
     _check_holdouts_agree(config.train_data, config.eval_data)
+    for role in ("user", "item"):  # before TensorFlow starts
+      check_buckets(config, role)
     unknown = sorted(set(config.model.kwargs) - set(cls.KWARGS))
     if unknown:
       raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "
