@@ -484,3 +484,40 @@ def test_a_warm_start_from_a_run_without_the_part_is_said_to_be_another_tasks(tm
   same = tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=dense())).write(
       str(tmp_path / "same"))
   warm_start.restore_into(same, into, "this model's encoder", under=("model", "backbone"))
+
+
+CARRY_SCRIPT = textwrap.dedent("""
+    import json
+    import keras
+    from tfdp.distributed import compat
+    def round_trip(obj):
+      return keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(obj))
+    metric = keras.metrics.CosineSimilarity(axis=0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    clone = keras.models.clone_model(model)
+    adamw = keras.optimizers.AdamW(weight_decay=0.1)
+    adamw.exclude_from_weight_decay(var_list=[model.weights[0]], var_names=["bias"])
+    metric_copy, adamw_copy = round_trip(metric), round_trip(adamw)
+    found = {"upstream_axis": metric_copy._fn_kwargs.get("axis"),
+             "upstream_excluded": [adamw_copy._use_weight_decay(v) for v in clone.weights]}
+    compat.carry_lost_settings(metric, metric_copy, [], [])
+    compat.carry_lost_settings(adamw, adamw_copy, model.weights, clone.weights)
+    found["axis"] = metric_copy._fn_kwargs.get("axis")
+    found["excluded"] = [adamw_copy._use_weight_decay(v) for v in clone.weights]
+    found["users"] = [adamw._use_weight_decay(v) for v in model.weights]
+    print(json.dumps(found))
+""")
+
+
+def test_settings_a_config_drops_are_carried_into_the_rebuilt_metric_and_optimizer():
+  """compat.carry_lost_settings: Keras 3.15's MeanMetricWrapper metrics drop their function's
+  arguments from get_config (CosineSimilarity(axis=0) comes back with axis -1; the metrics' twin
+  of the losses' keras-team/keras#23286), and no optimizer config holds exclude_from_weight_decay.
+  tfdp.fit rebuilds both in the strategy's scope for a model built outside it."""
+  proc = subprocess.run([sys.executable, "-c", CARRY_SCRIPT], capture_output=True, text=True,
+                        env=helpers.env(), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  found = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert found["upstream_axis"] == -1 and found["upstream_excluded"] == [True, True]  # upstream
+  assert found["axis"] == 0  # the fix
+  assert found["excluded"] == found["users"] == [False, False]  # the kernel by id, bias by name

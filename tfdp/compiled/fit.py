@@ -73,9 +73,7 @@ def strategy_for(model, strategy):
   compiled = getattr(model, "compiled", False)
   # outside the try: a changed Keras is said as such
   users_objects = _users_objects(model) if compiled else {}
-  if compiled:
-    _check_rebuilt_alike(model, caller)
-  try:  # clone_model compiles the clone from the compile config: the user's objects by name
+  try:  # the optimizer and metrics hold variables: rebuilt in the scope, the user's by name
     with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
@@ -83,14 +81,44 @@ def strategy_for(model, strategy):
         if isinstance(layer, keras.layers.Normalization):  # as Keras's loading does (not every
           layer.finalize_state()  # layer's: a Discretization's would rebuild from no summary)
       if compiled:
-        clone.compile_from_config(model.get_compile_config())  # a fresh optimizer, in the scope
+        arguments, rebuilt = _rebuilt_compile_arguments(model, clone)
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
     raise ConfigError(
         f"{caller}: the model was built outside the strategy's scope and Keras cannot clone it "
         f"into it ({type(e).__name__}); build and compile it under `with "
         "tfdp.make_strategy().scope():`, or pass a function that returns the compiled model."
     ) from None
+  if compiled:
+    for original, copy in rebuilt:  # outside the try: a setting lost is its own line
+      _check_rebuilt_alike(original, copy, caller)
+    with strategy.scope():
+      clone.compile(**arguments)
   return strategy, clone, model
+
+
+def _rebuilt_compile_arguments(model, clone):
+  """compile()'s arguments for the clone: the user's own losses as given (a loss holds no
+  variables; rebuilt from its config, Huber(delta=0.3) came back with delta 1.0), a fresh
+  optimizer and metrics from their configs (they hold variables, which must be the scope's),
+  each with what its config drops carried (compat.carry_lost_settings). Returns (arguments,
+  [(the user's object, its rebuilt copy)])."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  arguments, rebuilt = compat.compile_arguments(model), []
+
+  def rebuild(leaf):  # as compile_from_config does (optimizers.deserialize made Lamb a str)
+    if not isinstance(leaf, (keras.metrics.Metric, keras.optimizers.Optimizer)):
+      return leaf  # a name or a function: compile() makes it in the scope
+    copy = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(leaf))
+    compat.carry_lost_settings(leaf, copy, model.weights, clone.weights)
+    rebuilt.append((leaf, copy))
+    return copy
+
+  arguments["optimizer"] = rebuild(arguments["optimizer"])
+  for key in ("metrics", "weighted_metrics"):
+    if arguments.get(key) is not None:
+      arguments[key] = keras.tree.map_structure(rebuild, arguments[key])
+  return arguments, rebuilt
 
 
 def _all_layers(model):
@@ -103,31 +131,39 @@ def _all_layers(model):
 _SETTINGS = (int, float, str, bool, type(None))
 
 
-def _check_rebuilt_alike(model, caller: str) -> None:
-  """The clone is compiled from the compile config: a user's Loss or Metric class is rebuilt
-  by from_config(get_config()), which drops what its get_config does not return (a
-  ScaledLoss(scale=3.0) trained as scale 1.0, silently)."""
+def _check_rebuilt_alike(original, copy, caller: str) -> None:
+  """The clone's optimizer and metrics are rebuilt by from_config(get_config()), which drops
+  what a class's get_config does not return (BoostedSGD(boost=10) trained as boost 1.0,
+  silently); refused, naming the setting."""
   import keras  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  for leaf in keras.tree.flatten(compat.compile_arguments(model)):
-    if (not isinstance(leaf, (keras.losses.Loss, keras.metrics.Metric))
-        or type(leaf).__module__.startswith("keras.")):
+  if isinstance(original, keras.optimizers.Optimizer):
+    base = keras.optimizers.Optimizer(learning_rate=0.01)
+  else:
+    base = keras.metrics.Metric()
+  keras_own = ({k for k in vars(base) if k.startswith("_")} | {"name", "built"} |
+               set(compat.CARRIED_SETTINGS))
+  rebuilt = getattr(copy, "__dict__", {})
+  for name, value in getattr(original, "__dict__", {}).items():
+    if name in keras_own or not _is_setting(value) or value in ([], (), {}, set()):  # state
       continue
-    try:
-      rebuilt = vars(type(leaf).from_config(leaf.get_config()))
-      base = keras.losses.Loss if isinstance(leaf, keras.losses.Loss) else keras.metrics.Metric
-      keras_own = {k for k in vars(base()) if k.startswith("_")} | {"name"}  # no setting of yours
-    except Exception:  # pylint: disable=broad-except  (the clone's compile says it)
-      continue
-    for name, value in vars(leaf).items():
-      if name in keras_own:
-        continue
-      if isinstance(value, _SETTINGS) and (name not in rebuilt or rebuilt[name] != value):
-        raise ConfigError(
-            f"{caller}: the model was built outside the strategy's scope, and the copy made in it "
-            f"would rebuild {type(leaf).__name__} from its get_config(), which loses "
-            f"{name}={value!r}; return it from get_config(), or build and compile the model "
-            "under `with tfdp.make_strategy().scope():`.")
+    if name not in rebuilt or rebuilt[name] != value:
+      raise ConfigError(
+          f"{caller}: the model was built outside the strategy's scope, and the copy made in it "
+          f"would rebuild {type(original).__name__} from its get_config(), which loses "
+          f"{name}={value!r}; return it from get_config(), or build and compile the model "
+          "under `with tfdp.make_strategy().scope():`.")
+
+
+def _is_setting(value) -> bool:
+  """A plain value (a number, a string, None) or a list, tuple, set or dict of them."""
+  if isinstance(value, _SETTINGS):
+    return True
+  if isinstance(value, (list, tuple, set, frozenset)):
+    return all(_is_setting(v) for v in value)
+  if isinstance(value, dict):
+    return all(_is_setting(k) and _is_setting(v) for k, v in value.items())
+  return False
 
 
 def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:

@@ -182,6 +182,28 @@ def compile_arguments(model) -> dict:
   return dict(arguments)
 
 
+def carry_lost_settings(source, target, source_weights, target_weights) -> None:
+  """A metric or optimizer rebuilt from its config (`target`, made in a strategy's scope) gets
+  what Keras 3.15's get_config drops: a MeanMetricWrapper's function arguments
+  (`metrics.CosineSimilarity(axis=0)` came back with axis -1; the losses' twin of keras-team/keras
+  #23286), and an optimizer's exclude_from_weight_decay (its variables by key, mapped from
+  `source_weights` to `target_weights`, and its name pattern), which no config holds. Tested in
+  test_compat.py."""
+  import keras  # pylint: disable=g-import-not-at-top
+  if isinstance(source, keras.metrics.MeanMetricWrapper) and hasattr(source, "_fn_kwargs"):
+    target._fn_kwargs = dict(source._fn_kwargs)  # pylint: disable=protected-access
+  excluded = getattr(source, "_exclude_from_weight_decay", None)
+  pattern = getattr(source, "_exclude_from_weight_decay_pattern", None)
+  if isinstance(source, keras.optimizers.Optimizer) and (excluded or pattern is not None):
+    by_key = {source._var_key(a): b for a, b in zip(source_weights, target_weights)}  # pylint: disable=protected-access
+    target.exclude_from_weight_decay(var_list=[by_key[k] for k in excluded or () if k in by_key])
+    target._exclude_from_weight_decay_pattern = pattern  # pylint: disable=protected-access
+
+
+CARRIED_SETTINGS = ("_fn_kwargs", "_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern",
+                    "_exclude_from_weight_decay_cache")
+
+
 def metrics_in_keras_order(model, logs: dict):
   """What `model.evaluate(return_dict=False)` returns for its `logs`: the one value, or a list in
   model.metrics_names order (a CompileMetrics expanded to its metrics, then the rest sorted):
