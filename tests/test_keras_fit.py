@@ -96,6 +96,11 @@ def test_input_forms_and_weights(forms_result):
   assert np.isfinite(forms_result["dict_arrays"])
   assert forms_result["batched_dataset"] == [16, 6]
   assert forms_result["unbatched_dataset"] == [32, 3]
+  # drop_remainder's static batch dimension: each batch was one example (1 step, 6 predictions
+  # of shape (16, 3)) for a model without keras.Input; the dict's first key ('a', rank 2) against
+  # the first input ('img', rank 3) was refused. Seen failing on the old heuristic (a probe).
+  assert forms_result["drop_remainder"] == {"no_input": [16, 6], "no_input_predict_rows": 96,
+                                            "no_input_evaluated": 96, "dict_first_key": 6}
 
 
 def test_keras_methods_work_on_the_trained_model_and_one_hot_metrics_are_exact(forms_result):

@@ -154,6 +154,27 @@ def forms_case():
   batched = tf.data.Dataset.from_tensor_slices((dict_x, y)).batch(16)
   h = tfdp.fit(two, batched, epochs=1, model_dir="runs/dict_ds", verbose=0)
   out["batched_dataset"] = [h.params["batch_size"], h.final["step"]]
+  # Batched with drop_remainder (a static batch dimension), into a model without keras.Input and
+  # into one whose dict's first key is not its first input: each batch was taken for one example.
+  dropped = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+  with strategy.scope():
+    no_input = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)])
+    compile_small(no_input)
+  h = tfdp.fit(no_input, dropped, epochs=1, model_dir="runs/dropped", verbose=0)
+  rank_three = RNG.normal(size=(96, 2, 3)).astype("float32")
+  with strategy.scope():
+    image, vector = keras.Input((2, 3), name="img"), keras.Input((3,), name="a")
+    mixed = keras.Model([image, vector], keras.layers.Dense(3)(keras.layers.Concatenate()(
+        [keras.layers.Flatten()(image), vector])))
+    compile_small(mixed)
+  mixed_dropped = tf.data.Dataset.from_tensor_slices(
+      ({"img": rank_three, "a": x[:, :3]}, y)).batch(16, drop_remainder=True)
+  out["drop_remainder"] = {
+      "no_input": [h.params["batch_size"], h.final["step"]],
+      "no_input_predict_rows": int(tfdp.predict(no_input, dropped.map(lambda a, b: a)).shape[0]),
+      "no_input_evaluated": tfdp.evaluate(no_input, dropped)["examples"],
+      "dict_first_key": tfdp.fit(mixed, mixed_dropped, epochs=1, model_dir="runs/dropped_dict",
+                                 verbose=0).final["step"]}
   unbatched = tf.data.Dataset.from_tensor_slices((x, y, weights))
   with strategy.scope():
     plain = small_classifier()

@@ -182,11 +182,20 @@ def _unbatched(dataset, model_input_ranks):
   specs = [s for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
   if not specs:
     return dataset, 0
-  first = tf.nest.flatten(dataset.element_spec)[0]
   leading = [s.shape[0] if s.shape.rank else -1 for s in specs]
   batched = all(d is None for d in leading)
-  if not batched and model_input_ranks and first.shape.rank is not None:
-    batched = first.shape.rank == model_input_ranks[0] and len(set(leading)) == 1
+  if not batched and len(set(leading)) == 1 and leading[0] not in (None, -1):  # drop_remainder?
+    spec = dataset.element_spec
+    x_ranks = sorted(s.shape.rank if s.shape.rank is not None else -1 for s in tf.nest.flatten(
+        spec[0] if isinstance(spec, tuple) else spec) if hasattr(s, "shape"))
+    if model_input_ranks and len(x_ranks) == len(model_input_ranks):
+      batched = x_ranks == sorted(model_input_ranks)  # x's ranks as the inputs', batch included
+    else:  # no symbolic inputs to tell by (subclassed, no keras.Input): Keras's rule
+      batched = True
+      logging.info(errors.as_caller(
+          f"the dataset's parts all lead with {leading[0]} and the model has no keras.Input to "
+          f"tell by: taken as batches of {leading[0]}, as Keras takes a dataset (unbatched "
+          "examples: give the model a keras.Input, or .batch() the dataset yourself)"))
   if not batched:
     return dataset, 0
   batch = leading[0] if leading[0] not in (None, -1) else 0
