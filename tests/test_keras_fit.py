@@ -80,6 +80,13 @@ def test_the_model_is_usable_afterwards_and_a_finished_run_returns_its_history(m
   assert len(first["loss"]) == 2 and again["loss"] == first["loss"]
   assert again["val_loss"] == first["val_loss"]
   assert metrics_result["rerun_final_eval_loss"] == pytest.approx(first["val_loss"][-1])
+  # Weights changed since the run handed them back: the same model_dir would restore the run's
+  # checkpoint over them (seen failing on the old code: silently replaced, a probe's 10 epochs
+  # of model.fit lost).
+  refused, kept = metrics_result["changed_since"]
+  assert refused.startswith("tfdp.fit: the model's weights changed since its run in "
+                            "runs/metrics handed them back") and "another model_dir" in refused
+  assert kept == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,12 @@ def metrics_case():
                    model_dir="runs/metrics", verbose=0)  # finished: its history, at once
   predicted = tfdp.predict(model, x_val, batch_size=9)
   model.save("after.keras")
-  return {"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
+  changed = [w + 0.01 for w in model.get_weights()]  # weights loaded (or trained) since
+  model.set_weights(changed)
+  refused = one_line(lambda: tfdp.fit(model, x, y, batch_size=13, epochs=2,
+                                      validation_data=(x_val, y_val), model_dir="runs/metrics"))
+  kept = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), changed))
+  return {"changed_since": [refused, kept],"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
           "output_losses": own_losses,
           "tfdp_evaluate": tfdp.evaluate(model, x_val, y_val, batch_size=9),
           "predict_difference": float(max(np.abs(predicted[k] - v).max()

@@ -15,6 +15,7 @@ Keras model afterwards (`model.evaluate`, `model.predict`, `model.save` in the s
 from __future__ import annotations
 
 import os
+import weakref
 
 from absl import logging
 
@@ -350,6 +351,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   if isinstance(model, keras.Model):  # before any clone: what cannot run is said first
     task_lib.check_compiled(model)
     optim.check_compiled_optimizer(getattr(model, "optimizer", None))
+    _check_unchanged_since_its_run(model, model_dir)
   strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
@@ -428,9 +430,39 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
       copy_optimizer_state(trained.optimizer, users_model.optimizer,
                            users_model.trainable_variables)
       users_model.stop_training = trained.stop_training  # an EarlyStopping's stop, as Keras's
+    _HANDED_BACK[users_model or trained] = (os.path.realpath(built.model_dir),
+                                            _fingerprint(users_model or trained))
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
+
+
+# A model's weights as tfdp.fit left them, with its run's model_dir: that model_dir resumes
+# the run from its checkpoint, which would replace weights trained (or loaded) since.
+_HANDED_BACK = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(model) -> str:
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.blake2b(digest_size=16)
+  for weight in model.get_weights():
+    digest.update(weight.tobytes())
+  return digest.hexdigest()
+
+
+def _check_unchanged_since_its_run(model, model_dir) -> None:
+  """The same model_dir again resumes its run, restoring the checkpoint over the model: after a
+  model.fit (or a load_weights) since tfdp.fit handed it back, those weights were lost, silently
+  (a probe: accuracy 0.929 → 0.221)."""
+  handed = _HANDED_BACK.get(model)
+  if model_dir is None or handed is None or handed[0] != os.path.realpath(model_dir):
+    return
+  if _fingerprint(model) != handed[1]:
+    raise ConfigError(
+        f"tfdp.fit: the model's weights changed since its run in {model_dir} handed them back "
+        "(trained or loaded since), and that model_dir resumes the run from its checkpoint, "
+        "which would replace them; pass another model_dir (or none: a fresh run) to train on "
+        "from these weights.")
 
 
 def _learning_rate(optimizer) -> float | None:
