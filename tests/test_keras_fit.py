@@ -139,7 +139,9 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
               "infinite": "steps_per_epoch",
               "one_hot_sparse": "one-hot", "model_checkpoint": "drop it from callbacks",
               "subclassed_outside": "make_strategy().scope()",
-              "ids_categorical": "one-hot labels"}
+              "ids_categorical": "one-hot labels",
+              # a bare, empty StopIteration before (a probe)
+              "one_shot": "x gave no examples when read again"}
   assert_one_lines(errors, expected)
   assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]

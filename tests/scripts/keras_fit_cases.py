@@ -95,12 +95,7 @@ def metrics_case():
                    model_dir="runs/metrics", verbose=0)  # finished: its history, at once
   predicted = tfdp.predict(model, x_val, batch_size=9)
   model.save("after.keras")
-  changed = [w + 0.01 for w in model.get_weights()]  # weights loaded (or trained) since
-  model.set_weights(changed)
-  refused = one_line(lambda: tfdp.fit(model, x, y, batch_size=13, epochs=2,
-                                      validation_data=(x_val, y_val), model_dir="runs/metrics"))
-  kept = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), changed))
-  return {"changed_since": [refused, kept],"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
+  out = {"reference": {k: float(v) for k, v in reference.items()}, "tfdp": tfdp_val,
           "output_losses": own_losses,
           "tfdp_evaluate": tfdp.evaluate(model, x_val, y_val, batch_size=9),
           "predict_difference": float(max(np.abs(predicted[k] - v).max()
@@ -113,6 +108,13 @@ def metrics_case():
           "saved": os.path.exists("after.keras"),
           "config_yaml": __import__("yaml").safe_load(open("runs/metrics/config.yaml")),
           "exported": os.path.exists("runs/metrics/model.keras")}
+  changed = [w + 0.01 for w in model.get_weights()]  # weights loaded (or trained) since
+  model.set_weights(changed)
+  refused = one_line(lambda: tfdp.fit(model, x, y, batch_size=13, epochs=2,
+                                      validation_data=(x_val, y_val), model_dir="runs/metrics"))
+  kept = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), changed))
+  out["changed_since"] = [refused, kept]
+  return out
 
 
 def small_classifier(width=6):
@@ -220,6 +222,10 @@ def forms_case():
       "ids_categorical": one_line(lambda: tfdp.fit(onehot, x, y, batch_size=16,
                                                    model_dir="runs/bad")),
   })
+  stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
+  one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
+      tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)
+  out["errors"]["one_shot"] = one_line(lambda: tfdp.fit(plain, one_shot, model_dir="runs/bad"))
   out["bad_dir_untouched"] = not os.path.exists("runs/bad")
   # Fewer examples than one batch: one step, as Keras takes it (tfdp refused it once).
   out["fewer_than_a_batch"] = tfdp.fit(plain, x[:10], y[:10], batch_size=16, epochs=1,
@@ -345,6 +351,10 @@ def parity_case():
       "label_out_of_range": one_line(lambda: tfdp.fit(plain, x, y + 5, model_dir="runs/range",
                                                       verbose=0)),
   }
+  stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
+  one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
+      tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)
+  out["errors"]["one_shot"] = one_line(lambda: tfdp.fit(plain, one_shot, model_dir="runs/bad"))
   out["bad_dir_untouched"] = not os.path.exists("runs/bad")
   return out
 

@@ -177,11 +177,11 @@ def _from_arrays(x, y, sample_weight, argument: str):
 def _unbatched(dataset, model_input_ranks):
   """A dataset Keras would take batched (its leading dimension unknown, or matching the model's
   input rank) is unbatched here: tfdp batches with the global batch. Returns (dataset, its batch
-  size or 0)."""
+  size or 0, its examples where finding the batch size counted them, else None)."""
   tf = _tf()
   specs = [s for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
   if not specs:
-    return dataset, 0
+    return dataset, 0, None
   leading = [s.shape[0] if s.shape.rank else -1 for s in specs]
   batched = all(d is None for d in leading)
   if not batched and len(set(leading)) == 1 and leading[0] not in (None, -1):  # drop_remainder?
@@ -197,18 +197,32 @@ def _unbatched(dataset, model_input_ranks):
           f"tell by: taken as batches of {leading[0]}, as Keras takes a dataset (unbatched "
           "examples: give the model a keras.Input, or .batch() the dataset yourself)"))
   if not batched:
-    return dataset, 0
+    return dataset, 0, None
   batch = leading[0] if leading[0] not in (None, -1) else 0
-  if not batch:  # .batch(n) without drop_remainder: the first batch says n
-    for element in dataset.take(1):
+  count = None
+  if not batch and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    for element in dataset.take(1):  # .batch(n) without drop_remainder: the first batch says n
       batch = int(tf.nest.flatten(element)[0].shape[0])
-  return dataset.unbatch(), batch
+  elif not batch:  # its examples and its first batch in one pass: each pass is another order
+    sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
+    count, batch = (int(v) for v in sizes.reduce(
+        (tf.constant(0, tf.int64), tf.constant(0, tf.int64)), _do_not_convert(
+            lambda state, size: (state[0] + size, tf.where(state[1] > 0, state[1], size)))))
+  return dataset.unbatch(), batch, count
 
 
-def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: str):
-  """Examples in one pass: known, counted in one pass, or `steps` batches of a dataset that
-  repeats for ever (a training run's whole stream: epochs × steps_per_epoch)."""
+def _do_not_convert(fn):
+  return _tf().autograph.experimental.do_not_convert(fn)
+
+
+def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: str,
+           counted: int | None = None):
+  """Examples in one pass: known (`counted`: by _unbatched), counted in one pass, or `steps`
+  batches of a dataset that repeats for ever (a training run's whole stream: epochs ×
+  steps_per_epoch)."""
   tf = _tf()
+  if counted is not None:
+    return dataset, counted
   cardinality = int(dataset.cardinality())
   if cardinality == tf.data.INFINITE_CARDINALITY:
     if not steps:
@@ -216,15 +230,29 @@ def _count(dataset, steps: int, global_batch: int, argument: str, steps_name: st
     return dataset.take(steps * global_batch), steps * global_batch
   if cardinality >= 0:
     return dataset, cardinality
-  ones = dataset.map(tf.autograph.experimental.do_not_convert(lambda *_: tf.constant(1, tf.int64)))
-  return dataset, int(ones.reduce(tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(
+  ones = dataset.map(_do_not_convert(lambda *_: tf.constant(1, tf.int64)))
+  return dataset, int(ones.reduce(tf.constant(0, tf.int64), _do_not_convert(
       lambda count, one: count + one)))
 
 
-def first_examples(source: data_lib.Source, count: int = 8) -> dict:
+FIRST_EXAMPLES = 8
+
+
+def first_examples(source: data_lib.Source, count: int = FIRST_EXAMPLES) -> dict:
   """A batch of the source's first `count` examples (x, y, ...): what Keras's fit builds on and
-  tfdp's checks run the model on."""
-  return next(iter(source.read([0]).take(count).batch(count)))
+  tfdp's checks run the model on. Read once per source: each read of a dataset is another pass
+  (a seeded shuffle's next order, a shuffle buffer filled again)."""
+  tf = _tf()
+  first = getattr(source, "_first_examples", None)
+  if first is None:
+    try:
+      first = next(iter(source.read([0]).take(FIRST_EXAMPLES).batch(FIRST_EXAMPLES)))
+    except StopIteration:  # counted, then empty: a one-shot source (a generator over an iterator)
+      raise fail("x", "gave no examples when read again (tfdp reads data once to count it, then "
+                 "once per epoch)", "make it re-readable, e.g. Dataset.from_generator(make) "
+                 "where make() returns a new generator each call") from None
+    source._first_examples = first  # pylint: disable=protected-access
+  return tf.nest.map_structure(lambda t: t[:count], first)
 
 
 def check_batch_size(name: str, value) -> int | None:
@@ -273,7 +301,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                  "pass validation_data=<a dataset> instead")
     if labels:
       _check_has_labels(x, "x")
-    dataset, dataset_batch = _unbatched(x, model_input_ranks)
+    dataset, dataset_batch, counted = _unbatched(x, model_input_ranks)
     if batch_size and dataset_batch and batch_size != dataset_batch:  # Keras ignores it too
       logging.warning(errors.as_caller(f"batch_size={batch_size} is not used: x is a dataset "
                                        f"batched by {dataset_batch}, whose batches decide, as "
@@ -282,7 +310,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
     repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
-                            steps_name)
+                            steps_name, counted)
     from_arrays, validation = False, None
   else:
     if y is None and labels:
@@ -320,10 +348,10 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
   if is_dataset(validation_data):
     if labels:
       _check_has_labels(validation_data, "validation_data")
-    dataset, dataset_batch = _unbatched(validation_data, model_input_ranks)
+    dataset, dataset_batch, counted = _unbatched(validation_data, model_input_ranks)
     batch = dataset_batch or batch_size
     dataset, count = _count(dataset, validation_steps or 0, batch, "validation_data",
-                            "validation_steps")
+                            "validation_steps", counted)
     if validation_steps:  # Keras evaluates the first validation_steps batches
       count = min(count, validation_steps * batch)
       dataset = dataset.take(count)
@@ -347,8 +375,8 @@ def predict_source(x, model_input_ranks=()) -> data_lib.Source:
   if x is None:
     raise fail("x", "is None", "pass the inputs to predict")
   if is_dataset(x):
-    dataset, _ = _unbatched(x, model_input_ranks)
-    dataset, count = _count(dataset, 0, 1, "x", "steps")
+    dataset, _, counted = _unbatched(x, model_input_ranks)
+    dataset, count = _count(dataset, 0, 1, "x", "steps", counted)
   else:
     dataset, count = _from_arrays(x, None, None, "x")
   if not count:
