@@ -103,6 +103,10 @@ def test_input_forms_and_weights(forms_result):
   assert np.isfinite(forms_result["dict_arrays"])
   assert forms_result["batched_dataset"] == [16, 6]
   assert forms_result["unbatched_dataset"] == [32, 3]
+  # Seeds 1 and 2 shuffle the arrays differently, seed 1 twice alike (seen failing on the old
+  # code: tfdp's own fixed seed, the same weights for every user seed).
+  other_seed, same_seed = forms_result["seeded"]
+  assert other_seed > 1e-4 and same_seed == 0.0
   # drop_remainder's static batch dimension: each batch was one example (1 step, 6 predictions
   # of shape (16, 3)) for a model without keras.Input; the dict's first key ('a', rank 2) against
   # the first input ('img', rank 3) was refused. Seen failing on the old heuristic (a probe).

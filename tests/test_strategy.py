@@ -247,3 +247,21 @@ def test_a_runs_multi_worker_strategy_is_the_one_a_worker_process_has(monkeypatc
   one = strategy_lib.StrategyPlan("one_device", ("/cpu:0",))
   monkeypatch.setattr(strategy_lib, "_MADE", [strategy_lib._Made(run, one, runtime())])  # pylint: disable=protected-access
   assert strategy_lib.last_made() is None  # a single-host run's: the user makes their own
+
+
+def test_tfdp_fit_workers_with_other_keras_seeds_are_told_to_set_one_seed():
+  """tfdp.fit shuffles arrays by keras.utils.set_random_seed's seed: workers that seed by rank
+  would each read a share of another order (examples twice and never); the config line's fix
+  ('the same config files, overrides and model_dir') was no fix for them."""
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
+  plans = [strategy_lib.worker_plan(strategy_lib.StrategyPlan("multi_worker_mirrored"), 1,
+                                    {"trainer.seed": str(seed), "--model_dir": "runs/x"})
+           for seed in (0, 1)]
+  with errors.speaking_as(fit_lib.terms()):
+    with pytest.raises(ConfigError, match=r"^workers disagree before training on their config: "
+                       r"worker 1 has trainer.seed=1 \(worker 0: 0\); set one "
+                       r"keras.utils.set_random_seed on every worker"):
+      strategy_lib.check_workers_agree(plans)
+  with pytest.raises(ConfigError, match="the same config files, overrides"):  # tfdp-train
+    strategy_lib.check_workers_agree(plans)

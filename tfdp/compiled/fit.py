@@ -266,6 +266,7 @@ def _users_objects(model) -> dict:
 
 
 def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision: str):
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(list(config_files), in_process.overrides(params))
   config.task.name = "keras_model"
   config.task.model = config_lib.ModelConfig(name="keras_model")
@@ -277,6 +278,9 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
     config.task.train_data.shuffle_buffer = inputs.train.num_examples  # Keras shuffles it all
   config.task.eval_flip, config.task.eval_translate, config.task.label_smoothing = False, 0, 0.0
   trainer = config.trainer
+  users_seed = compat.seed_state()[0]  # keras.utils.set_random_seed's, as model.fit shuffles by
+  if users_seed is not None and trainer.seed == config_lib.TrainerConfig().seed:  # not in params
+    trainer.seed = int(users_seed)
   trainer.epochs, trainer.global_batch_size = epochs, inputs.global_batch
   trainer.eval_batch_size = inputs.validation_batch or inputs.global_batch
   # The compiled optimizer is the recipe: none of the config's schedule, decay, clip or EMA.
