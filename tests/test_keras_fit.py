@@ -145,7 +145,8 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
               "subclassed_outside": "make_strategy().scope()",
               "ids_categorical": "one-hot labels",
               # a bare, empty StopIteration before (a probe)
-              "one_shot": "x gave no examples when read again"}
+              "one_shot": "x gave no examples when read again",
+              "metric_named_steps": "named 'steps', the name of tfdp's own count"}
   assert_one_lines(errors, expected)
   assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]

@@ -232,6 +232,13 @@ def forms_case():
     by_seed.append(plain.get_weights())
   out["seeded"] = [max(float(np.abs(a - b).max()) for a, b in zip(by_seed[i], by_seed[j]))
                    for i, j in ((0, 1), (0, 2))]
+  with strategy.scope():  # the history's train_steps column took its place (a probe)
+    named_steps = small_classifier()
+    named_steps.compile(keras.optimizers.SGD(0.1),
+                        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        metrics=[keras.metrics.SparseCategoricalAccuracy(name="steps")])
+  out["errors"]["metric_named_steps"] = one_line(lambda: tfdp.fit(named_steps, x, y,
+                                                                  model_dir="runs/bad"))
   stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
   one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
       tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)

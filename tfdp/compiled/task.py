@@ -140,6 +140,11 @@ class CompiledModelTask(tasks.Task):
     self._state_sizes = [int(v.size) for v in self._metric_initial]
     self.metric_state_size = int(sum(self._state_sizes))
     self._metric_names = list(self.metric_state_values(np.zeros(self.metric_state_size)))
+    taken = sorted(set(self._metric_names) & {"steps", "examples"})
+    if taken:  # the history's row would lose it to the count (train_steps, eval_examples)
+      raise ConfigError(f"a compiled metric is named '{taken[0]}', the name of tfdp's own count "
+                        f"of {taken[0]} in the history and tfdp.evaluate; give it another name "
+                        f"(e.g. name='{taken[0]}_metric').")
     return self
 
   def _attach_without_loss(self, model) -> "CompiledModelTask":
