@@ -146,7 +146,10 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
               "ids_categorical": "one-hot labels",
               # a bare, empty StopIteration before (a probe)
               "one_shot": "x gave no examples when read again",
-              "metric_named_steps": "named 'steps', the name of tfdp's own count"}
+              "metric_named_steps": "named 'steps', the name of tfdp's own count",
+              "validation_width": "the model does not take validation_data's x as given",
+              "validation_labels": "validation_data's y does not fit the loss",
+              "labels_shape": "y does not fit the loss on the model's outputs"}
   assert_one_lines(errors, expected)
   assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]

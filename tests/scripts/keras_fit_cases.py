@@ -239,6 +239,15 @@ def forms_case():
                         metrics=[keras.metrics.SparseCategoricalAccuracy(name="steps")])
   out["errors"]["metric_named_steps"] = one_line(lambda: tfdp.fit(named_steps, x, y,
                                                                   model_dir="runs/bad"))
+  # Keras's bare errors from inside the traced step, or after an epoch (validation_data): now one
+  # line before anything runs (a probe; runs/bad stays unwritten).
+  out["errors"]["validation_width"] = one_line(lambda: tfdp.fit(
+      plain, x, y, validation_data=(x[:, :4], y), model_dir="runs/bad", verbose=0))
+  out["errors"]["validation_labels"] = one_line(lambda: tfdp.fit(
+      plain, x, y, validation_data=(x, np.zeros((96, 5), np.float32)), model_dir="runs/bad",
+      verbose=0))
+  out["errors"]["labels_shape"] = one_line(lambda: tfdp.fit(
+      plain, x, np.zeros((96, 5), np.float32), model_dir="runs/bad", verbose=0))
   stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
   one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
       tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)

@@ -43,20 +43,20 @@ def _said_as_compile_mismatch():
   model.fit fails on them too), in one line."""
   try:
     yield
-  except ValueError as e:
+  except (ValueError, KeyError) as e:  # KeyError: a loss's output missing from dict labels
     raise ConfigError(
         f"compile()'s losses or metrics do not match the model's outputs (Keras: "
         f"{keras_error_line(e)[:200]}); give them per output, e.g. metrics={{'<output name>': "
         "['mae']}, or as a list in the outputs' order.") from None
 
 
-def outputs_of(model, x):
+def outputs_of(model, x, which: str = "x"):
   """The model's outputs on a small batch of x, or one line saying the model does not take it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     return model(x, training=False)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-    raise DataError(f"the model does not take x as given (x: {_spec_of(x)}; "
+    raise DataError(f"the model does not take {which} as given ({which}: {_spec_of(x)}; "
                     f"Keras: {keras_error_line(e)[:240]}); pass x in the shape "
                     "and structure of the model's inputs.") from None
 
@@ -112,6 +112,11 @@ class CompiledModelTask(tasks.Task):
       self._flat_losses.append((tuple(path), _unreduced(loss), 1.0 if weight is None else
                                 float(weight), reduction))
       loss_names.append(f"{name}_loss")
+    self._check_losses_take(y_true, y_pred, "y")
+    if getattr(inputs, "validation", None) is not None:  # not after an epoch has trained
+      held = inputs_lib.first_examples(inputs.validation)
+      held_pred = outputs_of(model, held["x"], "validation_data's x")
+      self._check_losses_take(self._align(held["y"], held_pred), held_pred, "validation_data's y")
     # Keras divides a masked loss by the batch's unmasked steps (a sum by nothing, a
     # mean_with_sample_weight by the weights): over the global batch, which needs its counts.
     self._global_counts = any(r != "mean" or compat.keras_mask(_at(y_pred, p)) is not None
@@ -155,6 +160,22 @@ class CompiledModelTask(tasks.Task):
     self._metrics, self._metric_variables, self._metric_initial = None, [], []
     self._state_sizes, self.metric_state_size, self._metric_names = [], 0, []
     return self
+
+  def _check_losses_take(self, y_true, y_pred, which: str) -> None:
+    """Each compiled loss on a few examples, eagerly: labels it cannot take fail here in one
+    line, not as Keras's error from inside the traced step (or, for validation_data, after an
+    epoch has trained)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    for path, loss, _, _ in self._flat_losses:
+      try:
+        loss(_at(y_true, path), _at(y_pred, path))
+      except (ValueError, TypeError, KeyError, IndexError, tf.errors.InvalidArgumentError) as e:
+        raise DataError(
+            f"{which} does not fit the loss on the model's outputs ({which}: "
+            f"{_spec_of(_at(y_true, path))}; outputs: {_spec_of(_at(y_pred, path))}; Keras: "
+            f"{keras_error_line(e)[:200]}); pass labels that loss takes (for a sparse loss, "
+            "labels within its classes: ids 0..n-1; one-hot rows for a categorical one; the "
+            "outputs' shape for mse).") from None
 
   def _align(self, y_true, y_pred):
     """Labels in the structure of the outputs (a dict of labels for a list of named outputs)."""
