@@ -220,10 +220,14 @@ def test_run_eagerly_trains_compiled_and_says_so(model_result):
   raw NotImplementedError; a model that traces fine still trains, with one warning."""
   assert_same_run(model_result["eager"])
   assert_one_line(model_result["errors"]["eager_only"], "run_eagerly=True", "model.fit")
+  for called in ("evaluate", "predict"):  # a bare NotImplementedError before (a probe)
+    line = model_result["errors"][f"eager_only_{called}"]
+    assert_one_line(line.replace(f"tfdp.{called}: ", "tfdp.fit: ", 1), "run_eagerly=True",
+                    "fails when traced")
   assert model_result["bad_dir_untouched"]
-  warned = [l for l in model_result["stderr"].splitlines()
+  warned = [l.split("tfdp.", 1)[1].split(":", 1)[0] for l in model_result["stderr"].splitlines()
             if "compiled with run_eagerly=True; tfdp runs it compiled" in l]
-  assert len(warned) == 2  # the model that trains, and the one refused
+  assert warned == ["fit", "fit", "evaluate", "predict"]  # one trains; the others are refused
 
 
 def test_a_pure_dtype_policy_is_kept_and_recorded(model_result):

@@ -377,6 +377,8 @@ def model_case() -> dict:
                        run_eagerly=True)
   out["errors"]["eager_only"] = one_line(lambda: tfdp.fit(eager_only, X, Y,
                                                          model_dir="runs/bad_2"))
+  out["errors"]["eager_only_evaluate"] = one_line(lambda: tfdp.evaluate(eager_only, X, Y))
+  out["errors"]["eager_only_predict"] = one_line(lambda: tfdp.predict(eager_only, X))
   out["bad_dir_untouched"] = not any(os.path.exists(f"runs/bad_{i}") for i in (1, 2))
   # A pure global policy is the user's again afterwards, and config.yaml says what ran.
   keras.config.set_dtype_policy("bfloat16")

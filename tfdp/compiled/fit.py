@@ -391,7 +391,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
   if getattr(trained, "run_eagerly", False):
-    _check_traces(trained, task.sample["x"])
+    check_traces(trained, task.sample["x"])
   from tfdp.distributed import cluster  # pylint: disable=g-import-not-at-top
   start_over = model_dir is None and cluster.group_restart() is None
   model_dir = model_dir or os.path.join(DEFAULT_RUNS, trained.name)
@@ -475,20 +475,20 @@ def _learning_rate(optimizer) -> float | None:
   return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
 
 
-def _check_traces(model, x) -> None:
+def check_traces(model, x) -> None:
   """compile(run_eagerly=True): tfdp traces its steps all the same; a call() that needs eager
   execution is said in one line before anything runs, not deep in the traced loop."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfdp.compiled import task as task_lib  # pylint: disable=g-import-not-at-top
-  logging.warning("tfdp.fit: the model is compiled with run_eagerly=True; tfdp runs it compiled "
-                  "(its steps traced, as model.fit does without run_eagerly)")
+  logging.warning("%s: the model is compiled with run_eagerly=True; tfdp runs it compiled "
+                  "(its steps traced, as Keras does without run_eagerly)", errors.terms().caller)
   try:
     tf.function(lambda x: model(x, training=True), autograph=False).get_concrete_function(x)
   except Exception as e:  # pylint: disable=broad-except  (whatever call() does eagerly only)
     said = task_lib.keras_error_line(e) if str(e).strip() else ""
     raise ConfigError(
         f"the model is compiled with run_eagerly=True and its call() fails when traced "
-        f"({type(e).__name__}: {said[:200]}); tfdp trains compiled: make call() "
+        f"({type(e).__name__}: {said[:200]}); tfdp runs it compiled: make call() "
         "graph-friendly (keras.ops or tf.cond, no Python on tensor values), or debug it eagerly "
         "with model.fit.") from None
 

@@ -78,6 +78,8 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
   if users_model is not None:
     fit_lib.check_clone_computes_alike(users_model, model,
                                        inputs_lib.first_examples(source)["x"], errors.terms().caller)
+  if getattr(model, "run_eagerly", False):  # traced all the same: a call() that cannot be, said
+    fit_lib.check_traces(model, inputs_lib.first_examples(source)["x"])
   batch = batch_size or inputs_lib.DEFAULT_BATCH_SIZE
   replicas = strategy.num_replicas_in_sync
   batch = -(-batch // replicas) * replicas  # whole per-replica batches; padding is weight 0
