@@ -149,7 +149,10 @@ def test_bad_input_is_one_line_naming_the_fix(forms_result):
               "metric_named_steps": "named 'steps', the name of tfdp's own count",
               "validation_width": "the model does not take validation_data's x as given",
               "validation_labels": "validation_data's y does not fit the loss",
-              "labels_shape": "y does not fit the loss on the model's outputs"}
+              "labels_shape": "y does not fit the loss on the model's outputs",
+              "per_step_weights": "has shape (96, 4): weights per timestep",
+              "per_step_weights_dataset": "sample weight of shape [4] per example",
+              "sparse_x": "tf.SparseTensor, which tfdp cannot split into rows"}
   assert_one_lines(errors, expected)
   assert all(errors[case].startswith("tfdp.fit: ") for case in expected)
   assert forms_result["bad_dir_untouched"]

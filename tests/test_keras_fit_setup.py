@@ -145,7 +145,7 @@ def test_examples_of_varying_lengths_are_told_to_pad_in_the_data(weights_result)
   """A padded_batch of varying lengths: 'pad or truncate them in the task's preprocess', which a
   tfdp.fit user has not (a probe)."""
   line = weights_result["errors"]["varying_lengths"]
-  assert_one_line(line, "fixed shapes", "pad_sequences", "padded_shapes")
+  assert_one_line(line, "fixed shapes", "pad_sequences", "padded_shapes", "tf.ensure_shape")
   assert "task's preprocess" not in line
 
 

@@ -248,6 +248,13 @@ def forms_case():
       verbose=0))
   out["errors"]["labels_shape"] = one_line(lambda: tfdp.fit(
       plain, x, np.zeros((96, 5), np.float32), model_dir="runs/bad", verbose=0))
+  out["errors"]["per_step_weights"] = one_line(lambda: tfdp.fit(  # "384 entries for 96 examples"
+      plain, x, y, sample_weight=np.ones((96, 4), np.float32), model_dir="runs/bad"))
+  out["errors"]["per_step_weights_dataset"] = one_line(lambda: tfdp.fit(  # a bare reshape error
+      plain, tf.data.Dataset.from_tensor_slices((x, y, np.ones((96, 4), np.float32))).batch(16),
+      model_dir="runs/bad"))
+  out["errors"]["sparse_x"] = one_line(lambda: tfdp.fit(  # "a value without rows"
+      plain, tf.sparse.from_dense(x), y, model_dir="runs/bad"))
   stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
   one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
       tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)

@@ -341,7 +341,9 @@ def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
       "Check x and y for NaN or infinite values, or lower the learning rate given to compile(); "
       "params='trainer.stop_on_nan=false' trains on regardless",
       "pad every example to one length in x (keras.utils.pad_sequences(..., maxlen=n), or a "
-      "dataset's padded_batch(..., padded_shapes=...) with fixed sizes)",
+      "dataset's padded_batch(..., padded_shapes=...) with fixed sizes); if they have one "
+      "length that TensorFlow cannot see (from_generator, parsed text), say it: "
+      "dataset.map(lambda x, y: (tf.ensure_shape(x, [n]), y))",
       evaluate_it="tfdp.evaluate evaluates it",
       data_order="fit's shuffle= and the kind of x (arrays or a dataset)")
 

@@ -76,6 +76,9 @@ def _check_kind(value, argument: str) -> None:
 def _length(value, argument: str) -> int:
   _check_kind(value, argument)
   leaves = _tf().nest.flatten(value)
+  if any(isinstance(leaf, _tf().SparseTensor) for leaf in leaves):
+    raise fail(argument, "holds a tf.SparseTensor, which tfdp cannot split into rows",
+               "pass tf.sparse.to_dense(...) of it, or a tf.data.Dataset that makes dense rows")
   if not all(hasattr(leaf, "__len__") for leaf in leaves):
     raise fail(argument, "holds a value without rows (a scalar or an object)",
                "pass arrays, a dict or list of arrays, a DataFrame or a tf.data.Dataset")
@@ -121,6 +124,10 @@ def _examples(dataset, class_weight):
     raise fail("the dataset", "holds one sample weight per output (its elements' third part)",
                "give one weight per example (it weighs every output's loss), or weigh the "
                "outputs with compile(loss_weights=...)")
+  if isinstance(spec, tuple) and len(spec) > 2 and (spec[2].shape.rank or 0) > 0 and (
+      spec[2].shape.num_elements() != 1):
+    raise fail("the dataset", f"holds a sample weight of shape {list(spec[2].shape)} per example "
+               "(its elements' third part: per timestep?)", PER_STEP_FIX)
 
   def to_example(*element):  # tf.data unpacks a tuple element: (x,), (x, y) or (x, y, weight)
     x = element[0]
@@ -149,6 +156,10 @@ def _source(dataset, count: int, class_weight, name: str) -> data_lib.Source:
   return data_lib.Source([count], read, "keras", info={"element_spec": element_spec, "name": name})
 
 
+PER_STEP_FIX = ("tfdp weighs each example as a whole: give one weight per example, or leave steps "
+                "out of the loss with a mask (Embedding(mask_zero=True), keras.layers.Masking)")
+
+
 def _from_arrays(x, y, sample_weight, argument: str):
   tf = _tf()
   n = _length(x, argument)
@@ -166,7 +177,10 @@ def _from_arrays(x, y, sample_weight, argument: str):
       raise fail("sample_weight", "holds one weight array per output",
                  "pass one weight per example (it weighs every output's loss), or weigh the "
                  "outputs with compile(loss_weights=...)")
-    weights = np.asarray(sample_weight, np.float32).reshape(-1)
+    weights = np.asarray(sample_weight, np.float32)
+    if weights.ndim > 1 and weights.shape[0] == n and weights[0].size != 1:
+      raise fail("sample_weight", f"has shape {weights.shape}: weights per timestep", PER_STEP_FIX)
+    weights = weights.reshape(-1)
     if len(weights) != n:
       raise fail("sample_weight", f"has {len(weights)} entries for {n} examples",
                  "give one weight per example")
