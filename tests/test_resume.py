@@ -47,8 +47,22 @@ def test_more_epochs_on_another_replica_count_continue_and_a_run_without_record_
   assert record(model_dir)["history"] == [{"from_step": 0, "workers": 1, "replicas": 2},
                                           {"from_step": 4, "workers": 1, "replicas": 1}]
   assert record(model_dir)["total_steps"] == 8
-  # A run from before run records: resumed, and its record written from then on.
+  # A damaged record is not to be removed (its checks would go): it says to restore it.
+  (model_dir / "checkpoints" / "run.json").write_text("{garbage")
+  damaged = only_error_line(helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                                              f"--params_override={CONSTANT},trainer.epochs=3",
+                                              timeout=300), 2)
+  assert "cannot be read" in damaged and "restore it (it is JSON)" in damaged, damaged
+  assert "remove it" not in damaged, damaged
+  # A run from before run records (or whose record was removed): its config.yaml still says
+  # the global batch, so another one is refused (seen failing on the old code: a probe's run
+  # skipped epoch 2's row and 'finished' 22 steps later) ...
   (model_dir / "checkpoints" / "run.json").unlink()
+  other_batch = only_error_line(helpers.run_train(
+      f"--model_dir={model_dir}", "--mode=train",
+      f"--params_override={CONSTANT},trainer.epochs=3,trainer.global_batch_size=8", timeout=300), 2)
+  assert "global_batch_size was 16, now 8 (trainer.global_batch_size)" in other_batch, other_batch
+  # ... and the same config resumes, its record written from then on.
   legacy = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
                              f"--params_override={CONSTANT},trainer.epochs=3", timeout=300)
   assert legacy.returncode == 0, legacy.stderr[-3000:]

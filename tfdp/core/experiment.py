@@ -56,10 +56,9 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   init = (warm_start.find_init_checkpoint(config.task.init_checkpoint)
           if config.task.init_checkpoint and prior.checkpoint is None else None)
   _check_saved_artifacts(task_class, config.task, model_dir, mode, prior.checkpoint, init)
-  if prior.record:  # build compares the rest once data is planned
-    resume.check_resume(prior.record, resume.config_decided_fields(
-        config.trainer.global_batch_size, config.trainer.seed,
-        config.task.train_data.shard_policy), model_dir)
+  resume.check_config_decided(prior, resume.config_decided_fields(  # the rest once data is planned
+      config.trainer.global_batch_size, config.trainer.seed, config.task.train_data.shard_policy),
+      model_dir, evaluating=mode == "eval")
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
     split = _batch_split(config, model_dir, prior, replicas, cluster, None, say=False)

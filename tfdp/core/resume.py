@@ -13,7 +13,7 @@ import time
 
 from tfdp.core.outputs import (CHECKPOINT_DIR, CONFIG_FILE, EXPORT_FILE, METRICS_FILE, RUN_FILES,
                                WEIGHTS_FILE, atomic_write_text, checkpoint_step,
-                               latest_checkpoint, start_over_hint)
+                               latest_checkpoint)
 from tfdp import errors
 from tfdp.errors import ConfigError, OutputError
 
@@ -47,8 +47,29 @@ def read_run_record(model_dir: str) -> dict | None:
       raise ValueError("not a JSON object")
   except (OSError, ValueError) as e:
     raise OutputError(f"run record '{path}' cannot be read ({' '.join(str(e).split())[:200]}); "
-                      f"{start_over_hint()}.") from None
+                      f"restore it (it is JSON), or {errors.terms().start_over}.") from None
   return record
+
+
+def check_config_decided(prior: "Prior", current: dict, model_dir: str, evaluating: bool) -> None:
+  """check_resume of the fields the config alone decides, before TensorFlow starts. A run whose
+  run.json is gone (removed by hand, or from before records) is compared with its config.yaml,
+  which still holds the config that trained it, so a resume with another global batch is not
+  taken silently (a probe: epoch 2's row never written, the run 'finished' 22 steps later)."""
+  if prior.record:
+    check_resume(prior.record, current, model_dir)
+  if prior.record or not prior.checkpoint or evaluating:
+    return
+  import yaml  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(model_dir, CONFIG_FILE), encoding="utf-8") as f:
+      earlier = yaml.safe_load(f)
+    trainer, data = earlier["trainer"], earlier["task"]["train_data"]
+    recorded = config_decided_fields(trainer["global_batch_size"], trainer["seed"],
+                                     data["shard_policy"])
+  except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+    return  # nothing to compare with: resumed as it is
+  check_resume(recorded, current, model_dir)
 
 
 @dataclasses.dataclass(frozen=True)
