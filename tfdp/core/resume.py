@@ -144,7 +144,8 @@ def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | 
     raise OutputError(
         f"{errors.terms().model_dir} '{model_dir}' holds a run this config cannot resume: "
         f"{'; '.join(changed)}. Its checkpoint's step would mean another batch, data position or "
-        "schedule; restore the earlier value (a constant schedule may train longer), "
+        "schedule; restore the earlier value (a run trained with a constant schedule from its "
+        "start may train longer; switching to one now jumps its learning rate), "
         f"{errors.terms().start_over}, or use a new {errors.terms().model_dir}.")
 
 
