@@ -61,7 +61,8 @@ def test_a_model_compiled_without_a_loss_is_evaluated_on_x_alone(cases):
 @pytest.mark.parametrize("case, said", [
     ("own_train_step", "tfdp.fit: OwnTrainStep overrides train_step"),
     ("own_compute_loss", "tfdp.fit: OwnComputeLoss overrides compute_loss"),
-    ("own_predict_step", "tfdp.predict: OwnPredictStep overrides predict_step"),
+    ("own_predict_step", "tfdp.predict: OwnPredictStep overrides predict_step, which tfdp's own "
+     "prediction loop never calls"),  # it said "training loop ... train with model.fit"
     ("running_max", "tfdp.fit: metric variable 'running_max/largest' does not add up"),
     ("no_reduction", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction='none'"),
     ("reduction_none", "tfdp.fit: loss 'sparse_categorical_crossentropy' has reduction=None"),

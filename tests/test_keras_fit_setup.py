@@ -255,7 +255,8 @@ def test_numpy_integers_one_callback_and_batch_size_beside_a_batched_dataset_as_
   positive whole number'), one callback a bare TypeError (not iterable), and a dataset batched
   by 16 re-batched by batch_size=64: 2 steps where model.fit takes 8, other weights."""
   forms = weights_result["argument_forms"]
-  assert forms["stopped"] == [2, True]  # the user's model.stop_training, as Keras sets it
+  # the user's model.stop_training and model.history, as Keras sets them (history: a probe)
+  assert forms["stopped"] == [2, True, True]
   assert forms["numpy_ints"] == [4, 2, 2]  # 128 / 32 steps, 2 epochs, the callback called twice
   assert forms["predicted"] == 128
   run = forms["batched"]

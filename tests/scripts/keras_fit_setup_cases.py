@@ -306,7 +306,8 @@ def argument_forms() -> dict:
   outside = compiled(sgd, in_scope=False)  # trained as a clone: its stop comes back to it
   stopped = tfdp.fit(outside, X, Y, epochs=5, callbacks=[keras.callbacks.EarlyStopping(
       monitor="loss", min_delta=1e9, patience=0)], model_dir="runs/stopped", **ARGS)
-  return {"stopped": [len(stopped.history["loss"]), outside.stop_training],
+  return {"stopped": [len(stopped.history["loss"]), outside.stop_training,
+                      getattr(outside, "history", None) is stopped],
           "numpy_ints": [history.params["steps"], len(history.history["loss"]), Counter.epochs],
           "predicted": len(tfdp.predict(ours, X, batch_size=np.int32(50))),
           "batched": {"keras": [keras_history.params["steps"], keras_history.history["loss"]],

@@ -507,6 +507,7 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, ve
       for key, value in callbacks_lib.keras_logs(row).items():
         history.history.setdefault(key, []).append(value)
   history.set_model(model)
+  model.history = history  # as model.fit leaves it (a clone's was its own)
   # Keras's params; batch_size is tfdp's own (the global batch it decided)
   history.params = {"verbose": verbose, "epochs": epochs, "steps": hooks.steps_per_epoch,
                     "batch_size": inputs.global_batch}

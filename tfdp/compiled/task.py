@@ -389,10 +389,12 @@ def check_not_overridden(model, steps) -> None:
           if next(c for c in type(model).__mro__ if name in vars(c)).__module__.split(".")[0]
           != "keras"]
   if mine:
+    loop, keras_way = (("prediction loop", "predict with model.predict") if mine == ["predict_step"]
+                       else ("training loop", "train with model.fit"))
     raise ConfigError(
-        f"{type(model).__name__} overrides {', '.join(mine)}, which tfdp's own training loop "
-        "never calls (it runs call(), the compiled loss and metrics); move that logic into "
-        "call(), a loss or a metric, or train with model.fit.")
+        f"{type(model).__name__} overrides {', '.join(mine)}, which tfdp's own {loop} never "
+        "calls (it runs call(), the compiled loss and metrics); move that logic into call(), a "
+        f"loss or a metric, or {keras_way}.")
 
 
 def _reduction(loss, y_pred) -> str:
