@@ -521,3 +521,43 @@ def test_settings_a_config_drops_are_carried_into_the_rebuilt_metric_and_optimiz
   assert found["upstream_axis"] == -1 and found["upstream_excluded"] == [True, True]  # upstream
   assert found["axis"] == 0  # the fix
   assert found["excluded"] == found["users"] == [False, False]  # the kernel by id, bias by name
+
+
+REPLICA_STREAMS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from tfdp.distributed import compat
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+      drop = keras.layers.Dropout(0.5, seed=7)
+    def masks():
+      if sys.argv[1] == "fixed":
+        with compat.replica_random_streams():
+          return drop(tf.ones((4, 64)), training=True)
+      return drop(tf.ones((4, 64)), training=True)
+    step = tf.function(lambda: strategy.run(masks), autograph=False)
+    first, second = (r.numpy() for r in strategy.experimental_local_results(step()))
+    again = strategy.experimental_local_results(step())[0].numpy()
+    outside = drop(tf.ones((4, 64)), training=True).numpy()  # no replica: as Keras draws
+    print(json.dumps({"same": bool((first == second).all()), "next_step_differs": bool(
+        (again != first).any()), "kept": float(first.mean()), "outside_kept": float(outside.mean())}))
+""")
+
+
+def test_each_replica_draws_its_own_dropout_mask():
+  """compat.replica_random_streams: Keras 3's Dropout draws its seed from a SeedGenerator whose
+  state is one mirrored variable, so both replicas drew the same mask (row k of each replica's
+  batch dropped alike; no upstream issue found). The trainer traces each replica's step in it."""
+  found = {}
+  for mode in ("upstream", "fixed"):
+    proc = subprocess.run([sys.executable, "-c", REPLICA_STREAMS_SCRIPT, mode], capture_output=True,
+                          text=True, env=helpers.env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert found["upstream"]["same"]  # upstream: one mask on every replica
+  assert not found["fixed"]["same"] and found["fixed"]["next_step_differs"]  # the fix
+  for mode in found:  # still dropout at 0.5 (kept values are scaled by 2)
+    assert 0.6 < found[mode]["kept"] < 1.4 and 0.6 < found[mode]["outside_kept"] < 1.4

@@ -107,6 +107,9 @@ def test_input_forms_and_weights(forms_result):
   # code: tfdp's own fixed seed, the same weights for every user seed).
   other_seed, same_seed = forms_result["seeded"]
   assert other_seed > 1e-4 and same_seed == 0.0
+  # Each replica draws its own dropout mask: their mean is 1 where one kept and one dropped
+  # (seen failing without compat.replica_random_streams in the trainer: only 0 and 2).
+  assert forms_result["dropout_mask_values"] == [0.0, 1.0, 2.0]
   # drop_remainder's static batch dimension: each batch was one example (1 step, 6 predictions
   # of shape (16, 3)) for a model without keras.Input; the dict's first key ('a', rank 2) against
   # the first input ('img', rank 3) was refused. Seen failing on the old heuristic (a probe).

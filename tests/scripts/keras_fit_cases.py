@@ -255,6 +255,23 @@ def forms_case():
       model_dir="runs/bad"))
   out["errors"]["sparse_x"] = one_line(lambda: tfdp.fit(  # "a value without rows"
       plain, tf.sparse.from_dense(x), y, model_dir="runs/bad"))
+  class MaskProbe(keras.layers.Layer):  # keeps the replicas' mean of one dropout mask
+    def build(self, shape):
+      self.mask = self.add_weight(shape=(16, 8), initializer="zeros", trainable=False,
+                                  aggregation="mean", name="mask")
+      self.drop = keras.layers.Dropout(0.5)
+
+    def call(self, h, training=None):
+      if training:
+        self.mask.assign(self.drop(keras.ops.ones((16, 8)), training=True))
+      return h
+
+  with strategy.scope():
+    probed = keras.Sequential([keras.Input((6,)), MaskProbe(), keras.layers.Dense(3)])
+    compile_small(probed)
+  tfdp.fit(probed, x, y, batch_size=32, epochs=1, model_dir="runs/dropout_masks", verbose=0)
+  out["dropout_mask_values"] = sorted({round(float(v), 3) for v in
+                                       np.ravel(probed.layers[0].mask.numpy())})
   stream = iter(list(zip(x, y)))  # a one-shot source: counted, then empty
   one_shot = tf.data.Dataset.from_generator(lambda: stream, output_signature=(
       tf.TensorSpec([6], tf.float32), tf.TensorSpec([], tf.int64))).batch(16)

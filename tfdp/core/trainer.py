@@ -357,7 +357,8 @@ class Trainer:
     return tf.function(compat.custom_gradients_dropped(train_loop), autograph=False)
 
   def _train_step_with_flag(self, batches, totals, stop_flag):
-    totals, agreed = self._train_step(batches, totals[:-1], stop_flag)
+    with compat.replica_random_streams():  # each replica its own dropout masks
+      totals, agreed = self._train_step(batches, totals[:-1], stop_flag)
     return tf.concat([totals, tf.reshape(agreed, [1])], axis=0)
 
   # ---- checkpoints ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 
@@ -202,6 +203,48 @@ def carry_lost_settings(source, target, source_weights, target_weights) -> None:
 
 CARRIED_SETTINGS = ("_fn_kwargs", "_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern",
                     "_exclude_from_weight_decay_cache")
+
+
+_REPLICA_STREAM = threading.local()  # the replica whose step this thread traces, if any
+
+
+def replica_random_streams():
+  """A context for tracing one replica's step, in which Keras's random ops (Dropout, noise,
+  random augmentation layers) draw other numbers on each replica. Keras 3 draws their seeds from
+  a SeedGenerator whose state is one mirrored variable, so every replica drew the same seed:
+  row k of each replica's batch got the same dropout mask (a probe; Keras's own fit under
+  MirroredStrategy does the same; no upstream issue found). The drawn seed
+  (keras.src.backend.tensorflow.random.draw_seed, private) is offset by the replica's id, per
+  thread: MirroredStrategy traces its replicas in threads of their own. Tested in
+  test_compat.py."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.tensorflow import random as tf_random  # pylint: disable=g-import-not-at-top
+  if not getattr(tf_random.draw_seed, "tfdp_per_replica", False):
+    upstream = tf_random.draw_seed
+
+    def draw_seed(seed):
+      drawn = upstream(seed)
+      replica = getattr(_REPLICA_STREAM, "replica", None)
+      if replica is None:
+        return drawn
+      offset = tf.cast(replica, drawn.dtype) * tf.constant(1000003, drawn.dtype)
+      return drawn + tf.stack([offset, tf.zeros_like(offset)])  # another stream, same counter
+
+    draw_seed.tfdp_per_replica = True
+    tf_random.draw_seed = draw_seed
+
+  @contextlib.contextmanager
+  def per_replica():
+    context = tf.distribute.get_replica_context()
+    several = context is not None and context.num_replicas_in_sync > 1
+    _REPLICA_STREAM.replica = context.replica_id_in_sync_group if several else None
+    try:
+      yield
+    finally:
+      _REPLICA_STREAM.replica = None
+
+  return per_replica()
 
 
 def metrics_in_keras_order(model, logs: dict):
