@@ -67,6 +67,8 @@ class Terms:
   mode: str = "--mode"  # what chooses train, eval or train_and_eval
   evaluate_it: str = "--mode=eval evaluates it"  # a finished run's evaluation
   data_order: str = "task.train_data.shuffle, shuffle_buffer or cache"  # what orders the data
+  # workers whose trainer.seed differs where it is not a config file's (tfdp.fit: Keras's seed)
+  workers_seed_fix: str = ""
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

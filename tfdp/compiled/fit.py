@@ -14,6 +14,7 @@ Keras model afterwards (`model.evaluate`, `model.predict`, `model.save` in the s
 """
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 
@@ -137,13 +138,7 @@ def _check_rebuilt_alike(original, copy, caller: str) -> None:
   what a class's get_config does not return (BoostedSGD(boost=10) trained as boost 1.0,
   silently); refused, naming the setting."""
   import keras  # pylint: disable=g-import-not-at-top
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  if isinstance(original, keras.optimizers.Optimizer):
-    base = keras.optimizers.Optimizer(learning_rate=0.01)
-  else:
-    base = keras.metrics.Metric()
-  keras_own = ({k for k in vars(base) if k.startswith("_")} | {"name", "built"} |
-               set(compat.CARRIED_SETTINGS))
+  keras_own = _keras_own_attributes(isinstance(original, keras.optimizers.Optimizer))
   rebuilt = getattr(copy, "__dict__", {})
   for name, value in getattr(original, "__dict__", {}).items():
     if name in keras_own or not _is_setting(value) or value in ([], (), {}, set()):  # state
@@ -154,6 +149,17 @@ def _check_rebuilt_alike(original, copy, caller: str) -> None:
           f"would rebuild {type(original).__name__} from its get_config(), which loses "
           f"{name}={value!r}; return it from get_config(), or build and compile the model "
           "under `with tfdp.make_strategy().scope():`.")
+
+
+@functools.cache
+def _keras_own_attributes(optimizer: bool) -> frozenset:
+  """What Keras's base Optimizer or Metric keeps on every instance (no setting of the user's),
+  and what carry_lost_settings carries; found once (a base optimizer makes variables)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  base = keras.optimizers.Optimizer(learning_rate=0.01) if optimizer else keras.metrics.Metric()
+  return frozenset({k for k in vars(base) if k.startswith("_")} | {"name", "built"} |
+                   set(compat.CARRIED_SETTINGS))
 
 
 def _is_setting(value) -> bool:
@@ -345,7 +351,9 @@ def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
       "length that TensorFlow cannot see (from_generator, parsed text), say it: "
       "dataset.map(lambda x, y: (tf.ensure_shape(x, [n]), y))",
       evaluate_it="tfdp.evaluate evaluates it",
-      data_order="fit's shuffle= and the kind of x (arrays or a dataset)")
+      data_order="fit's shuffle= and the kind of x (arrays or a dataset)",
+      workers_seed_fix="set one keras.utils.set_random_seed on every worker: tfdp.fit shuffles "
+      "arrays by it, and each worker must read its own share of one order")
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,

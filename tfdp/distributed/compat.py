@@ -4,6 +4,7 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
@@ -208,6 +209,7 @@ CARRIED_SETTINGS = ("_fn_kwargs", "_exclude_from_weight_decay", "_exclude_from_w
 _REPLICA_STREAM = threading.local()  # the replica whose step this thread traces, if any
 
 
+@contextlib.contextmanager
 def replica_random_streams():
   """A context for tracing one replica's step, in which Keras's random ops (Dropout, noise,
   random augmentation layers) draw other numbers on each replica. Keras 3 draws their seeds from
@@ -217,34 +219,35 @@ def replica_random_streams():
   (keras.src.backend.tensorflow.random.draw_seed, private) is offset by the replica's id, per
   thread: MirroredStrategy traces its replicas in threads of their own. Tested in
   test_compat.py."""
-  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  _draw_seeds_per_replica()
+  context = tf.distribute.get_replica_context()
+  several = context is not None and context.num_replicas_in_sync > 1
+  _REPLICA_STREAM.replica = context.replica_id_in_sync_group if several else None
+  try:
+    yield
+  finally:
+    _REPLICA_STREAM.replica = None
+
+
+def _draw_seeds_per_replica() -> None:
+  """Wraps Keras's draw_seed once; outside replica_random_streams it draws as Keras does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from keras.src.backend.tensorflow import random as tf_random  # pylint: disable=g-import-not-at-top
-  if not getattr(tf_random.draw_seed, "tfdp_per_replica", False):
-    upstream = tf_random.draw_seed
+  if getattr(tf_random.draw_seed, "tfdp_per_replica", False):
+    return
+  upstream = tf_random.draw_seed
 
-    def draw_seed(seed):
-      drawn = upstream(seed)
-      replica = getattr(_REPLICA_STREAM, "replica", None)
-      if replica is None:
-        return drawn
-      offset = tf.cast(replica, drawn.dtype) * tf.constant(1000003, drawn.dtype)
-      return drawn + tf.stack([offset, tf.zeros_like(offset)])  # another stream, same counter
+  def draw_seed(seed):
+    drawn = upstream(seed)
+    replica = getattr(_REPLICA_STREAM, "replica", None)
+    if replica is None:
+      return drawn
+    offset = tf.cast(replica, drawn.dtype) * tf.constant(1000003, drawn.dtype)
+    return drawn + tf.stack([offset, tf.zeros_like(offset)])  # another stream, same counter
 
-    draw_seed.tfdp_per_replica = True
-    tf_random.draw_seed = draw_seed
-
-  @contextlib.contextmanager
-  def per_replica():
-    context = tf.distribute.get_replica_context()
-    several = context is not None and context.num_replicas_in_sync > 1
-    _REPLICA_STREAM.replica = context.replica_id_in_sync_group if several else None
-    try:
-      yield
-    finally:
-      _REPLICA_STREAM.replica = None
-
-  return per_replica()
+  draw_seed.tfdp_per_replica = True
+  tf_random.draw_seed = draw_seed
 
 
 def metrics_in_keras_order(model, logs: dict):

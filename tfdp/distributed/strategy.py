@@ -462,10 +462,9 @@ def check_workers_agree(plans: Sequence[dict]) -> None:
         if key == "config":
           fix = ("start every worker with the same config files, overrides and "
                  f"{errors.terms().model_dir}")
-          if (isinstance(value, dict) and errors.terms().caller == "tfdp.fit"
+          if (isinstance(value, dict) and errors.terms().workers_seed_fix
               and value.get("trainer.seed") != plans[0][key].get("trainer.seed")):
-            fix = ("set one keras.utils.set_random_seed on every worker: tfdp.fit shuffles "
-                   "arrays by it, and each worker must read its own share of one order")
+            fix = errors.terms().workers_seed_fix
         else:
           fix = ("give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
                  "CUDA_VISIBLE_DEVICES) and the same runtime settings")
