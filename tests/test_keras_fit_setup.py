@@ -5,6 +5,7 @@ tf.distribute cannot run, run_eagerly, a pure dtype policy, and History as Keras
 The cases run in tests/scripts/keras_fit_setup_cases.py, two processes of several cases each,
 on 2 CPU replicas against single-device model.fit; these tests judge what they report."""
 import json
+import math
 import subprocess
 import sys
 
@@ -68,6 +69,31 @@ def test_validation_is_model_fits_with_swapped_ema_weights_and_validation_freq(w
   keras_history, ours, _ = weights_result["validation_freq"]
   assert len(ours["val_loss"]) == len(keras_history["val_loss"]) == 1
   assert_same_run(weights_result["validation_freq"])
+
+
+def test_validation_freq_as_a_list_of_epochs_validates_those_as_model_fit(weights_result):
+  """Seen failing before: validation_freq=[1, 3] was refused (an int only; Keras takes a list)."""
+  keras_history, ours, _ = weights_result["validation_freq_list"]
+  assert len(ours["val_loss"]) == len(keras_history["val_loss"]) == 2
+  assert_same_run(weights_result["validation_freq_list"])
+
+
+def test_terminate_on_nan_ends_training_and_returns_history_as_model_fit(weights_result):
+  """Seen failing before: tfdp.fit raised TrainingDiverged where model.fit returns a History
+  with the epoch that diverged (loss nan), stop_training set and on_train_end called. With
+  raise_error=True it stays an error, as Keras raises."""
+  keras_run, ours = weights_result["terminate_on_nan"]["keras"], weights_result[
+      "terminate_on_nan"]["tfdp"]
+  assert ours["epochs"] == keras_run["epochs"] == [0, 1]
+  assert sorted(ours["history"]) == sorted(keras_run["history"]) == ["loss"]
+  first, diverged = ours["history"]["loss"]
+  assert first == pytest.approx(keras_run["history"]["loss"][0], rel=1e-3)
+  assert not math.isfinite(diverged) and not math.isfinite(keras_run["history"]["loss"][1])
+  assert ours["stop_training"] and keras_run["stop_training"]
+  assert ours["ended"] is not None and keras_run["ended"] is not None
+  assert "TerminateOnNaN: training diverged" in weights_result["stderr"]
+  assert_one_line(weights_result["errors"]["terminate_on_nan_raising"], "training diverged")
+  assert "callback TerminateOnNaN has" not in weights_result["stderr"]  # its hook: tfdp's check
 
 
 def test_mean_iou_trains_as_in_model_fit(weights_result):

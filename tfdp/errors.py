@@ -142,7 +142,12 @@ class OutputError(TfdpError):
 
 
 class TrainingDiverged(TfdpError):
-  """The loss became non-finite; nothing was saved after the last good checkpoint."""
+  """The loss became non-finite; nothing was saved after the last good checkpoint. Where a
+  loss or metric did, `epoch` (0-based), `step` and `row` (the epoch's train_* values so far)."""
+
+  epoch: int | None = None
+  step: int | None = None
+  row: dict = {}
 
 
 class Preempted(Exception):

@@ -152,6 +152,12 @@ def weights_case() -> dict:
   out["argument_forms"] = argument_forms()
   out["validation_freq"] = against_keras(plain, epochs=3, validation_data=validation,
                                          validation_freq=2, name="freq")
+  out["validation_freq_list"] = against_keras(plain, epochs=4, validation_data=validation,
+                                              validation_freq=[1, 3], name="freq_list")
+  out["terminate_on_nan"] = terminated_on_nan()
+  out["errors"]["terminate_on_nan_raising"] = one_line(lambda: tfdp.fit(
+      compiled(sgd), with_nan, Y, epochs=2, model_dir="runs/nan_raising",
+      callbacks=[keras.callbacks.TerminateOnNaN(raise_error=True)], **ARGS))
 
   class BatchHooked(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
@@ -173,6 +179,28 @@ def weights_case() -> dict:
            **{**ARGS, "batch_size": 64})
   out["accumulation_instead"] = difference(reference, ours)
   return out
+
+
+def terminated_on_nan() -> dict:
+  """TerminateOnNaN: model.fit ends the epoch and training on a non-finite loss and returns its
+  History (tfdp raised TrainingDiverged); what each did, for the test to compare. SGD(0.5) on
+  this regression: epoch 1's loss is ~1e20, epoch 2's first batch's inf."""
+  class Ended(keras.callbacks.Callback):
+    ended = None
+
+    def on_train_end(self, logs=None):
+      self.ended = dict(logs or {})
+  done = {}
+  for who in ("keras", "tfdp"):
+    model = compiled(lambda: keras.optimizers.SGD(0.5), "mse", outputs=1,
+                     in_scope=who == "tfdp")
+    ended, y = Ended(), (Y * 10.0).astype("float32")
+    args = dict(epochs=4, callbacks=[keras.callbacks.TerminateOnNaN(), ended], **ARGS)
+    history = (model.fit(X, y, **args) if who == "keras" else
+               tfdp.fit(model, X, y, model_dir="runs/terminated", **args))
+    done[who] = {"history": history.history, "epochs": history.epoch,
+                 "stop_training": model.stop_training, "ended": ended.ended}
+  return done
 
 
 def outside_the_scope_errors() -> dict:

@@ -34,6 +34,8 @@ def check_callbacks(callbacks) -> list:
                           f"3; {instead}; drop it from callbacks.")
     uncalled = [hook for hook in UNCALLED_HOOKS if hook in vars(callback) or
                 getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)]
+    if _keras_terminate_on_nan(callback):
+      continue  # tfdp's own check acts for it (KerasCallbacks.diverged)
     if uncalled:
       from absl import logging  # pylint: disable=g-import-not-at-top
       logging.warning(errors.as_caller(
@@ -46,6 +48,19 @@ def check_callbacks(callbacks) -> list:
 # Keras's batch hooks: tfdp's loop runs steps_per_loop steps in one compiled call
 UNCALLED_HOOKS = tuple(f"on_{stage}_batch_{when}" for stage in ("train", "test", "predict")
                        for when in ("begin", "end")) + ("on_batch_begin", "on_batch_end")
+
+
+def terminates_on_nan(callbacks) -> bool:
+  """A TerminateOnNaN that stops gracefully (raise_error=False): model.fit then ends on a
+  non-finite loss and returns its History, where tfdp would raise TrainingDiverged."""
+  return any(_keras_terminate_on_nan(callback) and not getattr(callback, "raise_error", False)
+             for callback in callbacks)
+
+
+def _keras_terminate_on_nan(callback) -> bool:
+  import keras  # pylint: disable=g-import-not-at-top
+  keras_own = keras.callbacks.TerminateOnNaN
+  return isinstance(callback, keras_own) and type(callback).on_batch_end is keras_own.on_batch_end
 
 
 def keras_logs(row: dict) -> dict:
@@ -65,7 +80,7 @@ class KerasCallbacks:
   """The controller's hooks around a keras CallbackList and a History."""
 
   def __init__(self, callbacks, model, epochs: int, steps_per_epoch: int, verbose="auto",
-               finalize=None):
+               finalize=None, validation_freq: int | tuple = 1):
     import keras  # pylint: disable=g-import-not-at-top
     self.model, self.steps_per_epoch = model, steps_per_epoch
     self.history = keras.callbacks.History()
@@ -74,6 +89,14 @@ class KerasCallbacks:
         verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     self.started = False
     self.finalize = finalize  # model.fit's optimizer.finalize_variable_values, before train_end
+    self.terminate_on_nan = terminates_on_nan(callbacks)
+    self.validation_freq = validation_freq
+
+  def validation_due(self, epoch: int) -> bool:
+    """model.fit's rule (Trainer._should_eval): every n-th epoch, or the (1-based) listed ones."""
+    if isinstance(self.validation_freq, int):
+      return (epoch + 1) % self.validation_freq == 0
+    return epoch + 1 in self.validation_freq
 
   def _begin(self) -> None:
     if not self.started:
@@ -100,3 +123,22 @@ class KerasCallbacks:
       self.finalize()
     if self.started:
       self.callbacks.on_train_end(keras_logs(row))
+
+  def diverged(self, error) -> dict | None:
+    """A non-finite loss (tfdp's TrainingDiverged) under TerminateOnNaN ends training as in
+    model.fit: the epoch ends with its logs so far (loss nan), then training, and fit returns
+    its History. Returns that last row; None without TerminateOnNaN (the error stands)."""
+    if not self.terminate_on_nan:
+      return None
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning(errors.as_caller(
+        f"TerminateOnNaN: {error}; training ends here and fit returns its History, as "
+        "model.fit does (the model keeps the weights it diverged with)"))
+    self._begin()
+    self.model.stop_training = True
+    row = {}
+    if error.epoch is not None:
+      row = {"epoch": error.epoch + 1, "step": error.step, **error.row}
+      self.epoch_end(error.epoch, row)
+    self.train_end(row)
+    return row

@@ -320,7 +320,9 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   tfdp_runs/<name>/previous-<time>/), as `model.fit` would train again; a restarted worker
   group (tfdp-launch --max_restarts) still resumes it."""
   epochs = whole_number("epochs", epochs)
-  validation_freq = whole_number("validation_freq", validation_freq)
+  validation_freq = (tuple(whole_number("validation_freq's epochs", epoch) for epoch in
+                           validation_freq) if isinstance(validation_freq, (list, tuple))
+                     else whole_number("validation_freq", validation_freq))  # Keras: int or list
   if steps_per_epoch is not None:
     steps_per_epoch = whole_number("steps_per_epoch", steps_per_epoch)
   if initial_epoch:
@@ -396,7 +398,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   policy = keras.config.dtype_policy().name
   precision = policy if policy in ("float32", "mixed_bfloat16", "mixed_float16") else "float32"
   config = _config(config_files, params, inputs, epochs, shuffle, precision)
-  config.trainer.eval_every_epochs = validation_freq
+  config.trainer.eval_every_epochs = validation_freq if isinstance(validation_freq, int) else 1
   config.trainer.eval_at_end = False  # model.fit validates on validation_freq's epochs only
   config.trainer.steps_per_epoch = steps_per_epoch or 0  # 0: one pass over the data
   task = task_lib.CompiledModelTask(config.task).attach(trained, inputs)
@@ -432,10 +434,18 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   # The callbacks act on the model that trains (a learning-rate change, restored best weights),
   # as in model.fit; a clone's weights go back to the user's model afterwards.
   hooks = callbacks_lib.KerasCallbacks(callbacks, trained, epochs, built.trainer.steps_per_epoch,
-                                       verbose, finalize)
+                                       verbose, finalize, validation_freq)
   built.hooks = hooks
+  if hooks.terminate_on_nan and not config.trainer.stop_on_nan:
+    logging.warning("tfdp.fit: TerminateOnNaN does nothing with trainer.stop_on_nan=false: "
+                    "tfdp checks no loss, and non-finite epochs train on")
   try:
-    result = built.run()
+    try:
+      result = built.run()
+    except errors.TrainingDiverged as diverged:
+      result = hooks.diverged(diverged)  # a TerminateOnNaN's graceful end; else raised
+      if result is None:
+        raise
     finalize()  # a finished run, trained before: its weights as its fit left them
   finally:
     compat.restore_optimizer_all_reduce(trained.optimizer)
@@ -447,7 +457,8 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     _HANDED_BACK[users_model or trained] = (os.path.realpath(built.model_dir),
                                             _fingerprint(users_model or trained))
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
-  controller.release_in_background(result.pop("trainer"))
+  if "trainer" in result:  # not after a TerminateOnNaN's end
+    controller.release_in_background(result.pop("trainer"))
   return _history(hooks, result, built.model_dir, users_model or trained, epochs, inputs, verbose)
 
 

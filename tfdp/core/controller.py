@@ -214,8 +214,10 @@ def _hang_if_asked(step: int) -> None:
       time.sleep(3600)
 
 
-def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) -> None:
-  """Every worker sees the same all-reduced sums, so all stop together, before any save."""
+def check_finite(sums, first_step: int, last_step: int, saved_step: int | None,
+                 epoch: int = 0, epoch_sums=None) -> None:
+  """Every worker sees the same all-reduced sums, so all stop together, before any save. The
+  error carries the epoch and its train_* values so far (tfdp.fit's TerminateOnNaN logs them)."""
   bad = {name: value for name, value in sums.values().items() if not math.isfinite(value)}
   if bad:
     kept = (f"the last good checkpoint (step {saved_step}) is kept" if saved_step is not None
@@ -223,9 +225,13 @@ def check_finite(sums, first_step: int, last_step: int, saved_step: int | None) 
     shown = ", ".join(f"{name} {value}" for name, value in bad.items())
     steps = (f"step {last_step}" if last_step == first_step + 1
              else f"steps {first_step + 1}-{last_step}")
-    raise TrainingDiverged(
+    diverged = TrainingDiverged(
         f"training diverged: {shown} in {steps}; stopped without "
         f"saving, {kept}. {errors.terms().diverged_fix}.")
+    diverged.epoch, diverged.step = epoch, last_step
+    diverged.row = {f"train_{name}": value
+                    for name, value in (epoch_sums or sums).values().items()}
+    raise diverged
 
 
 class ProfileWindow:
@@ -267,9 +273,10 @@ class Controller:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
     self.trainer = trainer
     # Extras as callables (Orbit): hooks.epoch_begin(epoch), hooks.epoch_end(epoch, row) -> stop,
-    # hooks.train_end(row), and if it has them hooks.evaluation_begin() and
-    # hooks.evaluation_end(values); every worker calls them with the same all-reduced row, so a stop
-    # decided from it is the same everywhere (tfdp.fit's Keras callbacks).
+    # hooks.train_end(row), and if it has them hooks.evaluation_begin(),
+    # hooks.evaluation_end(values) and hooks.validation_due(epoch); every worker calls them with
+    # the same all-reduced row, so a stop decided from it is the same everywhere (tfdp.fit's
+    # Keras callbacks).
     self.hooks = hooks
     self.cfg = trainer.config.trainer
     self.train_dataset_fn = train_dataset_fn
@@ -303,8 +310,9 @@ class Controller:
 
   def _eval_due(self, epoch: int, step: int) -> bool:
     is_last = step >= self.trainer.total_steps
-    return self.eval_dataset is not None and ((epoch + 1) % self.cfg.eval_every_epochs == 0
-                                              or is_last and self.cfg.eval_at_end)
+    due = getattr(self.hooks, "validation_due", None)  # tfdp.fit's validation_freq, a list too
+    every = due(epoch) if due else (epoch + 1) % self.cfg.eval_every_epochs == 0
+    return self.eval_dataset is not None and (every or is_last and self.cfg.eval_at_end)
 
   def _precise_batchnorm_if_due(self, epoch: int, step: int) -> None:
     """Before an evaluation, and at the end (the checkpoint and export carry them), with the
@@ -417,14 +425,14 @@ class Controller:
           loop, stop_agreed, n = trainer.run_steps(iterator, n)  # n: fewer when stopped early
           seconds = time.time() - t0
           watchdog.loop_ended(seconds)
-          if cfg.stop_on_nan:
-            check_finite(loop, step, step + n, trainer.last_saved_step)
-          step += n
-          profile.after_loop(step)
           if epoch_sums is None:
             epoch_sums = loop
           else:
             epoch_sums.add(loop)
+          if cfg.stop_on_nan:
+            check_finite(loop, step, step + n, trainer.last_saved_step, epoch, epoch_sums)
+          step += n
+          profile.after_loop(step)
           epoch_steps += n
           examples_per_sec = n * trainer.global_batch / max(seconds, 1e-9)
           lr = float(trainer.schedule(step - 1))
