@@ -44,6 +44,20 @@ def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tm
   assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
 
 
+def test_configs_kept_within_one_second_each_keep_their_own_file(tmp_path, monkeypatch):
+  """A review: config.yaml was moved to config.<second>.yaml, so a second change within that
+  second overwrote the first one kept (and config.yaml was missing until the new one was
+  written). Seen failing: the epochs 1 config was lost."""
+  import time  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(time, "strftime", lambda fmt, *args: "20261206-101010")
+  plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
+  for epochs in (1, 2, 3):
+    outputs.write_config(plan, f"trainer: {{epochs: {epochs}}}\n", resuming=False)
+  assert (tmp_path / "config.yaml").read_text() == "trainer: {epochs: 3}\n"
+  assert sorted(p.read_text() for p in tmp_path.glob("config.*.yaml")) == [
+      "trainer: {epochs: 1}\n", "trainer: {epochs: 2}\n"]
+
+
 def test_unreadable_metrics_csv_is_set_aside_and_a_fresh_one_started(tmp_path):
   plan = outputs.write_plan(str(tmp_path), is_chief=True, rank=0)
   for bad in (b"", b"\x00\xff garbage\n\"unclosed", b"step,loss\n10,2.0\n"):  # last: no epoch column

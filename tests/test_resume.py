@@ -233,3 +233,17 @@ def test_the_data_order_refusal_names_the_callers_own_setting():
                       (fit_lib.terms(), "fit's shuffle= and the kind of x")):
     with errors.speaking_as(terms), pytest.raises(OutputError, match=re.escape(said)):
       resume.check_resume(was, now, "/tmp/run", "/tmp/run/checkpoints/ckpt-3")
+
+
+def test_a_longer_resume_under_lookahead_is_refused_as_under_a_decaying_schedule():
+  """A review: lookahead's pull decays with step / total_steps (optim.Lookahead), so a resume
+  with other epochs under a constant schedule trained another run than the one it continued;
+  only the cosine, linear and polynomial schedules were checked. Seen failing: no error."""
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import OutputError  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  was = {"schedule": "constant", "total_steps": 8, "lookahead_every_steps": 5}
+  with pytest.raises(OutputError, match="total_steps was 8, now 16.*lookahead_every_steps"):
+    resume.check_resume(was, {**was, "total_steps": 16}, "/tmp/run")
+  resume.check_resume({**was, "lookahead_every_steps": 0},  # constant, no lookahead: longer ok
+                      {**was, "lookahead_every_steps": 0, "total_steps": 16}, "/tmp/run")

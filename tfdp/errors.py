@@ -79,6 +79,14 @@ CLI = Terms("tfdp-train", "--model_dir", f"pass --start_over {START_OVER_DOES}",
 _terms = CLI
 
 
+def checkpoint_kept(step: int | None, state: str = "is kept") -> str:
+  """What a failure leaves of the run: its last good checkpoint (`state`: "is kept", "is
+  intact"), or that none was saved yet."""
+  if step is not None:
+    return f"the last good checkpoint (step {step}) {state}"
+  return "no checkpoint was saved" if state == "is kept" else "no checkpoint had been saved yet"
+
+
 def terms() -> Terms:
   return _terms
 

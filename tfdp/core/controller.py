@@ -220,8 +220,7 @@ def check_finite(sums, first_step: int, last_step: int, saved_step: int | None,
   error carries the epoch and its train_* values so far (tfdp.fit's TerminateOnNaN logs them)."""
   bad = {name: value for name, value in sums.values().items() if not math.isfinite(value)}
   if bad:
-    kept = (f"the last good checkpoint (step {saved_step}) is kept" if saved_step is not None
-            else "no checkpoint was saved")
+    kept = errors.checkpoint_kept(saved_step)
     shown = ", ".join(f"{name} {value}" for name, value in bad.items())
     steps = (f"step {last_step}" if last_step == first_step + 1
              else f"steps {first_step + 1}-{last_step}")
@@ -298,9 +297,7 @@ class Controller:
   def _summarize(self, writer, step: int, sums, extra: dict) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     # A full disk often hits the event files first: one line, the checkpoints as they are.
-    saved = self.trainer.last_saved_step
-    kept = (f"the last good checkpoint (step {saved}) is intact" if saved is not None
-            else "no checkpoint had been saved yet")
+    kept = errors.checkpoint_kept(self.trainer.last_saved_step, "is intact")
     with outputs.disk_errors(self.trainer.write_plan.path("train" if writer is self.writer
                                                           else "eval"),
                              f"TensorBoard events were not written; {kept}"):
@@ -442,7 +439,8 @@ class Controller:
           if stop_agreed and step < epoch_end:  # a worker was asked to stop: all save here
             trainer.save()
             raise self._preempted(stop, step)
-          if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+          if (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0
+              and step < epoch_end):  # an epoch's end saves below, after precise BN
             trainer.save()
         epoch_seconds = time.time() - epoch_start_time
         row = {"epoch": epoch + 1, "step": step,
@@ -456,16 +454,18 @@ class Controller:
         self._precise_batchnorm_if_due(epoch, step)
         # The checkpoint before the evaluation and metrics.csv: neither a failing evaluation nor
         # a disk too full for the row, nor a stop's grace period running out, costs the epoch.
-        if not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps:
-          trainer.save()
+        trainer.save()
         self._evaluate_if_due(epoch, step, row)
         row["wall_time"] = time.time()
         outputs.append_metrics(trainer.write_plan, row, last=step >= total)
         last_row = row
         stopped_by_hook = self.hooks is not None and self.hooks.epoch_end(epoch, row)
-        if stop_agreed:  # with the epoch's last step (the last loop's flag): ended as any other
-          # epoch (its checkpoint, evaluation and row) since the resumed run starts with the next
+        if stop_agreed and step < total:  # with the epoch's last step (the last loop's flag):
+          # ended as any other epoch (its checkpoint, evaluation and row), the resume starts
+          # with the next; on the run's last step the run finishes (its export, train_end)
           raise self._preempted(stop, step)
+        if stop_agreed:
+          logging.info("a stop was asked on the run's last step (%d): finishing the run", step)
         if stopped_by_hook and step < total:
           logging.info("training stopped by a callback after epoch %d (step %d)", epoch + 1, step)
           if trainer.write_plan.is_chief:

@@ -380,6 +380,7 @@ def _run_record(config: ExperimentConfig, plan: data_lib.InputPlan, cluster: clu
           "per_replica_batch": plan.per_replica_batch, "sharding": plan.policy,
           **({"shard_counts": list(plan.shard_counts)} if plan.policy == "local" else {}),
           "schedule": trainer_cfg.learning_rate.schedule, "epochs": trainer_cfg.epochs,
+          "lookahead_every_steps": trainer_cfg.lookahead_every_steps,
           "total_steps": total_steps, "workers": max(cluster.num_workers, 1), "replicas": replicas,
           "precision": precision, "all_reduce_dtype": config.runtime.all_reduce_dtype,
           "model_input": model_input(plan.source), "data_order": resume.data_order(plan, train)}

@@ -344,8 +344,7 @@ def disk_errors(path: str, consequence: str):
 def checkpoint_save_errors(plan: WritePlan, step: int, last_saved: int | None):
   """A save that fails leaves the state file naming the last good checkpoint (TensorFlow writes
   it last); the failed save's partial files are removed, so the space they took is free."""
-  kept = (f"the last good checkpoint (step {last_saved}) is intact" if last_saved is not None
-          else "no checkpoint had been saved yet")
+  kept = errors.checkpoint_kept(last_saved, "is intact")
   try:
     with disk_errors(plan.checkpoint_dir, f"checkpoint step {step} was not saved; {kept}"):
       yield
@@ -378,6 +377,21 @@ def atomic_write_text(path: str, text: str) -> None:
   _write_into_place(path, write)
 
 
+def _copy_aside(path: str, stem: str, suffix: str = "") -> str:
+  """Copies `path` to a new file `stem`+suffix (stem-2, -3, ... where taken: restarts within
+  one second each keep theirs), created exclusively, never over another file."""
+  for attempt in range(1, 1000):
+    aside = f"{stem}{suffix}" if attempt == 1 else f"{stem}-{attempt}{suffix}"
+    try:
+      with open(path, "rb") as source, open(aside, "xb") as copy:
+        shutil.copyfileobj(source, copy)
+      return aside
+    except FileExistsError:
+      continue
+  raise OutputError(f"{path} could not be kept aside: {stem}-1..999{suffix} all exist; "
+                    "remove some.")
+
+
 def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
   """config.yaml is the config of the latest run; an earlier, different one is kept beside it.
   `resuming`: a checkpoint was restored, so other settings change a run that already trained."""
@@ -388,9 +402,8 @@ def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
   if os.path.exists(path):
     with open(path) as f:
       old = f.read()
-    if old != text:
-      kept = plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-      os.replace(path, kept)
+    if old != text:  # a copy, then the new one over it: config.yaml is never missing
+      kept = _copy_aside(path, plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}"), ".yaml")
       changed = changed_settings(old, text)
       if changed and resuming:  # other settings from here on, said once
         logging.warning("config.yaml: settings differ from the earlier run's (kept as %s) and "
@@ -470,10 +483,8 @@ def read_metrics(path: str):
       raise ValueError("it has no 'epoch' column")
     return frame
   except ValueError as error:  # pandas' EmptyDataError and ParserError, UnicodeDecodeError
-    aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}", 1
-    while os.path.exists(aside):
-      aside, n = f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
-    os.replace(path, aside)
+    aside = _copy_aside(path, f"{path}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.unlink(path)
     logging.warning("%s could not be read (%s); set aside as %s, a fresh one started", path,
                     " ".join(str(error).split()) or type(error).__name__, os.path.basename(aside))
     return None

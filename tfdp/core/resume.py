@@ -135,11 +135,15 @@ def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | 
              if field in record and field in current and record[field] != current[field]]
   if not changed and checkpoint:
     _check_order_kept(record, current, model_dir, checkpoint_step(checkpoint))
-  if (current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES and "total_steps" in record
-      and "total_steps" in current and record["total_steps"] != current["total_steps"]):
+  decays = (f"the '{current.get('schedule')}' learning-rate schedule"
+            if current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES else
+            "trainer.lookahead_every_steps, whose pull" if current.get("lookahead_every_steps")
+            else None)  # what decays over the run's length (optim.Lookahead: step / total)
+  if (decays and "total_steps" in record and "total_steps" in current
+      and record["total_steps"] != current["total_steps"]):
     changed.append(f"total_steps was {record['total_steps']}, now {current['total_steps']} "
-                   f"(trainer.epochs / trainer.max_steps, with the '{current['schedule']}' "
-                   "learning-rate schedule that decays over the whole run)")
+                   f"(trainer.epochs / trainer.max_steps, with {decays} that decays over the "
+                   "whole run)")
   if changed:
     raise OutputError(
         f"{errors.terms().model_dir} '{model_dir}' holds a run this config cannot resume: "

@@ -393,12 +393,16 @@ class Trainer:
         ) from None
       logging.info("%s %s at step %d", "evaluating" if to_evaluate else "resumed from", latest,
                    self.global_step)
+      self._restored = [self.global_step]  # a non-chief's manager knows its own saves only
     return self.global_step
+
+  _restored = ()  # the step of the chief's checkpoint the run resumed from, on every worker
 
   @property
   def last_saved_step(self) -> int | None:
     latest = self.manager.latest_checkpoint
-    return int(latest.rsplit("-", 1)[1]) if latest else None
+    return max([*self._restored, *([int(latest.rsplit("-", 1)[1])] if latest else [])],
+               default=None)
 
   run_record = None  # what a step means (experiment._run_record); the chief keeps it beside
   run_record_from_step = 0  # the checkpoints, from the first save on
@@ -408,12 +412,10 @@ class Trainer:
     # A checkpoint is good only if its weights are: the loss checked before a save was computed
     # with the weights of the step before, not with those the last update made.
     if not self._weights_finite():
-      saved = self.last_saved_step
-      kept = (f"the last good checkpoint (step {saved}) is kept" if saved is not None
-              else "no checkpoint was saved")
       raise TrainingDiverged(
           f"training diverged: the weights after step {self.global_step} are not finite (or "
-          f"too large to square in float32); stopped without saving, {kept}. "
+          f"too large to square in float32); stopped without saving, "
+          f"{errors.checkpoint_kept(self.last_saved_step)}. "
           f"{errors.terms().diverged_fix}.")
     if self.write_plan.is_chief and self.run_record is not None:
       # Written before the checkpoint: a checkpoint of this run never exists without it.
@@ -482,11 +484,10 @@ class Trainer:
             if isinstance(layer, keras.layers.BatchNormalization)]
 
   def precise_batchnorm(self, dataset, num_batches: int) -> int:
-    """PreciseBN (pycls, Detectron2): replaces BatchNorm's moving statistics, which lag the
-    weights in short runs (momentum 0.99 keeps 0.99^k of the initial values after k steps), by
-    their average over `num_batches` training batches run with the weights frozen, averaged
-    across replicas and workers. `dataset` is a distributed training dataset of its own (the
-    training iterator, and so the data order, is left alone). Returns the batches used."""
+    """PreciseBN (pycls, Detectron2): BatchNorm's moving statistics, which lag the weights in
+    short runs (momentum 0.99 keeps 0.99^k of the initial values), become their average over
+    `num_batches` training batches with the weights frozen, across replicas and workers, from a
+    distributed dataset of its own (the training order is left alone). Returns the batches."""
     layers = self.batchnorm_layers()
     if not layers or num_batches <= 0:
       return 0
@@ -503,12 +504,12 @@ class Trainer:
     momenta = [layer.momentum for layer in layers]
     kept = [np.asarray(v) for v in stats]
     totals = [np.zeros_like(k, dtype=np.float64) for k in kept]
-    iterator = iter(dataset)
+    holder = [iter(dataset)]  # destroyed off this thread, as evaluate's (its whole pipeline)
     try:
       for layer in layers:  # read when the step is traced (Keras 3 keeps it as a Python float)
         layer.momentum = 0.0
       for _ in range(num_batches):
-        self._batch_statistics_step(iterator)
+        self._batch_statistics_step(holder[0])
         for total, variable in zip(totals, stats):
           total += np.asarray(variable)
     except Exception:
@@ -517,6 +518,8 @@ class Trainer:
     finally:
       for layer, momentum in zip(layers, momenta):
         layer.momentum = momentum
+      from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (it drives this)
+      controller.drop_in_background(holder, "tfdp-release-precise-bn-iterator")
     self._set_replica_values(stats, [(t / num_batches).astype(k.dtype) for t, k in zip(totals, kept)])
     return num_batches
 

@@ -304,7 +304,8 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None,
   local += [f"/gpu:{i}" for i in range(len(gpus_here))]
   precision, precision_reason = resolve_precision(runtime.mixed_precision)
   if not gpus_here:
-    warning = compat.onednn_off_warning(compat.onednn_enabled(), cpus.cpu_flags(environ={}), os.environ)
+    warning = compat.onednn_off_warning(compat.onednn_enabled(), cpus.cpu_flags(environ={}),
+                                        os.environ)
     if warning:
       logging.warning(warning)
   cpu = tf.config.list_physical_devices("CPU")[0]  # its logical devices, set by the caller too
@@ -315,7 +316,7 @@ def make_strategy(runtime: RuntimeConfig, cluster: Cluster | None = None,
     if not cluster.is_multi_worker and cluster.source == "none":
       logging.info("strategy: multi_worker_mirrored with no TF_CONFIG runs as one worker")
     if cluster.is_multi_worker:
-        compat.configure_coordination_service(cluster.cluster, cluster.task_type,
+      compat.configure_coordination_service(cluster.cluster, cluster.task_type,
                                             runtime.heartbeat_timeout_seconds)
     with startup.StartupDeadline(cluster, runtime.startup_timeout_seconds) as deadline:
       # in Python: a signal while a peer is late acts at once; a peer that differs is one line
