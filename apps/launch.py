@@ -4,12 +4,12 @@
   tfdp-launch --num_workers=4 --max_restarts=2 --min_workers=2 -- tfdp-train --model_dir=runs/mw
   tfdp-launch --num_workers=2 --gpus_per_worker=1 -- python my_script.py
 
-Flags before `--` are the launcher's; everything after it is the workers' command, run as
-given. The workers run in a private loopback-only network unless --allow_remote.
+Flags before the command are the launcher's; the command starts at the first word that is no
+flag (or after `--`) and runs as given, its own flags too (`--host` after `python x.py` is the
+script's). The workers run in a private loopback-only network unless --allow_remote.
 """
 
 import pathlib
-import shlex
 import sys
 
 if not __package__:  # Run as a script: make the repo root importable.
@@ -55,9 +55,7 @@ PROG = "tfdp-launch"
 
 
 def main(argv: list[str]) -> int:
-  command = argv[1:]
-  if command[:1] == ["--"]:
-    command = command[1:]
+  command = argv[1:]  # absl left everything from the first word that is no flag (`--` dropped)
   try:
     return launcher.launch(
         command, FLAGS.num_workers, max_restarts=FLAGS.max_restarts,
@@ -68,30 +66,18 @@ def main(argv: list[str]) -> int:
         slots_file=FLAGS.slots_file)
   except TfdpError as error:
     cli.exit_with_error(PROG, error)
-
-
-def _worker_command_without_separator(argv: list[str]) -> str | None:
-  """`tfdp-launch --num_workers 2 tfdp-train --config_file=x`: absl reads the worker's flags as
-  the launcher's. Names the fix when a word that is no flag came before them and no `--` did."""
-  words, first, i = argv[1:], None, 0
-  while i < len(words) and first is None:
-    name = words[i].lstrip("-")
-    if not words[i].startswith("-"):
-      first = i
-    elif name.split("=", 1)[0] not in FLAGS and name.removeprefix("no") not in FLAGS:
-      return None  # the unknown flag is the launcher's own (a typo): no hint
-    elif "=" not in name and name in FLAGS and not FLAGS[name].boolean:
-      i += 1  # --num_workers 2: the value is the flag's
-    i += 1
-  if "--" in words or first is None or not any(w.startswith("-") for w in words[first:]):
-    return None
-  return (f"the worker command's own flags need -- before the command: `{PROG} "
-          f"{shlex.join(words[:first])} -- {shlex.join(words[first:])}`")
+  except KeyboardInterrupt:  # outside a group's run (start-up, between restarts): no worker runs
+    print(f"{PROG}: interrupted before a worker group ran (none is left running).",
+          file=sys.stderr, flush=True)
+    return 130
 
 
 def run() -> None:
   apps.lend_help_to_console_script(__name__)
-  app.run(main, flags_parser=cli.flags_parser(PROG, _worker_command_without_separator))
+  # POSIX parsing: the launcher's flags end at the command, as srun's and torchrun's do; absl's
+  # default reads flags anywhere, so a script's --host became the launcher's, silently.
+  FLAGS.set_gnu_getopt(False)
+  app.run(main, flags_parser=cli.flags_parser(PROG))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,30 @@ def test_the_group_shares_one_private_namespace_and_allow_remote_keeps_the_hosts
   assert "network: every interface (--allow_remote" in captured.err
 
 
+def test_a_worker_in_the_private_network_keeps_its_user():
+  """A review: the holder mapped the user to uid 0, so a non-root user's workers ran as root
+  inside (os.getuid() 0, root's home for ssh and git). Run here as uid 65534 (setpriv), whose
+  workers must stay 65534. Seen failing: uid 0."""
+  import absl  # pylint: disable=g-import-not-at-top
+  python = "/usr/bin/python3"  # the venv's may live in root's home, which 65534 cannot enter
+  if os.getuid() != 0 or not os.access(python, os.X_OK):
+    pytest.skip("needs root and a system python3 to start the launcher as another user")
+  packages = os.path.dirname(os.path.dirname(absl.__file__))  # absl is pure Python
+  as_nobody = textwrap.dedent(f"""
+      import sys
+      sys.path[:0] = [{str(helpers.REPO)!r}, {packages!r}]
+      from tfdp.distributed import launch
+      sys.exit(launch.launch(["/bin/sh", "-c", "echo uid $(id -u) $(id -g)"], 1,
+                             stop_grace_seconds=5))
+      """)
+  completed = subprocess.run(  # from / : the test's own folder is root's alone
+      ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", as_nobody],
+      capture_output=True, text=True, timeout=120, cwd="/", env=dict(helpers.env(), HOME="/"))
+  assert completed.returncode == 0, completed.stderr[-2000:]
+  assert "network: private namespace (loopback only)" in completed.stderr, completed.stderr
+  assert completed.stdout.split() == ["[w0]", "uid", "65534", "65534"], completed.stdout
+
+
 def test_without_namespaces_one_warning_line_names_the_risk(monkeypatch, capfd):
   def refuse(self):
     self.failure = "unshare: Operation not permitted"

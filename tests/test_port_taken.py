@@ -67,3 +67,12 @@ def test_a_slurm_port_taken_by_a_job_300_ids_away_names_a_free_port_base_outside
     with socket.socket() as probe:
       probe.bind(("", suggested))
   assert isolation.bind_failure([[line]], 0)
+
+
+def test_another_address_in_use_is_the_jobs_failure_not_a_free_rerun():
+  """A review: any failure whose last lines said "Address already in use" (a profiler's or
+  TensorBoard's port, mid-training) was rerun up to 3 times as a fresh start, uncounted. Seen
+  failing: bind_failure was True."""
+  other = "OSError: [Errno 98] Address already in use"  # e.g. a script's own server
+  assert not isolation.bind_failure([["Traceback (most recent call last):", other]], 0)
+  assert isolation.bind_failure([["W tensorflow: UNKNOWN: Could not start gRPC server"]], 0)

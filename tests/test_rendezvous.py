@@ -134,6 +134,55 @@ def test_under_slurm_a_second_worker_0_is_told_to_start_the_workers_with_one_sru
         "with one srun, which gives each task its own SLURM_PROCID.")
 
 
+def test_a_concurrent_srun_step_of_the_same_job_is_a_port_taken_and_the_holder_goes_on(
+    monkeypatch):
+  """A review: two srun steps of one job running at once get the same ports; the second step's
+  worker 0 was told to 'start the workers with one srun' (each step was one) and the first
+  step's worker 0 died of that hello too. Now the second is told its port is taken by the other
+  step, with the port base fix, and the first step meets its own peer."""
+  for _ in range(20):  # a port base whose next port is free too
+    base = launcher.pick_free_ports(1)[0]
+    try:
+      socket.create_server(("127.0.0.1", base + 1)).close()
+      break
+    except OSError:
+      continue
+  env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
+         "SLURM_STEP_TASKS_PER_NODE": "2", "TFDP_SLURM_PORT_BASE": str(base)}
+
+  def step(step_id, rank):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", str(step_id))  # read when the worker says its hello
+    return Worker(cluster_lib.from_slurm(dict(env, SLURM_STEP_ID=str(step_id),
+                                              SLURM_PROCID=str(rank))))
+  first = step(0, 0)
+  deadline = time.monotonic() + 10
+  while isinstance(connection := cluster_lib.reach(f"localhost:{base}", 1.0), str):
+    assert time.monotonic() < deadline, connection
+  connection.close()
+  line = str(step(1, 0).outcome())
+  assert f"cannot listen on localhost:{base}" in line and "Address already in use" in line, line
+  assert "Slurm job 7 step 0 holds it (srun steps running at once share their job's ports" in line
+  assert "TFDP_SLURM_PORT_BASE=" in line and "one srun" not in line, line
+  assert first.is_alive() and not isinstance(first.result, ClusterError)
+  assert isinstance(step(0, 1).outcome(), float)  # the first step's own peer: both go on
+  assert isinstance(first.outcome(), float)
+
+
+def test_a_port_below_1024_names_the_port_not_the_host(monkeypatch):
+  """A review: EACCES said 'give it an address of this host in TF_CONFIG'; the bind is on every
+  interface, so only the port can fix it (and a Slurm cluster has no TF_CONFIG)."""
+  import errno  # pylint: disable=g-import-not-at-top
+  def refused(self, address):
+    raise PermissionError(errno.EACCES, "Permission denied")
+  monkeypatch.setattr(socket.socket, "bind", refused)
+  with pytest.raises(Exception) as raised:
+    rendezvous._listen(worker(["127.0.0.1:80", "127.0.0.1:81"], 0), {})
+  assert str(raised.value) == (
+      "worker 0 cannot listen on 127.0.0.1:80 (Permission denied); ports below 1024 are "
+      "root's: give it a port of 1024 or more in TF_CONFIG's cluster.worker[0].")
+
+
 def test_a_worker_that_is_told_it_is_worker_0_on_worker_1s_machine_reaches_itself():
   """The second machine of that recipe: worker 1's address is its own port."""
   a = addresses(1)[0]

@@ -30,20 +30,18 @@ def exit_now(code: int) -> None:
 prog = "tfdp"  # the running app's name, for one-line errors raised far from the app
 
 
-def flags_parser(prog: str, unknown_flag_hint=None):  # pylint: disable=redefined-outer-name
-  """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line.
-  `unknown_flag_hint(argv)`: a fix for an unknown flag in this argv, or None."""
+def flags_parser(prog: str):  # pylint: disable=redefined-outer-name
+  """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line."""
   globals()["prog"] = prog
 
   def parse(argv: list[str]) -> list[str]:
     try:
       return flags.FLAGS(argv)
     except flags.UnrecognizedFlagError as error:
-      hint = unknown_flag_hint(argv) if unknown_flag_hint else None
       said = re.sub(r"\. Did you mean: (.+) \?$",  # absl's "'x'. Did you mean: a, b ?"
                     lambda m: " (did you mean --" + m.group(1).replace(", ", ", --") + "?)",
                     str(error))
-      exit_with_error(prog, f"{said}; {hint or f'see {prog} --helpfull'}.")
+      exit_with_error(prog, f"{said}; see {prog} --helpfull.")
     except flags.Error as error:
       exit_with_error(prog, f"{error}; see {prog} --helpfull.")
   return parse

@@ -11,6 +11,7 @@ here (pin_slurm_task_gpus), before TensorFlow first touches a GPU.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import itertools
 import json
 import os
@@ -121,6 +122,10 @@ def address_problem(address: Any) -> str | None:
     return f"{address!r} contains whitespace; remove the spaces"
   if address.startswith("["):  # IPv6 literal: [::1]:2222
     host, sep, port = address[1:].partition("]:")
+    try:
+      ipaddress.IPv6Address(host)
+    except ValueError:
+      sep = ""
     if not sep:
       return (f"{address!r} is not [ipv6]:port; write it like '[::1]:12345'")
   else:
@@ -432,11 +437,12 @@ def unanswered_peers(cluster: Cluster, seconds: float = 2.0) -> list[str]:
   return silent
 
 
-def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "") -> ClusterError:
+def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "",
+                     holder: str = "") -> ClusterError:
   """The one line for this task's port that cannot be bound: `why` (the bind's strerror), or,
   for TF's bare 'Could not start gRPC server' (`said`: it names neither port nor why), a test
   bind on '' (TF listens on every interface, launch.py's docstring). The line keeps
-  isolation.BIND_FAILURE_MARKERS' "Address already in use": tfdp-launch retries with fresh ports."""
+  isolation.BIND_FAILURE_MARKERS' words: tfdp-launch retries with fresh ports."""
   address = cluster.cluster[cluster.task_type][cluster.task_index]
   port = split_address(address)[1]
   if why is None:
@@ -448,7 +454,7 @@ def port_taken_error(cluster: Cluster, why: str | None = None, said: str = "") -
     except OSError as error:
       why = error.strerror or str(error)
   if cluster.source == "slurm":
-    fix = slurm.port_base_fix(cluster.cluster["worker"])
+    fix = slurm.port_base_fix(cluster.cluster["worker"], holder)
   else:
     fix = (f"give it another free port in TF_CONFIG's "
            f"cluster.{cluster.task_type}[{cluster.task_index}]")

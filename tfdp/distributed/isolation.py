@@ -79,7 +79,10 @@ if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
   print("unshare: " + os.strerror(ctypes.get_errno()), flush=True)
   sys.exit(1)
 try:
-  for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+  # Mapped to themselves: the workers keep their user (mapped to 0 they ran as root, and read
+  # root's ~/.ssh); the holder, the namespace's creator, keeps its capabilities in it anyway.
+  for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                     ("gid_map", f"{gid} {gid} 1")):
     with open(f"/proc/self/{name}", "w") as f:
       f.write(text)
   with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # ip link set lo up
@@ -297,13 +300,17 @@ def _log(message: str) -> None:
   print(f"tfdp-launch: {message}", file=sys.stderr, flush=True)
 
 
-# What a worker prints when its TF server cannot bind its port (taken after it was picked).
-BIND_FAILURE_MARKERS = ("Could not start gRPC server", "Address already in use")
+# What a worker prints when its TF server cannot bind its port (taken after it was picked):
+# TensorFlow's own line, or tfdp's (cluster.port_taken_error) with the bind's reason. Another
+# "Address already in use" (a profiler's or TensorBoard's port) is the job's failure, never
+# rerun for free (a review: any failure that printed it ran again, as a fresh start).
+BIND_FAILURE_MARKERS = (("Could not start gRPC server",),
+                        ("cannot listen on", "Address already in use"))
 
 
 def bind_failure(last_lines: Sequence[Sequence[str]], first_failed: int | None) -> bool:
   """True if the worker that failed first could not bind its port."""
   if first_failed is None or first_failed >= len(last_lines):
     return False
-  return any(marker in line for line in last_lines[first_failed]
+  return any(all(part in line for part in marker) for line in last_lines[first_failed]
              for marker in BIND_FAILURE_MARKERS)

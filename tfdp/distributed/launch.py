@@ -74,6 +74,7 @@ def check_stop_grace_seconds(seconds: float) -> None:
 
 
 def _format_address(host: str, port: int) -> str:
+  host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # --host=[::1]
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import secrets
 import socket
 import threading
@@ -38,6 +39,7 @@ PROTOCOL = "tfdp-rendezvous/1"
 HELLO_SECONDS = 2.0  # a tfdp listener's thread sends its hello at once; silence this long: not one
 MAX_HELLO_BYTES = 1 << 20
 NOT_A_WORKER = "answers, but not as a tfdp worker"
+OTHER_RUN = "answers as a worker of"  # ... another run's (rendezvous._other_run)
 
 
 def _listen(cluster: cluster_lib.Cluster, hello: dict) -> socket.socket:
@@ -63,9 +65,13 @@ def _listen(cluster: cluster_lib.Cluster, hello: dict) -> socket.socket:
         _check_the_holder(cluster, hello, address)
         # the words tfdp-launch reruns with fresh ports on
         raise cluster_lib.port_taken_error(cluster, e.strerror) from None
-      if family == socket.AF_INET:
+      if family == socket.AF_INET:  # bound on every interface: the port, not the host
+        where = ("TFDP_SLURM_PORT_BASE" if cluster.source == "slurm"
+                 else f"TF_CONFIG's cluster.{cluster.task_type}[{cluster.task_index}]")
+        fix = (f"ports below 1024 are root's: give it a port of 1024 or more in {where}"
+               if e.errno == errno.EACCES else f"give it another port in {where}")
         raise ConfigError(f"{cluster.task_type} {cluster.task_index} cannot listen on {address} "
-                          f"({e.strerror}); give it an address of this host in TF_CONFIG.") from None
+                          f"({e.strerror}); {fix}.") from None
   raise AssertionError("unreachable")
 
 
@@ -74,6 +80,11 @@ def _check_the_holder(cluster: cluster_lib.Cluster, hello: dict, address: str) -
   another order on one host. Named as such (and the holder stops too, on this hello), not as a
   port taken; a stranger on the port, another job's worker included, is a port taken."""
   theirs = knock(address, hello)
+  if isinstance(theirs, dict) and _other_run(hello, theirs):  # same addresses, another srun
+    raise cluster_lib.port_taken_error(
+        cluster, "Address already in use",
+        holder=f"{theirs['run']} holds it (srun steps running at once share their job's ports; "
+               "give each its own TFDP_SLURM_PORT_BASE)")
   if isinstance(theirs, dict) and (sorted(sum(theirs["cluster"].values(), [])) ==
                                    sorted(sum(hello["cluster"].values(), []))):
     me = f"{cluster.task_type} {cluster.task_index}"
@@ -88,9 +99,19 @@ def _training(cluster: cluster_lib.Cluster) -> dict[str, list[str]]:
 
 def _hello(cluster: cluster_lib.Cluster, token: str) -> dict:
   """Who this worker is and the cluster it was given: what TensorFlow needs every worker to agree
-  on. The token tells a worker that reached its own port from a restarted or a second worker."""
+  on. The token tells a worker that reached its own port from a restarted or a second worker;
+  `run` a Slurm step from another step of its job, which computes the same addresses."""
+  env = os.environ
+  run = (f"Slurm job {env['SLURM_JOB_ID']} step {env.get('SLURM_STEP_ID', '?')}"
+         if cluster.source == "slurm" and env.get("SLURM_JOB_ID") else None)
   return {"protocol": PROTOCOL, "type": cluster.task_type, "index": cluster.task_index,
-          "cluster": _training(cluster), "token": token}
+          "cluster": _training(cluster), "token": token, "run": run}
+
+
+def _other_run(mine: dict, theirs: dict) -> str | None:
+  """The other run a hello comes from (a concurrent srun step of this job): not a peer."""
+  run = theirs.get("run")
+  return run if run and mine.get("run") and run != mine["run"] else None
 
 
 def _read_hello(connection: socket.socket) -> dict | None:
@@ -205,7 +226,8 @@ class _Door:
         theirs = _read_hello(connection)
       except OSError:
         return
-    if theirs is None or theirs["token"] == self.hello["token"]:
+    if (theirs is None or theirs["token"] == self.hello["token"]
+        or _other_run(self.hello, theirs)):  # its own port taken: said on that side
       return  # not a tfdp worker (a port scan, a health check), or this worker reaching itself
     host, theirs_is = host.removeprefix("::ffff:"), f"{theirs['type']} {theirs['index']}"
     who = (f"a worker connecting from {host}" if theirs_is == self.me else
@@ -228,13 +250,15 @@ def _waiting(cluster: cluster_lib.Cluster, why: dict[str, str]) -> str:
   addresses = dict(cluster_lib.peers(cluster))
   port = cluster_lib.split_address(cluster.cluster[cluster.task_type][cluster.task_index])[1]
   silent = [f"{name} at {addresses[name]} ({reason})" for name, reason in why.items()
-            if reason not in (NOT_A_WORKER, "")]
+            if reason not in (NOT_A_WORKER, "") and not reason.startswith(OTHER_RUN)]
   parts = ["no answer from " + ", ".join(silent)] if silent else []
   for name, reason in why.items():
     theirs = cluster_lib.split_address(addresses[name])[1]
     if reason == NOT_A_WORKER:
       parts.append(f"{name} at {addresses[name]} {NOT_A_WORKER}: something else holds port "
                    f"{theirs} there (`ss -ltnp 'sport = :{theirs}'` on that host names it)")
+    elif reason.startswith(OTHER_RUN):
+      parts.append(f"{name} at {addresses[name]} {reason}, which holds port {theirs} there")
     elif not reason:
       parts.append(f"{name} at {addresses[name]} answers but has not reached this worker's port "
                    f"{port} yet (check that it can reach this host's port {port})")
@@ -265,6 +289,8 @@ def wait_for_peers(cluster: cluster_lib.Cluster, say: Callable[[str], None] = la
         if name in reached:
           continue
         theirs = knock(address, hello)
+        if isinstance(theirs, dict) and _other_run(hello, theirs):
+          theirs = f"{OTHER_RUN} {theirs['run']}"
         if isinstance(theirs, str):
           why[name] = theirs
           continue

@@ -39,18 +39,20 @@ def job_port_base(env: Mapping[str, str]) -> int:
   return JOB_PORT_FIRST + _slurm_int(env, "SLURM_JOB_ID") % JOB_PORT_SLOTS * JOB_PORT_SLOT
 
 
-def port_base_fix(addresses: list[str]) -> str:
+def port_base_fix(addresses: list[str], holder: str = "") -> str:
   """The fix for a Slurm job whose port is taken, often by another job on the node whose id is
-  this one's plus or minus a multiple of JOB_PORT_SLOTS: a port base whose block is free here."""
+  this one's plus or minus a multiple of JOB_PORT_SLOTS (`holder`: who holds it, where known):
+  a port base whose block is free here."""
   per_node = max(collections.Counter(a.rpartition(":")[0] for a in addresses).values())
   above_jobs = JOB_PORT_FIRST + JOB_PORT_SLOTS * JOB_PORT_SLOT  # no job's default block: 31200+
   free = next((base for base in range(above_jobs, EPHEMERAL_FIRST - per_node + 1, JOB_PORT_SLOT)
                if _ports_free(base, per_node)), None)
   example = (f"{PORT_BASE_VAR}={free} (free here)" if free is not None
              else f"{PORT_BASE_VAR}=40000")
-  return (f"another job on this node may hold it (Slurm jobs whose ids differ by a multiple of "
-          f"{JOB_PORT_SLOTS} share ports): export a base whose next {per_node} ports are free on "
-          f"every node before srun, e.g. {example}")
+  holder = holder or (f"another job on this node may hold it (Slurm jobs whose ids differ by a "
+                      f"multiple of {JOB_PORT_SLOTS} share ports)")
+  return (f"{holder}: export a base whose next {per_node} ports are free on every node before "
+          f"srun, e.g. {example}")
 
 
 def _ports_free(base: int, count: int) -> bool:
@@ -351,6 +353,14 @@ def slurm_workers(env: Mapping[str, str],
         f"Slurm: {per_node_var} adds up to {sum(tasks_per_node)} tasks but "
         f"the task count is {num_tasks}; they must match: start tfdp-train "
         "with srun inside the allocation, which sets both.")
+  most = max(tasks_per_node, default=0)
+  if (port_base is None and most > JOB_PORT_SLOT and "SLURM_JOB_ID" in env
+      and not env.get(PORT_BASE_VAR, "").strip()):  # into the next job id's block: collisions
+    raise ClusterError(
+        f"Slurm: {most} tasks on one node need {most} ports, more than a job's block of "
+        f"{JOB_PORT_SLOT} (the next job id's block follows it); export {PORT_BASE_VAR} with "
+        f"{most} free ports from it before srun, e.g. "
+        f"{PORT_BASE_VAR}={JOB_PORT_FIRST + JOB_PORT_SLOTS * JOB_PORT_SLOT}.")
   if port_base is None:
     port_base = job_port_base(env)
   if max(tasks_per_node, default=0) and not (
@@ -370,4 +380,22 @@ def slurm_workers(env: Mapping[str, str],
   if duplicates:
     raise ClusterError(f"Slurm: nodelist repeats a node, giving duplicate "
                        f"address {duplicates[0]!r}; check {nodelist_var}.")
+  _check_block_placement(env, rank, hosts, tasks_per_node)
   return rank, addresses
+
+
+def _check_block_placement(env: Mapping[str, str], rank: int, hosts: list[str],
+                           tasks_per_node: list[int]) -> None:
+  """Ranks are numbered node by node (block distribution, as TF's SlurmClusterResolver); under
+  `srun -m cyclic` (or plane) a task runs elsewhere, listens on another node's address and its
+  peers reach the wrong process or none (a review). Checked where srun says where it runs."""
+  node = next(k for k, end in enumerate(itertools.accumulate(tasks_per_node)) if rank < end)
+  local_id = rank - sum(tasks_per_node[:node])
+  placed = (env.get("SLURMD_NODENAME", hosts[node]), env.get("SLURM_LOCALID", str(local_id)))
+  if placed != (hosts[node], str(local_id)):
+    how = (f" (SLURM_DISTRIBUTION={env['SLURM_DISTRIBUTION']})"
+           if env.get("SLURM_DISTRIBUTION") else "")
+    raise ClusterError(
+        f"Slurm: task {rank} runs as local task {placed[1]} on {placed[0]}{how}, but tfdp "
+        f"numbers the workers node by node, which puts it on {hosts[node]} as local task "
+        f"{local_id}; start the tasks with srun --distribution=block (srun's default).")
