@@ -56,6 +56,29 @@ def test_off_is_the_word_off_in_files_and_overrides(tmp_path):
   assert config_lib.load_config([], ["task.train_data.augment=false"]).task.train_data.augment is False
 
 
+def test_numbers_are_yaml_1_2s_everywhere_kwargs_too(tmp_path):
+  """A review: YAML 1.1 read `1e-5` (no dot) as a string, fixed for typed float fields only:
+  task.model.kwargs.l2=1e-5 reached the model as '1e-5' (refused, and its suggested `1e-05`
+  too); `010` was 8 (octal) and `1:30` was 90. Seen failing on the old loader.py."""
+  config = config_lib.load_config([], [
+      "task.model.kwargs={l2: 1e-5, dropout: 1E-1, width: 010},trainer.seed=010"])
+  assert config.task.model.kwargs == {"l2": 1e-5, "dropout": 0.1, "width": 10}
+  assert config.trainer.seed == 10
+  job = tmp_path / "job.yaml"
+  job.write_text("task:\n  model:\n    kwargs: {l2: 1e-5, name: 1:30}\n")
+  assert config_lib.load_config([str(job)]).task.model.kwargs == {"l2": 1e-5, "name": "1:30"}
+  assert config_lib.load_config([], ["trainer.global_batch_size=1e3"]).trainer.global_batch_size == 1000
+
+
+def test_an_empty_list_setting_is_no_item_not_one_empty_one(tmp_path):
+  """A review: `runtime.devices=` became [''] (and passed validation); `devices:` with nothing in
+  a file was refused as None. Seen failing: ['']."""
+  assert config_lib.load_config([], ["runtime.devices="]).runtime.devices == []
+  job = tmp_path / "job.yaml"
+  job.write_text("runtime:\n  devices:\n")
+  assert config_lib.load_config([str(job)]).runtime.devices == []
+
+
 def test_devices_on_a_job_with_cpu_replicas_names_the_setting_to_clear():
   """runtime.devices=/gpu:0 on a base.yaml job was told 'set either cpu_replicas or devices,
   not both', though the user set only devices. Seen failing: the old line had no fix."""

@@ -271,3 +271,35 @@ def test_the_shuffle_order_does_not_depend_on_free_memory(monkeypatch):
   import psutil  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(psutil, "virtual_memory", lambda: collections.namedtuple("M", "available")(0))
   assert np.array_equal(order(), plenty)
+
+
+def test_labels_or_shifts_past_what_the_images_allow_are_refused_when_the_source_is_built():
+  """A review: crop_padding of a side or more, and a TFDS num_classes below the dataset's, passed
+  every check and stopped the run mid-way ("a batch was rejected by the model", a label 9
+  outside [0, 5)), after model_dir was written. Seen failing: no error at build_source."""
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config([], [
+      "task.train_data.source=synthetic,task.train_data.num_examples=16,"
+      "task.train_data.image_size=8,task.train_data.num_classes=2,task.train_data.augment=true,"
+      "task.train_data.crop_padding=8"])
+  with pytest.raises(ConfigError, match=r"'task.train_data.crop_padding' is 8, but the images "
+                                        r"are 8x8; use fewer pixels than a side"):
+    tasks.make_task(config.task).build_source(config.task.train_data)
+  config.task.train_data.crop_padding = 7
+  assert tasks.make_task(config.task).build_source(config.task.train_data).num_examples == 16
+  if not (helpers.CIFAR_DIR / "cifar10").exists():
+    pytest.skip(helpers.NO_CIFAR_REASON)
+  fewer = config_lib.load_config([], ["task.train_data.split=train[:64],"
+                                      "task.train_data.num_classes=5"])
+  with pytest.raises(DataError, match="has 10 classes but num_classes is 5; set "
+                                      r"task.\*_data.num_classes to 10"):
+    data_lib.make_source(fewer.task.train_data)
+
+
+def test_tfrecord_labels_past_num_classes_are_refused(records):
+  """A review: TFRecord labels 0-3 under num_classes=3 failed mid-run. Seen failing: no error."""
+  with pytest.raises(DataError, match="hold label 3 but num_classes is 3; set "
+                                      r"task.\*_data.num_classes to 4"):
+    data_lib.make_source(data_config(source="tfrecord", path=records, num_classes=3))
+  assert data_lib.make_source(data_config(source="tfrecord", path=records,
+                                          num_classes=6)).num_classes == 6

@@ -243,3 +243,12 @@ def test_one_replica_two_replicas_and_two_workers_train_alike(tmp_path):
     assert other["learning_rate"] == one["learning_rate"] == pytest.approx(0.05)  # halved once
     assert other["evaluate_examples"] == 37
     assert other["evaluate_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+  # A second fit in one process trains, shuffled under seed 0, on workers too. A model whose
+  # weights differ between workers (built outside the scope with each worker's own seed) is
+  # refused on every worker; within one process there is one copy of it.
+  assert one["again_epochs"] == two["again_epochs"] == workers[0]["again_epochs"] == 2
+  for result in workers:
+    assert result["apart"].startswith("tfdp.fit: workers disagree after restore and data "
+                                      "planning: worker 1 has initial weights="), result["apart"]
+    assert "keras.utils.set_random_seed on every worker" in result["apart"]
+  assert one["apart"] == two["apart"] == "no error"

@@ -237,6 +237,30 @@ def python_worker(code: str) -> list[str]:
   return [sys.executable, "-c", textwrap.dedent(code)]
 
 
+def test_an_uncaught_tfdp_error_in_a_users_script_is_not_restarted_either(tmp_path, capfd):
+  """A probe: a tfdp.fit script refused in one line (its workers' seeds) exits 1, as Python
+  exits on an uncaught exception, and --max_restarts restarted it into the same error twice.
+  A GroupMustRestart (its code 203 when tfdp-train says it) stays retryable. Seen failing:
+  'restarting all 1 workers'."""
+  starts = tmp_path / "starts"
+  starts.mkdir()
+  worker = python_worker(f"""
+      import os, pathlib
+      pathlib.Path({str(starts)!r}, str(os.getpid())).write_text("")
+      from tfdp.errors import ConfigError
+      raise ConfigError("tfdp.fit: workers were given other seeds; set one on every worker.")
+  """)
+  code = launcher.launch(worker, 1, max_restarts=2, stop_grace_seconds=5)
+  err = capfd.readouterr().err
+  assert code == 2 and len(list(starts.iterdir())) == 1, err
+  lines = [l for l in err.splitlines() if l.startswith("tfdp-launch: error:")]
+  assert lines == ["tfdp-launch: error: worker 0 raised a tfdp error (exit 1) (a bad config, "
+                   "input or model_dir; a restart would fail the same way), so the group is not "
+                   "restarted: tfdp.errors.ConfigError: tfdp.fit: workers were given other "
+                   "seeds; set one on every worker."], err
+  assert not errors.is_permanent_failure(1, ["tfdp.errors.GroupMustRestart: a peer was lost"])
+
+
 def test_launcher_does_not_restart_a_worker_that_exits_with_the_permanent_code(tmp_path, capfd):
   starts = tmp_path / "starts"
   starts.mkdir()

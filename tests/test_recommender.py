@@ -651,3 +651,22 @@ def test_unknown_ids_and_zero_buckets_name_the_file_and_the_config_key(implicit_
   with pytest.raises(ConfigError, match="'task.recommender.user_buckets' is 0"):
     config_lib.load_config([], [retrieval_job(implicit_small) + (  # before TensorFlow starts,
         ",task.recommender.user_vocab_path=,task.recommender.user_buckets=0")])  # not in id_mappings
+
+
+def test_retrievals_softmax_masks_padding_only_whatever_the_weight_column_holds():
+  """A review: the in-batch softmax masked columns by (1 - weight) * -1e9, so a weight-column
+  value of 2 added +1e9 to that item in every row (losses 1e9) and 0.5 half-masked a row's own
+  positive. Weights scale a row's loss (the trainer's job); only weight 0 is masked. Seen
+  failing: [1e9, 1e9, 0] for weights [1, 1, 2]."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfdp.config.schema import TaskConfig  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.recommenders.tasks import RetrievalTask  # pylint: disable=g-import-not-at-top
+  task = RetrievalTask.__new__(RetrievalTask)
+  task.config = TaskConfig(name="retrieval")
+  towers = {"user": tf.eye(3), "item": tf.eye(3)}
+  plain = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 1.0])}, towers).numpy()
+  for weights in ([1.0, 1.0, 2.0], [1.0, 1.0, 0.5]):
+    np.testing.assert_allclose(
+        task.per_example_loss({"weight": tf.constant(weights)}, towers).numpy(), plain, rtol=1e-6)
+  padded = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 0.0])}, towers).numpy()
+  assert padded[0] < plain[0]  # row 0 no longer competes with the padding row's item

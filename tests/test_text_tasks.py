@@ -246,3 +246,55 @@ def test_passages_are_a_plays_speeches_in_order_cut_to_the_sequence_length(tmp_p
   with pytest.raises(Exception) as excinfo:
     config_lib.load_config([], ["task.train_data.text_unit=passages"])
   assert "did you mean 'passage'" in str(excinfo.value)
+
+
+def test_a_vocabulary_with_its_reserved_tokens_elsewhere_packs_with_its_own_ids(tmp_path):
+  """A review: read_vocabulary takes [UNK], [CLS], [SEP] and [MASK] anywhere (BERT's own file
+  has them at 100-103), but sequences were packed and framed with ids 2 and 3, tfdp's: another
+  token each. Seen failing: every sequence started with id 2, not the vocabulary's [CLS]."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.core import task as tasks  # pylint: disable=g-import-not-at-top
+  tokens = [t for t in VOCAB.read_text().split("\n") if t]
+  reserved = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  moved = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[unused3]",
+           *[t for t in tokens if t not in reserved], *reserved[1:]]
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(moved) + "\n")
+  corpus = write_corpus(tmp_path / "corpus", documents_per_class=2, words_per_document=40)
+  for name, extra in (("masked_lm", ",task.train_data.split=train"), ("text_classification", "")):
+    config = config_lib.load_config([], [
+        f"task.name={name},task.model.name=bert,task.text.vocab_path={vocab},"
+        "task.text.sequence_length=16,task.model.kwargs={max_sequence_length: 16},"
+        f"task.train_data.source=text_folder,task.train_data.path={corpus},"
+        f"task.train_data.split=all,task.eval_data.source=text_folder,"
+        f"task.eval_data.path={corpus},task.eval_data.split=all" + extra])
+    task = tasks.make_task(config.task)
+    cls, sep = len(moved) - 3, len(moved) - 2
+    rows = [e["token_ids"] for e in
+            task.build_source(config.task.train_data).read([0]).as_numpy_iterator()]
+    assert rows and all(row[0] == cls for row in rows), (name, rows[0])
+    assert not any(2 in row or 3 in row for row in rows), name  # [unused1], [unused2]
+    assert any(sep in row for row in rows), name
+
+
+@pytest.mark.parametrize("task_name, setting, words", [
+    ("masked_lm", "task.model.kwargs.max_sequence_length=abc",
+     "task.model.kwargs.max_sequence_length must be a whole number of at least 2, got 'abc'"),
+    ("masked_lm", "task.model.kwargs.max_sequence_length=null", "got None"),
+    ("text_classification", "task.text.sequence_length=2",
+     "task.text.sequence_length=2 leaves no room for a token between [CLS] and [SEP]; use at "
+     "least 3"),
+])
+def test_bert_lengths_are_checked_before_tensorflow_starts(tmp_path, task_name, setting, words):
+  """A review: max_sequence_length=abc (or null) stopped --print_config with a TypeError
+  traceback, exit 0; sequence_length=2 passed for a classifier that needs 3, failing after the
+  corpus was tokenized. Seen failing: the TypeError; no error."""
+  from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.text import tasks as text_tasks  # pylint: disable=g-import-not-at-top
+  with pytest.raises(text_tasks.ConfigError) as raised:  # the config's checks, as it loads
+    config_lib.load_config([], [
+        f"task.name={task_name},task.model.name=bert,task.text.vocab_path={VOCAB},"
+        "task.text.sequence_length=16,task.model.kwargs={max_sequence_length: 16},"
+        f"task.train_data.source=text_folder,task.train_data.path={tmp_path},"
+        f"task.eval_data.source=text_folder,task.eval_data.path={tmp_path}", setting])
+  assert words in str(raised.value) and "\n" not in str(raised.value), str(raised.value)

@@ -21,6 +21,34 @@ EXIT_RESTART_GROUP = 203
 EXIT_PEER_STOPPED = 204
 
 
+def is_permanent_failure(code: int, last_lines) -> bool:
+  """A worker that will fail the same way after a restart: exit 2, or a script's uncaught
+  TfdpError of a permanent kind, which Python exits with 1 (a probe: a tfdp.fit script refused
+  for its seeds was restarted --max_restarts times into the same error)."""
+  return code == EXIT_PERMANENT or code == 1 and _uncaught_permanent(last_lines) is not None
+
+
+def _uncaught_permanent(last_lines) -> str | None:
+  """The traceback's last line naming a permanent TfdpError (`tfdp.errors.ConfigError: ...`)."""
+  kinds = [kind.__name__ for kind in _subclasses(TfdpError) if kind.exit_code == EXIT_PERMANENT]
+  return next((line for line in reversed(list(last_lines)) if re.match(
+      rf"\s*(?:\[w\d+\] )?tfdp\.errors\.(?:{'|'.join(kinds)}): ", line)), None)
+
+
+def _subclasses(kind) -> list:
+  return [kind] + [sub for child in kind.__subclasses__() for sub in _subclasses(child)]
+
+
+def permanent_failure_line(worker: int, code: int, tail) -> str:
+  said = next((line for line in reversed(list(tail)) if ": error: " in line),
+              None) or _uncaught_permanent(tail)
+  how = (f"exited with code {EXIT_PERMANENT}" if code == EXIT_PERMANENT else
+         "raised a tfdp error (exit 1)")
+  return (f"error: worker {worker} {how} (a bad config, input or model_dir; a restart would "
+          "fail the same way), so the group is not restarted"
+          + (f": {' '.join(said.split())}" if said else "."))
+
+
 def is_retryable_exit_code(code: int) -> bool:
   """The training operator's rule, which tfdp-launch follows too (a signal's death, Popen's
   negative code, is retryable like 128 + signal)."""

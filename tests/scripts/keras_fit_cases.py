@@ -421,7 +421,20 @@ def equivalence_case():
                      callbacks=[stop, slower],
                      validation_data=(x[:37], y[:37]), model_dir="runs/equivalence", verbose=0)
   evaluated = tfdp.evaluate(model, x[:37], y[:37], batch_size=10)
-  return {"weights": [w.tolist() for w in model.get_weights()],
+  weights = [w.tolist() for w in model.get_weights()]
+  # A second fit in this process: its start-up exchange's keys are new (a probe: 'key
+  # tfdp/plan/0 already exists' on 2 workers); and shuffled arrays under seed 0 (a probe:
+  # 'a tensor as a Python bool', tensorflow/tensorflow#17284).
+  keras.utils.set_random_seed(0)
+  again = tfdp.fit(model, x, y, batch_size=20, epochs=2, model_dir="runs/again", verbose=0)
+  # Built outside the scope with each worker's own seed: each trained its own model, silently.
+  keras.utils.set_random_seed(10 + RANK)
+  apart = small_classifier()
+  compile_small(apart)
+  keras.utils.set_random_seed(1)
+  refused = one_line(lambda: tfdp.fit(apart, x, y, batch_size=20, epochs=1, shuffle=False,
+                                      model_dir="runs/apart", verbose=0))
+  return {"weights": weights, "again_epochs": len(again.history["loss"]), "apart": refused,
           "epochs": len(history.history["loss"]), "stopped_epoch": stop.stopped_epoch,
           "evaluate_examples": evaluated["examples"], "evaluate_loss": evaluated["loss"],
           "learning_rate": float(np.asarray(model.optimizer.learning_rate)),

@@ -468,11 +468,8 @@ _HANDED_BACK = weakref.WeakKeyDictionary()
 
 
 def _fingerprint(model) -> str:
-  import hashlib  # pylint: disable=g-import-not-at-top
-  digest = hashlib.blake2b(digest_size=16)
-  for weight in model.get_weights():
-    digest.update(weight.tobytes())
-  return digest.hexdigest()
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  return resume.weights_digest(model)
 
 
 def _check_unchanged_since_its_run(model, model_dir) -> None:

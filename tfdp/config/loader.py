@@ -95,6 +95,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return from_dict(tp, value, key + ".")
   if origin is list:
     (item_tp,) = typing.get_args(tp)
+    if value is None or value == "":  # `a.b=` or `b:` with nothing: none, not one empty item
+      value = []
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
       value = [value]  # `a.b=x` on the command line means a one-item list
     if not isinstance(value, (list, tuple)):
@@ -284,14 +286,25 @@ class _StrictLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
     return node
 
 
-# YAML 1.2's booleans only: YAML 1.1 (PyYAML's default) reads on/off/yes/no as true/false, so
-# `shard_policy: off` arrived as False. A bool setting given `yes` is then a one-line error.
+# YAML 1.2's booleans and numbers (its core schema): YAML 1.1 (PyYAML's default) reads
+# on/off/yes/no as true/false, so `shard_policy: off` arrived as False; `1e-5` (no dot) as a
+# string, refused where a number was meant (task.model.kwargs.l2=1e-5); `010` as 8 and `1:30`
+# as 90. A bool setting given `yes` is then a one-line error.
+_YAML_1_1_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_1_1_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:bool",
                                     re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"),
+                                    list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
+_StrictLoader.add_constructor(  # base 10 always: YAML 1.2 has no 1.1 octal `010`
+    "tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
 
 
 def _safe_load(text: str, where: str) -> Any:

@@ -3,7 +3,6 @@ outputs."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from typing import Any
 
@@ -22,7 +21,6 @@ from tfdp.distributed import strategy as strategy_lib
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
 from tfdp.config import ExperimentConfig
-from tfdp.config.loader import short_repr
 from tfdp.config.schema import TaskConfig
 from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
@@ -270,8 +268,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
       if moved:
         logging.warning(errors.terms().moved_aside, model_dir, moved)
     from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top  (imports TF)
-    import keras  # pylint: disable=g-import-not-at-top
-    keras.utils.set_random_seed(trainer_cfg.seed)
+    from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+    compat.set_random_seed(trainer_cfg.seed)
     batch_plan = train_plan or eval_plan  # the model is built for its source
     task.restoring = prior.checkpoint is not None
     trainer = trainer_lib.Trainer(config, strategy, write_plan,
@@ -283,8 +281,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     resume.check_state_kept(prior.record, trainer.state_fields(), model_dir)
     restored_step = trainer.restore(prior.checkpoint, to_evaluate=mode == "eval")
     if cluster.is_multi_worker:  # before anything is written and before the first training step
-      _check_workers_restored_alike(config, model_dir, cluster, restored_step, prior,
-                                    {"train": train_plan, "eval": eval_plan})
+      resume.check_workers_restored_alike(config, model_dir, cluster, restored_step, prior,
+                                          {"train": train_plan, "eval": eval_plan}, trainer.model)
     trainer.run_record = run_record and {**run_record, **trainer.state_fields()}
     trainer.run_record_from_step = restored_step
     trainer.prior_record = prior.record
@@ -508,53 +506,3 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
       cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
   strategy_lib.check_workers_agree(plans)
 
-
-def _restored_state(restored_step: int, prior: resume.Prior, plans: dict) -> dict:
-  """What this worker restored and planned: every worker must hold the same (a model_dir not
-  shared between hosts, or data that differs per host, would otherwise hang or train silently
-  on duplicated and missing examples)."""
-  state = {"restored_step": restored_step, "checkpoint": prior.checkpoint}
-  for name, plan in plans.items():
-    if plan is None:
-      continue
-    source = plan.source
-    state[f"{name} steps_per_epoch"] = plan.steps_per_epoch
-    state[f"{name} examples"] = plan.counts  # local: exchanged already, the same list everywhere
-    if plan.policy == "local":  # each worker reads its own shard: its own size and order
-      continue
-    state[f"{name} source_examples"] = source.num_examples
-    described = {"kind": source.kind, "file_counts": source.file_counts,
-                 "num_classes": source.num_classes, "image_shape": list(source.image_shape),
-                 "files": source.info.get("files")}
-    state[f"{name} data_digest"] = hashlib.sha256(
-        json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
-  return state
-
-
-def _check_workers_restored_alike(config: ExperimentConfig, model_dir: str,
-                                  cluster: cluster_lib.Cluster, restored_step: int,
-                                  prior: resume.Prior, plans: dict) -> None:
-  """After restore and data planning (the start-up exchange runs before both): one line naming
-  the first worker and field that differs from worker 0."""
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  state = _restored_state(restored_step, prior, plans)
-  if plans.get("train") is not None and plans["train"].policy != "local":
-    state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
-                                                            config.task.train_data)
-  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
-  states = [json.loads(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
-      topic="restored")]
-  for rank, other in enumerate(states[1:], start=1):
-    for key, value in other.items():
-      if value == states[0].get(key):
-        continue
-      if key in ("restored_step", "checkpoint"):
-        fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
-               "system shared by every host); share it, then restart the group")
-      else:
-        fix = ("every worker must read the same data: make the task.*_data paths name the same "
-               "files on every host, then restart the group")
-      theirs, first = short_repr(value, 60), short_repr(states[0].get(key), 60)
-      raise ClusterError(f"workers disagree after restore and data planning: worker {rank} has "
-                         f"{key}={theirs} but worker 0 has {first}; {fix}.")

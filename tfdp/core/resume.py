@@ -417,3 +417,73 @@ def put_run_back(model_dir: str, attic: str) -> None:
     return
   logging.warning("this start failed: the earlier run that was moved aside is back in %s",
                   model_dir)
+
+
+def weights_digest(model) -> str:
+  """A digest of the model's weights, as this process holds them."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.blake2b(digest_size=16)
+  for weight in model.get_weights():
+    digest.update(weight.tobytes())
+  return digest.hexdigest()
+
+
+def _restored_state(restored_step: int, prior: Prior, plans: dict, model) -> dict:
+  """What this worker restored and planned: every worker must hold the same (a model_dir not
+  shared between hosts, or data that differs per host, would otherwise hang or train silently
+  on duplicated and missing examples). A fresh start's weights too: a model built outside the
+  scope without one seed (or loaded on one worker) trained another model on each, silently."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  state = {"restored_step": restored_step, "checkpoint": prior.checkpoint}
+  if not restored_step:
+    state["initial weights"] = weights_digest(model)
+  for name, plan in plans.items():
+    if plan is None:
+      continue
+    source = plan.source
+    state[f"{name} steps_per_epoch"] = plan.steps_per_epoch
+    state[f"{name} examples"] = plan.counts  # local: exchanged already, the same list everywhere
+    if plan.policy == "local":  # each worker reads its own shard: its own size and order
+      continue
+    state[f"{name} source_examples"] = source.num_examples
+    described = {"kind": source.kind, "file_counts": source.file_counts,
+                 "num_classes": source.num_classes, "image_shape": list(source.image_shape),
+                 "files": source.info.get("files")}
+    state[f"{name} data_digest"] = hashlib.sha256(
+        json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  return state
+
+
+def check_workers_restored_alike(config, model_dir: str, cluster, restored_step: int,
+                                 prior: Prior, plans: dict, model) -> None:
+  """After restore and data planning (the start-up exchange runs before both): one line naming
+  the first worker and field that differs from worker 0."""
+  from tfdp.config.loader import short_repr  # pylint: disable=g-import-not-at-top
+  from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  state = _restored_state(restored_step, prior, plans, model)
+  if plans.get("train") is not None and plans["train"].policy != "local":
+    state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
+                                                            config.task.train_data)
+  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
+  states = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
+      topic="restored")]
+  for rank, other in enumerate(states[1:], start=1):
+    for key, value in other.items():
+      if value == states[0].get(key):
+        continue
+      if key in ("restored_step", "checkpoint"):
+        fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
+               "system shared by every host); share it, then restart the group")
+      elif key == "initial weights":
+        fix = ("every worker must start from the same weights: build the model after one "
+               "keras.utils.set_random_seed on every worker (or under the strategy's scope), "
+               "and load weights on every worker or none")
+      else:
+        fix = ("every worker must read the same data: make the task.*_data paths name the same "
+               "files on every host, then restart the group")
+      theirs, first = short_repr(value, 60), short_repr(states[0].get(key), 60)
+      raise errors.ClusterError(f"workers disagree after restore and data planning: worker {rank} "
+                                f"has {key}={theirs} but worker 0 has {first}; {fix}.")

@@ -4,6 +4,7 @@ Keep private imports (tensorflow.python…, keras.src…) here and nowhere else.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import threading
@@ -125,6 +126,9 @@ def weight_averages(optimizer) -> list:
   return list(opt._model_variables_moving_average)  # pylint: disable=protected-access
 
 
+_EXCHANGES = collections.Counter()  # exchange_between_workers's calls, per topic
+
+
 def exchange_between_workers(rank: int, num_workers: int, value: str,
                              timeout_seconds: float, topic: str = "plan") -> list[str]:
   """Every worker's `value`, in rank order, through the coordination service's key-value store
@@ -134,6 +138,10 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   from tfdp.errors import GroupMustRestart  # pylint: disable=g-import-not-at-top
   ctx, timeout_ms = context.context(), int(timeout_seconds * 1000)
+  # A key is written once per service: the n-th exchange of a topic in this process (every
+  # worker makes them in one order) has its own, or a second tfdp.fit failed on "already exists".
+  _EXCHANGES[topic] += 1
+  topic = f"{topic}/{_EXCHANGES[topic]}"
   try:
     ctx.set_config_key_value(f"tfdp/{topic}/{rank}", value)
     values = [ctx.get_config_key_value(f"tfdp/{topic}/{i}", timeout_in_ms=timeout_ms)
@@ -308,6 +316,23 @@ def created_in_scope(strategy, variable) -> bool:
   """Whether a Keras 3 variable was created under `strategy.scope()` (its TF variable is then
   the strategy's distributed variable)."""
   return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
+
+
+# TensorFlow's global seed where a run's is 0 (see set_random_seed); any other would do.
+ZERO_SEED_STAND_IN = 2**31 - 2
+
+
+def set_random_seed(seed: int) -> None:
+  """keras.utils.set_random_seed, except that TensorFlow's global seed is never 0 (modulo
+  2**31 - 1): tf.data's get_seed compares (global, op) seeds with (0, 0) as Python values, and
+  with an op seed that is a tensor (data.epoch_seed in a flat_map) that fails as "a tensor used
+  as a Python bool" (tensorflow/tensorflow#17284): trainer.seed=0, and tfdp.fit after
+  keras.utils.set_random_seed(0), broke every shuffled run. Numpy, Python and Keras get `seed`."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(seed)
+  if seed % (2**31 - 1) == 0:
+    tf.random.set_seed(ZERO_SEED_STAND_IN)
 
 
 def seed_state() -> tuple:

@@ -441,13 +441,6 @@ def _supervise(workers: list[_Worker], ports: list[int],
   return result
 
 
-def _permanent_failure_line(worker: int, tail: Sequence[str]) -> str:
-  said = next((line for line in reversed(tail) if ": error: " in line), None)
-  return (f"error: worker {worker} exited with code {EXIT_PERMANENT} (a bad config, input or model_dir; "
-          "a restart would fail the same way), so the group is not restarted"
-          + (f": {' '.join(said.split())}" if said else "."))
-
-
 def _log(message: str) -> None:
   print(f"tfdp-launch: {message}", file=sys.stderr, flush=True)
 
@@ -526,9 +519,11 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     if result.interrupted_by is not None:
       _log(f"{result.failure_summary()} in {result.stop_seconds or 0:.1f}s.")
       return 128 + result.interrupted_by
-    permanent = [i for i, code in enumerate(result.returncodes) if code == EXIT_PERMANENT]
+    permanent = [i for i, code in enumerate(result.returncodes)
+                 if errors.is_permanent_failure(code, result.last_lines[i])]
     if permanent:  # a bad config or input: every restart would retrain into the same error
-      _log(_permanent_failure_line(permanent[0], result.last_lines[permanent[0]]))
+      _log(errors.permanent_failure_line(permanent[0], result.returncodes[permanent[0]],
+                                         result.last_lines[permanent[0]]))
       return EXIT_PERMANENT
     if restarts < max_restarts and members:
       restarts += 1

@@ -411,8 +411,9 @@ class RetrievalTask(MatrixFactorizationTask):
     temperature = float(self.config.model.kwargs.get("temperature", 0.1))
     user, item = (tf.cast(outputs[k], tf.float32) for k in ("user", "item"))
     logits = tf.matmul(user, item, transpose_b=True) / temperature
-    # A padding row is nobody's negative: its column is masked out of every softmax.
-    logits += (1.0 - batch["weight"])[None, :] * -1e9
+    # A padding row (weight 0) is nobody's negative: its column is masked out of every softmax.
+    # The mask is 0 or 1 whatever a weight column holds: a weight of 2 added +1e9 (a review).
+    logits += tf.cast(batch["weight"] <= 0.0, tf.float32)[None, :] * -1e9
     labels = tf.range(tf.shape(logits)[0])
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 

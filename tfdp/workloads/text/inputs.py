@@ -295,14 +295,17 @@ def special_token_ids(tokenizer) -> dict[str, int]:
 # ---- masked-LM examples ----------------------------------------------------------------------
 
 
-def check_sequence_length(sequence_length: int, max_sequence_length: int, key: str) -> None:
-  """A longer sequence fails deep in the position embedding; say which key to change instead."""
+def check_sequence_length(sequence_length: int, max_sequence_length: int, key: str,
+                          least: int = 2) -> None:
+  """A longer sequence fails deep in the position embedding; say which key to change instead.
+  `least`: 2 for [CLS] and a token, 3 where a [SEP] closes each (classification)."""
   if sequence_length > max_sequence_length:
     raise ConfigError(f"{key}={sequence_length} is longer than the model's max_sequence_length "
                       f"{max_sequence_length}; lower {key} or raise max_sequence_length.")
-  if sequence_length < 2:
-    raise ConfigError(f"{key}={sequence_length} leaves no room for a token after [CLS]; use at "
-                      "least 2 (BERT uses 128 or 512).")
+  if sequence_length < least:
+    room = "after [CLS]" if least == 2 else "between [CLS] and [SEP]"
+    raise ConfigError(f"{key}={sequence_length} leaves no room for a token {room}; use at "
+                      f"least {least} (BERT uses 128 or 512).")
 
 
 def pack_tokens(token_ids_dataset, sequence_length: int, cls_id: int = CLS_ID,
@@ -344,7 +347,8 @@ def pack_tokens(token_ids_dataset, sequence_length: int, cls_id: int = CLS_ID,
           .map(untraced(as_sequence)))
 
 
-def classification_sequences(token_ids, labels, sequence_length: int, whole: bool = False):
+def classification_sequences(token_ids, labels, sequence_length: int, whole: bool = False,
+                             cls_id: int = CLS_ID, sep_id: int = SEP_ID):
   """Documents' 1-D token ids → ([n, sequence_length] int32 `[CLS] piece [SEP]` rows padded with
   [PAD], [n] int64 labels). A document gives its first sequence_length - 2 tokens; with whole,
   every token, in consecutive pieces of sequence_length - 2 (passages: the last one shorter, none
@@ -361,10 +365,10 @@ def classification_sequences(token_ids, labels, sequence_length: int, whole: boo
     pieces.extend(ids[start:start + body] for start in starts)
     piece_labels.extend([label] * len(starts))
   sequences = np.full((len(pieces), sequence_length), PAD_ID, np.int32)
-  sequences[:, 0] = CLS_ID
+  sequences[:, 0] = cls_id
   for row, piece in zip(sequences, pieces):
     row[1:1 + len(piece)] = piece
-    row[1 + len(piece)] = SEP_ID
+    row[1 + len(piece)] = sep_id
   return sequences, np.asarray(piece_labels, np.int64)
 
 

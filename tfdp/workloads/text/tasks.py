@@ -107,7 +107,11 @@ def _check_text_task(config: TaskConfig) -> None:
     raise ConfigError(f"task.model.kwargs {unknown} are not BERT settings; use "
                       f"{', '.join(BERT_KWARGS)}.")
   max_length = config.model.kwargs.get("max_sequence_length", 512)
-  text.check_sequence_length(config.text.sequence_length, max_length, "task.text.sequence_length")
+  if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+    raise ConfigError(f"task.model.kwargs.max_sequence_length must be a whole number of at least "
+                      f"2, got {max_length!r}; e.g. 128 or 512 (BERT's).")
+  text.check_sequence_length(config.text.sequence_length, max_length, "task.text.sequence_length",
+                             least=3 if config.name == "text_classification" else 2)
   text.read_vocabulary(vocab_path(config))  # a missing or malformed file fails here, in a line
   _check_holdouts_agree(config.train_data, config.eval_data)
 
@@ -257,7 +261,9 @@ class MaskedLMTask(_BertTask):
     length = self.config.text.sequence_length
     ids = tf.data.Dataset.from_tensor_slices(documents).map(
         tf.autograph.experimental.do_not_convert(tokenizer))
-    sequences = np.stack(list(text.pack_tokens(ids, length).as_numpy_iterator()))
+    special = text.special_token_ids(tokenizer)  # a vocabulary's own ([CLS] 101 in BERT's)
+    sequences = np.stack(list(text.pack_tokens(ids, length, special["[CLS]"], special["[SEP]"])
+                              .as_numpy_iterator()))
     read = lambda files: tf.data.Dataset.from_tensor_slices({"token_ids": sequences})
     return data_lib.Source([len(sequences)], read, "text")
 
@@ -337,11 +343,13 @@ class TextClassificationTask(_BertTask):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
     documents, labels, classes = read_documents(data)
+    tokenizer = self.tokenizer()
+    special = text.special_token_ids(tokenizer)  # a vocabulary's own ([CLS] 101 in BERT's)
     tokenized = tf.data.Dataset.from_tensor_slices(documents).map(
-        tf.autograph.experimental.do_not_convert(self.tokenizer()))
+        tf.autograph.experimental.do_not_convert(tokenizer))
     sequences, labels = text.classification_sequences(
         tokenized.as_numpy_iterator(), labels, self.config.text.sequence_length,
-        whole=data.text_unit == "passage")
+        whole=data.text_unit == "passage", cls_id=special["[CLS]"], sep_id=special["[SEP]"])
     read = lambda files: tf.data.Dataset.from_tensor_slices(
         {"token_ids": sequences, "label": labels})
     source = data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),

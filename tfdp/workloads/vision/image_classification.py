@@ -82,6 +82,13 @@ class ImageClassificationTask(tasks.Task):
   def build_source(self, data):
     source = data_lib.make_source(data)
     self.check_normalization(data, source)
+    shape = source.image_shape
+    if data.augment and data.crop_padding and shape and data.crop_padding >= min(shape[:2]):
+      raise ConfigError(  # reflect padding needs fewer pixels than a side (a mid-run failure)
+          f"config key 'task.{'train' if data is self.config.train_data else 'eval'}_data."
+          f"crop_padding' is "
+          f"{data.crop_padding}, but the images are {shape[0]}x{shape[1]}; use fewer pixels "
+          "than a side, e.g. 4 for 32x32 images.")
     if data is self.config.train_data:
       class_folders.check_classes_to_learn(source)
     return source

@@ -91,6 +91,10 @@ def _tfds_source(data: DataConfig) -> Source:
     raise DataError(f"TFDS dataset '{data.name}' split '{data.split}' holds no examples; give a "
                     f"slice with some, e.g. {data.split.split('[')[0]}[:1000].")
   features = builder.info.features
+  if data.num_classes and data.num_classes < features["label"].num_classes:  # a mid-run failure
+    raise DataError(f"TFDS dataset '{data.name}' has {features['label'].num_classes} classes but "
+                    f"num_classes is {data.num_classes}; set task.*_data.num_classes to "
+                    f"{features['label'].num_classes} (or 0: the dataset decides).")
   num_classes = data.num_classes or features["label"].num_classes
   shape = tuple(features["image"].shape)
   if data.image_size:
@@ -217,6 +221,10 @@ def _tfrecord_source(data: DataConfig) -> Source:
     return tf.data.TFRecordDataset([files[i] for i in file_indices]).map(
         parse_known_shape, num_parallel_calls=tf.data.AUTOTUNE)
 
+  if data.num_classes and data.num_classes <= max_label:  # labels past it: a mid-run failure
+    raise DataError(f"TFRecord files '{data.path}' hold label {max_label} but num_classes is "
+                    f"{data.num_classes}; set task.*_data.num_classes to {max_label + 1} (or 0: "
+                    "the labels decide).")
   return Source(counts, read, "tfrecord", num_classes=data.num_classes or max_label + 1,
                 image_shape=shape, info={"files": _file_list(files, os.path.dirname(data.path), sizes=True)})
 
