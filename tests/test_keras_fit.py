@@ -251,4 +251,9 @@ def test_one_replica_two_replicas_and_two_workers_train_alike(tmp_path):
     assert result["apart"].startswith("tfdp.fit: workers disagree after restore and data "
                                       "planning: worker 1 has initial weights="), result["apart"]
     assert "keras.utils.set_random_seed on every worker" in result["apart"]
-  assert one["apart"] == two["apart"] == "no error"
+  assert one["apart"] == two["apart"] == one["uneven"] == "no error"
+  for result in workers:  # at once on both, not a hung all-reduce
+    assert result["uneven"] == ("tfdp.evaluate: worker 1 holds 38 examples where worker 0 holds "
+                                "37; every worker must pass the same data and the same model "
+                                "(built after one keras.utils.set_random_seed, or under the "
+                                "strategy's scope)."), result["uneven"]

@@ -7,6 +7,7 @@ on 2 CPU replicas against single-device model.fit; these tests judge what they r
 import json
 import math
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -290,3 +291,31 @@ def test_numpy_integers_one_callback_and_batch_size_beside_a_batched_dataset_as_
   assert run["tfdp"][1] == pytest.approx(run["keras"][1], rel=1e-5)
   assert run["difference"] < 1e-5
   assert "batch_size=64 is not used: x is a dataset batched by 16" in weights_result["stderr"]
+
+
+def test_a_peer_missing_from_the_copy_into_the_scope_is_named_as_such():
+  """A probe: worker 0 alone called tfdp.fit on a model built outside the scope; after 4.5
+  minutes the copy's collective failed (UnavailableError) and it was told Keras cannot clone
+  the model and to build it under the scope. It is the peer: a GroupMustRestart naming it. The
+  collective's failure is stood in for here. Seen failing: the ConfigError's clone line."""
+  code = textwrap.dedent("""
+      import numpy as np, tfdp
+      tfdp.make_strategy(cpu_replicas=2)
+      import keras, tensorflow as tf
+      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+      model.compile("sgd", "mse")
+      def unavailable(*args, **kwargs):
+        raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer gone")
+      keras.models.clone_model = unavailable
+      try:
+        tfdp.fit(model, np.zeros((8, 4)), np.zeros((8, 2)), verbose=0, model_dir="run")
+      except tfdp.TfdpError as error:
+        print(type(error).__name__, error)
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=helpers.env(), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip() == (
+      "GroupMustRestart tfdp.fit: a peer worker did not join the copy of the model into the "
+      "strategy's scope (UnavailableError): every worker must make the same calls (tfdp.fit, "
+      "tfdp.evaluate, tfdp.predict) in the same order; see the peer's error line."), proc.stdout

@@ -434,7 +434,10 @@ def equivalence_case():
   keras.utils.set_random_seed(1)
   refused = one_line(lambda: tfdp.fit(apart, x, y, batch_size=20, epochs=1, shuffle=False,
                                       model_dir="runs/apart", verbose=0))
+  # Other data on each worker: the evaluation's all-reduce hung with no word (a probe).
+  uneven = one_line(lambda: tfdp.evaluate(model, x[:37 + RANK], y[:37 + RANK], batch_size=10))
   return {"weights": weights, "again_epochs": len(again.history["loss"]), "apart": refused,
+          "uneven": uneven,
           "epochs": len(history.history["loss"]), "stopped_epoch": stop.stopped_epoch,
           "evaluate_examples": evaluated["examples"], "evaluate_loss": evaluated["loss"],
           "learning_rate": float(np.asarray(model.optimizer.learning_rate)),

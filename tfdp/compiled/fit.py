@@ -85,6 +85,11 @@ def strategy_for(model, strategy):
       if compiled:
         arguments, rebuilt = _rebuilt_compile_arguments(model, clone)
   except Exception as e:  # pylint: disable=broad-except  (Keras: subclassed, custom objects)
+    if isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+      raise errors.GroupMustRestart(  # the copy's variables are made with every worker (a probe)
+          f"{caller}: a peer worker did not join the copy of the model into the strategy's "
+          f"scope ({type(e).__name__}): every worker must make the same calls (tfdp.fit, "
+          "tfdp.evaluate, tfdp.predict) in the same order; see the peer's error line.") from None
     raise ConfigError(
         f"{caller}: the model was built outside the strategy's scope and Keras cannot clone it "
         f"into it ({type(e).__name__}); build and compile it under `with "

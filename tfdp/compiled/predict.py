@@ -52,6 +52,33 @@ def _keras_arguments(verbose, steps, callbacks, x):
   return x.take(fit_lib.whole_number("steps", steps, caller=caller))
 
 
+def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
+  """Every worker passes the same data and model: other sizes hung the evaluation's all-reduce
+  with no word, or gathered rows of another count (a probe), and other weights mixed two
+  models' predictions."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  mine = {"examples": source.num_examples, "steps": plan.steps_per_epoch,
+          "weights": resume.weights_digest(model)}
+  held = [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(mine),
+      cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds), topic="inputs")]
+  for rank, theirs in enumerate(held[1:], start=1):
+    differ = [key for key in mine if theirs[key] != held[0][key]]
+    if differ:
+      key = differ[0]
+      what = ("a model of other weights than worker 0's" if key == "weights" else
+              f"{theirs[key]} {'examples' if key == 'examples' else 'batches'} where worker 0 "
+              f"holds {held[0][key]}")
+      raise ConfigError(f"{errors.terms().caller}: worker {rank} holds {what}; every worker must "
+                        "pass the same data and the same model (built after one "
+                        "keras.utils.set_random_seed, or under the strategy's scope).")
+
+
 def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool):
   """`needs_labels`: tfdp.evaluate's; tfdp.predict reads inputs alone."""
   from tfdp import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -87,8 +114,10 @@ def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool)
   config = config_lib.ExperimentConfig()
   config.task.name = "keras_model"
   task = task_lib.CompiledModelTask(config.task)
-  pipelines = max(cluster_lib.resolve_cluster().num_workers, 1)
-  plan = data_lib.plan_input(source, data, batch, replicas, pipelines)
+  cluster = cluster_lib.resolve_cluster()
+  plan = data_lib.plan_input(source, data, batch, replicas, max(cluster.num_workers, 1))
+  if cluster.is_multi_worker:
+    _check_workers_hold_alike(cluster, model, source, plan, config)
   dataset = strategy.distribute_datasets_from_function(
       data_lib.make_dataset_fn(plan, data, task, training=False, seed=0))
   return strategy, model, source, task, plan, dataset
