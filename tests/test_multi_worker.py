@@ -345,6 +345,13 @@ def test_the_config_check_names_the_keys_both_values_and_at_most_four():
       "workers disagree before training on their config: worker 1 has task.a=2 (worker 0: 1), "
       "task.b=2 (worker 0: 1), task.c=2 (worker 0: 1), trainer.epochs=3 (worker 0: 2) and 1 more "
       "key; start every worker with the same config files, overrides and --model_dir.")
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  with errors.speaking_as(fit_lib.terms()), pytest.raises(ConfigError) as raised:
+    strategy_lib.check_workers_agree(plans)  # a probe: tfdp.fit users told of config files
+  assert str(raised.value).endswith(
+      "; give every worker the same data (x, y, validation_data), arguments and model_dir to "
+      "tfdp.fit."), str(raised.value)
   del other["trainer"]["epochs"], other["task"]
   other["trainer"]["tag"] = first["trainer"]["tag"]
   plans[1] = strategy_lib.worker_plan(plan, 1, strategy_lib.config_fields(json.dumps(other), "/n"))

@@ -97,6 +97,10 @@ class Terms:
   data_order: str = "task.train_data.shuffle, shuffle_buffer or cache"  # what orders the data
   # workers whose trainer.seed differs where it is not a config file's (tfdp.fit: Keras's seed)
   workers_seed_fix: str = ""
+  # workers whose config (of which the data's sizes) or data differ: what each must be given
+  workers_config_fix: str = "start every worker with the same config files, overrides and {}"
+  workers_data_fix: str = ("every worker must read the same data: make the task.*_data paths "
+                           "name the same files on every host, then restart the group")
 
 
 START_OVER_DOES = "to move the earlier run aside (nothing is deleted) and train from step 0"

@@ -360,7 +360,10 @@ def terms(fresh: bool = False, caller: str = "tfdp.fit") -> errors.Terms:
       evaluate_it="tfdp.evaluate evaluates it",
       data_order="fit's shuffle= and the kind of x (arrays or a dataset)",
       workers_seed_fix="set one keras.utils.set_random_seed on every worker: tfdp.fit shuffles "
-      "arrays by it, and each worker must read its own share of one order")
+      "arrays by it, and each worker must read its own share of one order",
+      workers_config_fix="give every worker the same data (x, y, validation_data), arguments "
+      "and {} to " + caller,
+      workers_data_fix=f"every worker must pass the same data (x, y, validation_data) to {caller}")
 
 
 def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,

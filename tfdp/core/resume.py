@@ -482,8 +482,7 @@ def check_workers_restored_alike(config, model_dir: str, cluster, restored_step:
                "keras.utils.set_random_seed on every worker (or under the strategy's scope), "
                "and load weights on every worker or none")
       else:
-        fix = ("every worker must read the same data: make the task.*_data paths name the same "
-               "files on every host, then restart the group")
+        fix = errors.terms().workers_data_fix
       theirs, first = short_repr(value, 60), short_repr(states[0].get(key), 60)
       raise errors.ClusterError(f"workers disagree after restore and data planning: worker {rank} "
                                 f"has {key}={theirs} but worker 0 has {first}; {fix}.")

@@ -461,8 +461,7 @@ def check_workers_agree(plans: Sequence[dict]) -> None:
     for key, value in plan.items():
       if value != plans[0].get(key):
         if key == "config":
-          fix = ("start every worker with the same config files, overrides and "
-                 f"{errors.terms().model_dir}")
+          fix = errors.terms().workers_config_fix.format(errors.terms().model_dir)
           if (isinstance(value, dict) and errors.terms().workers_seed_fix
               and value.get("trainer.seed") != plans[0][key].get("trainer.seed")):
             fix = errors.terms().workers_seed_fix
