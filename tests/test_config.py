@@ -70,6 +70,15 @@ def test_numbers_are_yaml_1_2s_everywhere_kwargs_too(tmp_path):
   assert config_lib.load_config([], ["trainer.global_batch_size=1e3"]).trainer.global_batch_size == 1000
 
 
+def test_an_apostrophe_inside_a_value_does_not_swallow_the_next_override():
+  """A review: `path=runs/o'brien.csv,trainer.epochs=2` opened a quote at the apostrophe, so
+  the path took the rest and epochs was never set. Seen failing: epochs 1 (the default)."""
+  config = config_lib.load_config([], ["task.train_data.path=runs/o'brien.csv,trainer.epochs=2"])
+  assert config.task.train_data.path == "runs/o'brien.csv" and config.trainer.epochs == 2
+  assert config_lib.load_config([], ["task.train_data.path='a,b',trainer.epochs=3"]
+                                ).task.train_data.path == "a,b"  # a quoted value as before
+
+
 def test_an_empty_list_setting_is_no_item_not_one_empty_one(tmp_path):
   """A review: `runtime.devices=` became [''] (and passed validation); `devices:` with nothing in
   a file was refused as None. Seen failing: ['']."""

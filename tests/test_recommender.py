@@ -670,3 +670,13 @@ def test_retrievals_softmax_masks_padding_only_whatever_the_weight_column_holds(
         task.per_example_loss({"weight": tf.constant(weights)}, towers).numpy(), plain, rtol=1e-6)
   padded = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 0.0])}, towers).numpy()
   assert padded[0] < plain[0]  # row 0 no longer competes with the padding row's item
+
+
+def test_a_split_that_leaves_no_rows_of_a_file_says_so_not_that_the_file_is_empty(planted):
+  """A review: a file with rows whose holdout split held none was told it 'holds no
+  interactions (a header at most)'. Seen failing: that line."""
+  config = config_lib.load_config([], [job(planted), "task.eval_data.holdout_fraction=1e-9,"
+                                       "task.train_data.holdout_fraction=1e-9"])
+  with pytest.raises(DataError, match=r"split 'holdout' of interactions file '.*all.csv' holds "
+                                      r"none of its \d+ rows \(holdout_fraction 1e-09\)"):
+    tasks.make_task(config.task).build_source(config.task.eval_data)

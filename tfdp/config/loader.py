@@ -193,21 +193,22 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def _split_top_level(text: str, sep: str = ",") -> list[str]:
   """Splits on sep outside brackets and quotes, so `a=[1,2],b=x` is two overrides."""
-  parts, depth, quote, current = [], 0, "", []
+  parts, depth, quote, current, last = [], 0, "", [], ""
   for ch in text:
     if quote:
       quote = "" if ch == quote else quote
-    elif ch in "'\"":
-      quote = ch
+    elif ch in "'\"" and last in "=[{(,:":  # a value's opening quote: not an apostrophe inside
+      quote = ch  # one (runs/o'brien.csv swallowed the next override)
     elif ch in "[{(":
       depth += 1
     elif ch in "]})":
       depth -= 1
     elif ch == sep and depth == 0:
       parts.append("".join(current))
-      current = []
+      current, last = [], ""
       continue
     current.append(ch)
+    last = ch if not ch.isspace() else last
   parts.append("".join(current))
   return [p.strip() for p in parts if p.strip()]
 

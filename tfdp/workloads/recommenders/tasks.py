@@ -244,9 +244,15 @@ class MatrixFactorizationTask(tasks.Task):
     users, items = id_mappings(self.config)
     for shard in shards or [None]:
       path = interactions.resolve_shard_path(data.path, shard, total if shards else 0)
-      frames.append(holdout_split(interactions.read_interactions(
+      read = interactions.read_interactions(
           path, data.user_column, data.item_column, data.label_column, data.weight_column,
-          worker=self.worker if shards else None), data))
+          worker=self.worker if shards else None)
+      frames.append(holdout_split(read, data))
+      if not shards and len(read) and not len(frames[-1]):  # the file has rows; the split none
+        raise DataError(
+            f"split '{data.split}' of interactions file '{path}' holds none of its {len(read)} "
+            f"rows (holdout_fraction {data.holdout_fraction}); use more rows, or another "
+            "task.*_data.holdout_fraction or split.")
       for role, mapping in (("user", users), ("item", items)):  # mapped per file: named there
         try:
           rows[role].append(mapping.lookup(frames[-1][role].to_numpy()))
