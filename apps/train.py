@@ -88,17 +88,18 @@ def _config_files() -> list[str]:
   if FLAGS.config_file:
     return [cli.find_config(p) for p in FLAGS.config_file]
   default = [cli.find_config(DEFAULT_CONFIG)]  # configs/ beside the package, from any folder
-  recorded = os.path.join(FLAGS.model_dir or "", outputs.CONFIG_FILE)
-  trained = outputs.checkpoint_state(FLAGS.model_dir or "")
+  folder = FLAGS.model_dir or default_model_dir(default)  # the run evaluated (not the cwd)
+  recorded = os.path.join(folder, outputs.CONFIG_FILE)
+  trained = outputs.checkpoint_state(folder)
   if FLAGS.mode != "eval" or not os.path.isfile(trained):
     return default  # nothing to evaluate: preflight says so
   if not os.path.isfile(recorded):  # the default job's model would be built, and misfit
-    raise ConfigError(f"--mode=eval: '{FLAGS.model_dir}' has no {outputs.CONFIG_FILE} (the config "
+    raise ConfigError(f"--mode=eval: '{folder}' has no {outputs.CONFIG_FILE} (the config "
                       "that trained its checkpoint); pass that config with --config_file.")
   if outputs.is_fit_record(recorded):
-    raise ConfigError(f"'{FLAGS.model_dir}' holds a tfdp.fit run, which tfdp-train cannot "
+    raise ConfigError(f"'{folder}' holds a tfdp.fit run, which tfdp-train cannot "
                       "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("
-                      f"'{os.path.join(FLAGS.model_dir, 'model.keras')}'), x, y).")
+                      f"'{os.path.join(folder, 'model.keras')}'), x, y).")
   logging.info("--mode=eval: no --config_file given: the run's own %s", recorded)
   return [recorded]
 

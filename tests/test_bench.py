@@ -3,6 +3,7 @@ with each other (no timing targets: this machine's speed is not under test)."""
 import math
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -345,3 +346,20 @@ def test_reports_name_the_unit_and_the_dtype():
   from tfdp.bench import report  # pylint: disable=g-import-not-at-top
   assert "dtype" in report.VIEWS["allreduce"].columns
   assert "precision" in report.VIEWS["throughput"].columns
+
+
+def test_a_sigterm_stops_the_bench_with_the_retryable_code():
+  """A review: SIGTERM raised a BenchError, which tfdp-bench exits with 2 (a bad input, never
+  retried), where every other tfdp stop exits 143. Seen failing: exit_code 2."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  from tfdp.bench import options  # pylint: disable=g-import-not-at-top
+  from tfdp.bench import run as bench_run  # pylint: disable=g-import-not-at-top
+  previous = bench_run._stop_on_sigterm()  # pylint: disable=protected-access
+  try:
+    with pytest.raises(options.BenchError) as raised:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(5)  # the handler raises before this ends
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert raised.value.exit_code == 143 and "got SIGTERM" in str(raised.value)

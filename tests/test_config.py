@@ -275,3 +275,18 @@ def test_a_home_folder_path_is_expanded_in_path_keys_only(monkeypatch, tmp_path)
   assert config.task.init_checkpoint == str(tmp_path / "runs" / "mlm")
   assert config.task.text.vocab_path == str(tmp_path / "v.txt")
   assert config.task.model.kwargs == {"path": "~/x"}
+
+
+def test_numpy_numbers_in_params_are_taken_as_keras_takes_them():
+  """A review: tfdp.train(..., {"trainer": {"epochs": np.int64(2)}}) and
+  tfdp.make_strategy(cpu_replicas=np.int64(2)) died in yaml.safe_dump with a bare
+  RepresenterError. Seen failing: that error."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tfdp import in_process  # pylint: disable=g-import-not-at-top
+  overrides = in_process.overrides([{"trainer": {"epochs": np.int64(2), "seed": np.int32(5)},
+                                     "task": {"model": {"kwargs": {"l2": np.float32(0.5),
+                                                                   "widths": [np.int64(3)]}}}}])
+  config = config_lib.load_config([], overrides)
+  assert (config.trainer.epochs, config.trainer.seed) == (2, 5)
+  assert config.task.model.kwargs == {"l2": 0.5, "widths": [3]}
+  assert in_process.plain({"cpu_replicas": np.int64(2)}) == {"cpu_replicas": 2}

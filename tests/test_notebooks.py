@@ -103,6 +103,27 @@ def test_launch_notebook_names_the_failing_worker_and_its_error():
     tfdp.launch_notebook(train_fn, args=(threading.Lock(),))  # a lock cannot be pickled
 
 
+def test_launch_notebook_blames_the_worker_that_failed_not_the_one_that_lost_it(tmp_path):
+  """A review: a notebook worker's TfdpError always exited 1, so a GroupMustRestart (exit 203:
+  a peer was lost) counted as the failure and was named, not the peer that failed. Seen
+  failing: 'worker 0 exited with code 1'."""
+  import tfdp  # pylint: disable=g-import-not-at-top
+
+  def train_fn(marker):
+    import os, time  # pylint: disable=g-import-not-at-top,multiple-imports
+    from tfdp.errors import GroupMustRestart  # pylint: disable=g-import-not-at-top
+    if os.environ["TFDP_WORKER_INDEX"] == "0":  # first: it stands for the worker that lost a peer
+      open(marker, "w").close()
+      raise GroupMustRestart("a peer was lost: the group must restart")
+    while not os.path.exists(marker):
+      time.sleep(0.01)
+    raise ValueError("no such column: 'labels'")
+
+  with pytest.raises(tfdp.TfdpError, match=r"worker 1 exited with code 1.*no such column"):
+    tfdp.launch_notebook(train_fn, num_workers=2, args=(str(tmp_path / "lost"),),
+                         env=helpers.env())
+
+
 class _InterruptOnce(io.StringIO):
   """The launcher's output: the first line that says `mark` is Ctrl-C in the notebook (SIGINT to
   this process, the launcher, which stops its workers with SIGTERM)."""

@@ -236,6 +236,23 @@ def test_default_model_dir_is_named_after_every_config_file(tmp_path, config_fil
   assert not (tmp_path / "runs").exists()
 
 
+def test_mode_eval_without_model_dir_reads_the_default_folders_run_not_the_current_folder(
+    tmp_path):
+  """A review: without --model_dir, --mode=eval looked for ./config.yaml and ./checkpoints (the
+  current folder) while it evaluated runs/cifar10_quick: a run there trained with overrides was
+  evaluated with the default job's model. Seen failing: no line about its config.yaml."""
+  run = tmp_path / "runs" / "cifar10_quick"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+  proc = subprocess.run([sys.executable, helpers.TRAIN_APP, "--mode=eval"],
+                        capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                        env=helpers.env(TFDP_DEFAULT_CONFIG=""))
+  lines = helpers.error_lines(proc)
+  assert proc.returncode == 2 and lines == [
+      "tfdp-train: error: --mode=eval: 'runs/cifar10_quick' has no config.yaml (the config that "
+      "trained its checkpoint); pass that config with --config_file."], proc.stderr[-2000:]
+
+
 def test_a_refused_resume_says_where_the_folder_or_the_job_came_from(tmp_path):
   """A probe's second job, --params_override=task.model.name=small_cnn after the default job,
   landed in the same default folder (named after the config files) and was told to 'restore the

@@ -53,12 +53,13 @@ def make_strategy(**runtime_overrides):
   arguments it picks as `runtime.strategy: auto` does. Called again with no arguments or the
   same ones (a notebook cell run twice, `with tfdp.make_strategy().scope():` after
   `tfdp.make_strategy(cpu_replicas=2)`), it returns the strategy made before."""
-  from tfdp import config, logs  # pylint: disable=g-import-not-at-top
+  from tfdp import config, in_process, logs  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster
   from tfdp.distributed import strategy
   import yaml  # pylint: disable=g-import-not-at-top
   # Through the config loader: a misspelt or mistyped setting gets its one line, naming the key.
-  runtime = config.load_config([], [yaml.safe_dump({"runtime": runtime_overrides})]).runtime
+  runtime = config.load_config(
+      [], [yaml.safe_dump({"runtime": in_process.plain(runtime_overrides)})]).runtime
   made = strategy.last_made(None if not runtime_overrides else runtime)
   if made is not None:  # the devices are fixed once TensorFlow runs: the same strategy again
     return made

@@ -21,7 +21,19 @@ def overrides(params) -> list[str]:
     raise ConfigError(
         f"params holds {config_lib.short_repr(wrong[0])} (type {type(wrong[0]).__name__}); pass "
         "'a.b=v,c=w', a dict, or a list of 'a.b=v' strings.")
-  return [item if isinstance(item, str) else yaml.safe_dump(item) for item in items if item]
+  return [item if isinstance(item, str) else yaml.safe_dump(plain(item)) for item in items if item]
+
+
+def plain(value):
+  """numpy scalars (np.int64(2)) as Python's, in dicts and lists too: YAML cannot represent
+  them (a bare RepresenterError), and Keras takes them wherever it takes a number."""
+  if isinstance(value, dict):
+    return {key: plain(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [plain(item) for item in value]
+  if type(value).__module__ == "numpy" and hasattr(value, "item"):
+    return value.item()
+  return value
 
 
 @contextlib.contextmanager

@@ -121,8 +121,8 @@ def worker_main(folder: str) -> None:
     with open(tmp, "wb") as f:
       f.write(data)
     os.replace(tmp, _result_path(folder, index))
-  except TfdpError as error:
-    cli.exit_with_error("launch_notebook worker", error, code=1)
+  except TfdpError as error:  # its own code: a GroupMustRestart's 203 is not the failure to blame
+    cli.exit_with_error("launch_notebook worker", error)
   except Preempted as stop:  # the group was stopped (Ctrl-C in the notebook): saved, one line
     cli.exit_with_error("launch_notebook worker", stop, code=stop.exit_code)
   except BaseException:  # pylint: disable=broad-except

@@ -35,7 +35,9 @@ def _stop_on_sigterm():
 
   def stop(signum, frame):
     del signum, frame
-    raise BenchError("got SIGTERM; stopped the running measurement.")
+    error = BenchError("got SIGTERM; stopped the running measurement.")
+    error.exit_code = 128 + signal.SIGTERM  # retryable, as every tfdp stop (not 2: a bad input)
+    raise error
 
   return signal.signal(signal.SIGTERM, stop)
 
