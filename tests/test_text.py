@@ -632,3 +632,22 @@ def test_a_fifo_named_like_an_example_is_skipped_and_said_not_opened(tmp_path, c
   paths, labels, classes = listed[0]
   assert classes == ["a", "b"] and labels == [0, 1] and not any("pipe" in p for p in paths)
   assert f"'{os.path.splitext('pipe.png' if kind == 'image' else 'pipe.txt')[1]}' files" in caplog.text
+
+
+def test_an_unwritable_vocab_output_is_refused_before_learning(tmp_path):
+  """A review: --output was first written after minutes of learning (a folder, or one that
+  cannot be made, failed only then). Now before TensorFlow starts, leaving no partial file.
+  Seen failing: TensorFlow loaded (True), and the folder case's IsADirectoryError line."""
+  (tmp_path / "file").write_text("a file where a folder is wanted")
+  (tmp_path / "folder").mkdir()
+  for output, said in ((tmp_path / "file" / "v.txt", "cannot be written (File exists)"),
+                       (tmp_path / "folder", "is a folder; name the vocabulary file")):
+    code = ("import sys; from tfdp.workloads.text import inputs\n"
+            f"try: inputs.learn_vocabulary(['a b c'], 100, {str(output)!r})\n"
+            "except Exception as e: print(type(e).__name__, 'tensorflow' in sys.modules, e)")
+    checked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, env=helpers.env(PYTHONPATH=helpers.REPO))
+    assert checked.stdout.split()[:2] == ["DataError", "False"], checked.stdout + checked.stderr[-2000:]
+    assert said in checked.stdout, checked.stdout
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
+  assert not list((tmp_path / "folder").iterdir())

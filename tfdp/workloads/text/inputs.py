@@ -8,6 +8,7 @@ so N workers that each read a shard see exactly the masks one process would have
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import math
@@ -235,6 +236,23 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
   texts = [t for t in texts if t.strip()]
   if not texts:
     raise DataError(f"no text to learn a vocabulary for '{path}' from; the input files are empty.")
+  folder = os.path.dirname(os.path.abspath(path))
+  partial = path + ".partial"
+  def written(write) -> None:
+    try:
+      os.makedirs(folder, exist_ok=True)
+      with open(partial, "w", encoding="utf-8") as f:
+        write(f)
+    except OSError as e:
+      with contextlib.suppress(OSError):  # a disk that filled up leaves no half file behind
+        os.unlink(partial)
+      raise DataError(f"vocabulary file '{path}' cannot be written ({e.strerror}); choose "
+                      "another --output.") from None
+  written(lambda f: None)  # before minutes of learning: --output a folder, read-only, ...
+  if os.path.isdir(path):
+    os.unlink(partial)
+    raise DataError(f"--output '{path}' is a folder; name the vocabulary file, e.g. "
+                    f"{os.path.join(path, 'vocab.txt')}.")
   # Checked first: a mistake is answered before TensorFlow's seconds of loading, and its
   # start-up lines are hidden (at the level cli.quiet_tensorflow set), as in every other app.
   tf = logs.start_tensorflow()
@@ -243,12 +261,8 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
       keras_hub.tokenizers.compute_word_piece_vocabulary)(
       tf.data.Dataset.from_tensor_slices(texts), vocab_size, lowercase=lowercase,
       reserved_tokens=list(RESERVED_TOKENS))
-  folder = os.path.dirname(os.path.abspath(path))
-  partial = path + ".partial"
+  written(lambda f: f.writelines(token + "\n" for token in vocab))
   try:
-    os.makedirs(folder, exist_ok=True)
-    with open(partial, "w", encoding="utf-8") as f:
-      f.writelines(token + "\n" for token in vocab)
     os.replace(partial, path)  # a stopped run leaves no half-written vocabulary behind
   except OSError as e:
     raise DataError(f"vocabulary file '{path}' cannot be written ({e.strerror}); choose another "
