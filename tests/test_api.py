@@ -147,6 +147,8 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
                                          "devices": []}, out["fit_recorded_runtime"]
   assert "training a clone" not in stderr, stderr[-3000:]
   assert "did you mean 'runtime.cpu_replicas'" in out["misspelt_setting"]
+  # a review: said without its caller, as a tfdp-train line would be
+  assert out["misspelt_setting"].startswith("tfdp.make_strategy: "), out["misspelt_setting"]
   assert out["evaluate_without_y"].startswith("tfdp.evaluate: y is None")  # scored zeros before
   assert out["predict_inputs_dataset"] < 1e-6  # refused before: "x holds no labels"
   assert out["predict_bad_batch"].startswith("tfdp.predict: batch_size is 2.5")

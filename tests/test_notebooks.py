@@ -124,6 +124,27 @@ def test_launch_notebook_blames_the_worker_that_failed_not_the_one_that_lost_it(
                          env=helpers.env())
 
 
+def test_launch_notebook_refuses_bad_sizes_and_unreadable_results_in_one_line(tmp_path):
+  """A review: num_workers=0 was a line without its caller, 'x' a bare TypeError; a worker's
+  return value of a class this kernel cannot import was a bare ModuleNotFoundError. Seen
+  failing: the TypeError, the ModuleNotFoundError."""
+  import tfdp  # pylint: disable=g-import-not-at-top
+  for bad in (0, "x"):
+    with pytest.raises(tfdp.TfdpError, match=r"^launch_notebook: num_workers must be a whole "):
+      tfdp.launch_notebook(lambda: 1, num_workers=bad)
+  (tmp_path / "workers_only.py").write_text("class Thing:\n  pass\n")
+
+  def train_fn():
+    import workers_only  # pylint: disable=g-import-not-at-top,import-error
+    return workers_only.Thing()
+
+  env = helpers.env()
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+  with pytest.raises(tfdp.TfdpError, match=r"^launch_notebook: worker 0's return value cannot "
+                                           r"be read back here \(ModuleNotFoundError"):
+    tfdp.launch_notebook(train_fn, num_workers=1, env=env)
+
+
 class _InterruptOnce(io.StringIO):
   """The launcher's output: the first line that says `mark` is Ctrl-C in the notebook (SIGINT to
   this process, the launcher, which stops its workers with SIGTERM)."""

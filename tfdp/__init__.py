@@ -52,7 +52,15 @@ def make_strategy(**runtime_overrides):
   """A tf.distribute strategy from runtime settings, e.g. make_strategy(cpu_replicas=2); with no
   arguments it picks as `runtime.strategy: auto` does. Called again with no arguments or the
   same ones (a notebook cell run twice, `with tfdp.make_strategy().scope():` after
-  `tfdp.make_strategy(cpu_replicas=2)`), it returns the strategy made before."""
+  `tfdp.make_strategy(cpu_replicas=2)`), it returns the strategy made before. A refusal is one
+  line starting `tfdp.make_strategy:`."""
+  from tfdp import errors  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  with errors.speaking_as(fit_lib.terms(caller="tfdp.make_strategy")):
+    return _make_strategy(runtime_overrides)
+
+
+def _make_strategy(runtime_overrides: dict):
   from tfdp import config, in_process, logs  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster
   from tfdp.distributed import strategy

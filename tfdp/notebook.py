@@ -63,6 +63,8 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
   naming it, with its last lines. The workers run in a private network namespace (loopback
   only) where the kernel allows it; allow_remote=True runs them on the shared network."""
   import cloudpickle  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  num_workers = fit_lib.whole_number("num_workers", num_workers, caller="launch_notebook")
   try:
     payload = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
   except Exception as error:  # pylint: disable=broad-except
@@ -91,8 +93,14 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
     check_private_folder(folder)  # still ours and still private before we unpickle from it
     returned = []
     for index in range(num_workers):
-      with open(_result_path(folder, index), "rb") as f:
-        returned.append(pickle.load(f))
+      try:
+        with open(_result_path(folder, index), "rb") as f:
+          returned.append(pickle.load(f))
+      except Exception as error:  # pylint: disable=broad-except  (unpickling runs any code)
+        raise TfdpError(
+            f"launch_notebook: worker {index}'s return value cannot be read back here "
+            f"({type(error).__name__}: {' '.join(str(error).split())[:200]}); return plain "
+            "values (numbers, dicts, a DataFrame) whose classes this kernel can import.") from None
   return returned
 
 
