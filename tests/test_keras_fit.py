@@ -252,6 +252,14 @@ def test_one_replica_two_replicas_and_two_workers_train_alike(tmp_path):
                                       "planning: worker 1 has initial weights="), result["apart"]
     assert "keras.utils.set_random_seed on every worker" in result["apart"]
   assert one["apart"] == two["apart"] == one["uneven"] == "no error"
+  assert one["mixed_fit"] == two["mixed_evaluate"] == "no error"
+  for result in workers:  # arrays of one shape, other contents on each worker
+    assert result["mixed_fit"].startswith("tfdp.fit: workers disagree after restore and data "
+                                          "planning: worker 1 has train data_digest="), result
+    assert result["mixed_fit"].endswith("; every worker must pass the same data (x, y, "
+                                        "validation_data) to tfdp.fit."), result["mixed_fit"]
+    assert result["mixed_evaluate"].startswith(
+        "tfdp.evaluate: worker 1 holds arrays of other contents than worker 0's;"), result
   for result in workers:  # at once on both, not a hung all-reduce
     assert result["uneven"] == ("tfdp.evaluate: worker 1 holds 38 examples where worker 0 holds "
                                 "37; every worker must pass the same data and the same model "

@@ -436,8 +436,12 @@ def equivalence_case():
                                       model_dir="runs/apart", verbose=0))
   # Other data on each worker: the evaluation's all-reduce hung with no word (a probe).
   uneven = one_line(lambda: tfdp.evaluate(model, x[:37 + RANK], y[:37 + RANK], batch_size=10))
+  # Arrays of one shape but other contents: each worker trained its share of its own (a probe).
+  mixed_fit = one_line(lambda: tfdp.fit(model, x + RANK, y, batch_size=20, epochs=1,
+                                        shuffle=False, model_dir="runs/mixed", verbose=0))
+  mixed_evaluate = one_line(lambda: tfdp.evaluate(model, x[:37] + RANK, y[:37], batch_size=10))
   return {"weights": weights, "again_epochs": len(again.history["loss"]), "apart": refused,
-          "uneven": uneven,
+          "uneven": uneven, "mixed_fit": mixed_fit, "mixed_evaluate": mixed_evaluate,
           "epochs": len(history.history["loss"]), "stopped_epoch": stop.stopped_epoch,
           "evaluate_examples": evaluated["examples"], "evaluate_loss": evaluated["loss"],
           "learning_rate": float(np.asarray(model.optimizer.learning_rate)),

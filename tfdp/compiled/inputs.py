@@ -145,7 +145,8 @@ def _spec_text(spec) -> object:
   return tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)
 
 
-def _source(dataset, count: int, class_weight, name: str) -> data_lib.Source:
+def _source(dataset, count: int, class_weight, name: str, content: str | None = None
+            ) -> data_lib.Source:
   examples = _examples(dataset, class_weight)
   element_spec = {k: _spec_text(v) for k, v in examples.element_spec.items() if k != "sample_weight"}
 
@@ -153,7 +154,8 @@ def _source(dataset, count: int, class_weight, name: str) -> data_lib.Source:
     del file_indices  # one stream
     return examples
 
-  return data_lib.Source([count], read, "keras", info={"element_spec": element_spec, "name": name})
+  return data_lib.Source([count], read, "keras", info={"element_spec": element_spec, "name": name,
+                                                      "content": content})
 
 
 PER_STEP_FIX = ("tfdp weighs each example as a whole: give one weight per example, or leave steps "
@@ -185,7 +187,21 @@ def _from_arrays(x, y, sample_weight, argument: str):
       raise fail("sample_weight", f"has {len(weights)} entries for {n} examples",
                  "give one weight per example")
     parts.append(weights)
-  return tf.data.Dataset.from_tensor_slices(tuple(parts)), n
+  return tf.data.Dataset.from_tensor_slices(tuple(parts)), n, _content_digest(parts)
+
+
+def _content_digest(parts) -> str:
+  """A digest of the arrays' bytes (a second per GB): workers must pass the same arrays, and
+  ones of one shape but other contents trained each worker's share of its own, silently (a
+  probe)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.blake2b(digest_size=16)
+  for array in _tf().nest.flatten(parts):
+    array = np.ascontiguousarray(array)
+    digest.update(f"{array.dtype}{array.shape}".encode())
+    digest.update(array.view(np.uint8).reshape(-1) if array.dtype != object else
+                  repr(array.tolist()).encode())
+  return digest.hexdigest()
 
 
 def _unbatched(dataset, model_input_ranks):
@@ -305,7 +321,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     logging.warning(errors.as_caller("class_weight and sample_weight are both given; model.fit "
                                      "refuses the pair, tfdp weighs each example by their "
                                      "product"))
-  repeats = False
+  repeats, content = False, None  # a dataset's contents are read, not digested
   if is_dataset(x):
     if y is not None or sample_weight is not None:
       raise fail("y/sample_weight", "were given with a dataset",
@@ -331,7 +347,7 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
       _check_kind(x, "x")
       raise fail("y", "is None, so there are no labels",
                  "pass y, or a tf.data.Dataset of (x, y) as x")
-    dataset, count = _from_arrays(x, y, sample_weight, "x")
+    dataset, count, content = _from_arrays(x, y, sample_weight, "x")
     global_batch = batch_size or DEFAULT_BATCH_SIZE
     from_arrays = True
     validation = None
@@ -340,11 +356,11 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
       if keep == 0 or keep == count:
         raise fail("validation_split", f"{validation_split} of {count} examples leaves one side empty",
                    "use more data or another fraction")
-      validation = _source(dataset.skip(keep), count - keep, {}, "validation_split")
+      validation = _source(dataset.skip(keep), count - keep, {}, "validation_split", content)
       dataset, count = dataset.take(keep), keep
   if not count:
     raise fail("x", "is empty", "pass at least one example")
-  train = _source(dataset, count, class_weight, "train")
+  train = _source(dataset, count, class_weight, "train", content)
   if repeats:  # its epoch, not the run-long pass, is what a resume compares
     train.info["stream_epoch_examples"] = steps_per_epoch * global_batch
   if validation_data is not None:
@@ -359,6 +375,7 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
                        labels=True):
   """validation_steps counts the validation data's own batches, as Keras does: a batched
   dataset's, else batch_size (validation_batch_size or the training batch)."""
+  content = None  # a dataset's contents are read, not digested
   if is_dataset(validation_data):
     if labels:
       _check_has_labels(validation_data, "validation_data")
@@ -370,9 +387,9 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
       count = min(count, validation_steps * batch)
       dataset = dataset.take(count)
   elif isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):  # as Keras
-    dataset, count = _from_arrays(validation_data[0], validation_data[1],
-                                  validation_data[2] if len(validation_data) == 3 else None,
-                                  "validation_data")
+    dataset, count, content = _from_arrays(
+        validation_data[0], validation_data[1],
+        validation_data[2] if len(validation_data) == 3 else None, "validation_data")
     if validation_steps:  # Keras evaluates the first validation_steps batches of the arrays
       count = min(count, validation_steps * batch_size)
       dataset = dataset.take(count)
@@ -381,18 +398,19 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
                "pass (x_val, y_val), (x_val, y_val, sample_weight) or a tf.data.Dataset")
   if not count:
     raise fail("validation_data", "is empty", "pass at least one example")
-  return _source(dataset, count, {}, "validation")
+  return _source(dataset, count, {}, "validation", content)
 
 
 def predict_source(x, model_input_ranks=()) -> data_lib.Source:
   """Inputs only, for tfdp.predict: arrays or a dataset (its labels kept if present)."""
   if x is None:
     raise fail("x", "is None", "pass the inputs to predict")
+  content = None  # a dataset's contents are read, not digested
   if is_dataset(x):
     dataset, _, counted = _unbatched(x, model_input_ranks)
     dataset, count = _count(dataset, 0, 1, "x", "steps", counted)
   else:
-    dataset, count = _from_arrays(x, None, None, "x")
+    dataset, count, content = _from_arrays(x, None, None, "x")
   if not count:
     raise fail("x", "is empty", "pass at least one example")
-  return _source(dataset, count, {}, "predict")
+  return _source(dataset, count, {}, "predict", content)

@@ -63,7 +63,7 @@ def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   mine = {"examples": source.num_examples, "steps": plan.steps_per_epoch,
-          "weights": resume.weights_digest(model)}
+          "content": source.info.get("content"), "weights": resume.weights_digest(model)}
   held = [json.loads(v) for v in compat.exchange_between_workers(
       cluster.rank, cluster.num_workers, json.dumps(mine),
       cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds), topic="inputs")]
@@ -72,6 +72,7 @@ def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
     if differ:
       key = differ[0]
       what = ("a model of other weights than worker 0's" if key == "weights" else
+              "arrays of other contents than worker 0's" if key == "content" else
               f"{theirs[key]} {'examples' if key == 'examples' else 'batches'} where worker 0 "
               f"holds {held[0][key]}")
       raise ConfigError(f"{errors.terms().caller}: worker {rank} holds {what}; every worker must "

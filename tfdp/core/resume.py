@@ -448,7 +448,7 @@ def _restored_state(restored_step: int, prior: Prior, plans: dict, model) -> dic
     state[f"{name} source_examples"] = source.num_examples
     described = {"kind": source.kind, "file_counts": source.file_counts,
                  "num_classes": source.num_classes, "image_shape": list(source.image_shape),
-                 "files": source.info.get("files")}
+                 "files": source.info.get("files"), "content": source.info.get("content")}
     state[f"{name} data_digest"] = hashlib.sha256(
         json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
   return state
