@@ -96,7 +96,12 @@ def _config_files() -> list[str]:
   if not os.path.isfile(recorded):  # the default job's model would be built, and misfit
     raise ConfigError(f"--mode=eval: '{folder}' has no {outputs.CONFIG_FILE} (the config "
                       "that trained its checkpoint); pass that config with --config_file.")
-  if outputs.is_fit_record(recorded):
+  try:
+    fit_record = outputs.is_fit_record(recorded)
+  except OSError as e:  # its folder's permissions, say: one line, not a traceback
+    raise ConfigError(f"--mode=eval: '{recorded}' cannot be read ({e.strerror}); make it "
+                      "readable, or pass the run's config with --config_file.") from None
+  if fit_record:
     raise ConfigError(f"'{folder}' holds a tfdp.fit run, which tfdp-train cannot "
                       "rebuild; evaluate it in Python: tfdp.evaluate(keras.models.load_model("
                       f"'{os.path.join(folder, 'model.keras')}'), x, y).")

@@ -290,3 +290,27 @@ def test_numpy_numbers_in_params_are_taken_as_keras_takes_them():
   assert (config.trainer.epochs, config.trainer.seed) == (2, 5)
   assert config.task.model.kwargs == {"l2": 0.5, "widths": [3]}
   assert in_process.plain({"cpu_replicas": np.int64(2)}) == {"cpu_replicas": 2}
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("trainer.learning_rate.decay_epochs=[60, -1]",
+     "'trainer.learning_rate.decay_epochs' is [60.0, -1.0]; give epochs of 0 or more in "
+     "increasing order"),
+    ("task.name=matrix_factorization,task.train_data.source=interactions,"
+     "task.eval_data.source=interactions,task.train_data.label_column=r,"
+     "task.eval_data.label_column=r,task.recommender.oov_buckets=-2",
+     "'task.recommender.oov_buckets' is -2; give 0 or more rows"),
+    (f"task.name=masked_lm,task.model.name=bert,task.train_data.source=text_folder,"
+     f"task.eval_data.source=text_folder,task.train_data.path=x,task.eval_data.path=x,"
+     f"task.text.vocab_path={helpers.REPO / 'configs' / 'vocab' / 'shakespeare_wordpiece.txt'},"
+     "task.model.kwargs={max_sequence_length: 128},task.label_smoothing=0.1",
+     "'task.label_smoothing' is 0.1, but task 'masked_lm' does not smooth its labels"),
+])
+def test_settings_that_would_do_nothing_or_fail_late_are_refused_as_the_config_loads(setting,
+                                                                                      words):
+  """A review: negative or unordered decay_epochs were taken; oov_buckets=-2 failed after
+  TensorFlow started, without the key's name; a BERT task ignored label_smoothing. Seen
+  failing: no error for each."""
+  with pytest.raises(ConfigError) as raised:
+    config_lib.load_config([], [setting])
+  assert words in str(raised.value) and "\n" not in str(raised.value), str(raised.value)

@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -251,6 +252,34 @@ def test_mode_eval_without_model_dir_reads_the_default_folders_run_not_the_curre
   assert proc.returncode == 2 and lines == [
       "tfdp-train: error: --mode=eval: 'runs/cifar10_quick' has no config.yaml (the config that "
       "trained its checkpoint); pass that config with --config_file."], proc.stderr[-2000:]
+
+
+def test_mode_eval_of_a_run_whose_config_cannot_be_read_is_one_line(tmp_path):
+  """A review: a config.yaml its user cannot read was a PermissionError traceback under
+  --mode=eval. Root reads any file, so the read's failure is stood in for. Seen failing: the
+  traceback."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+  (run / "config.yaml").write_text("trainer: {epochs: 1}\n")
+  code = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {str(helpers.REPO)!r})
+      from tfdp.core import outputs
+      def unreadable(path):
+        raise PermissionError(13, "Permission denied", path)
+      outputs.is_fit_record = unreadable
+      sys.argv = ["tfdp-train", "--mode=eval", "--model_dir={run}"]
+      from apps import train
+      train.run()
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                        cwd=str(tmp_path), env=helpers.env(TFDP_DEFAULT_CONFIG=""))
+  lines = helpers.error_lines(proc)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert lines == [f"tfdp-train: error: --mode=eval: '{run}/config.yaml' cannot be read "
+                   "(Permission denied); make it readable, or pass the run's config with "
+                   "--config_file."]
 
 
 def test_a_refused_resume_says_where_the_folder_or_the_job_came_from(tmp_path):

@@ -160,6 +160,9 @@ def validate(config: ExperimentConfig) -> None:
   if lr.schedule == "step" and not lr.decay_epochs:
     raise ConfigError("config key 'trainer.learning_rate.decay_epochs' is empty; the step "
                       "schedule needs boundaries such as [30, 60].")
+  if any(e < 0 for e in lr.decay_epochs) or list(lr.decay_epochs) != sorted(lr.decay_epochs):
+    raise ConfigError(f"config key 'trainer.learning_rate.decay_epochs' is {lr.decay_epochs}; "
+                      "give epochs of 0 or more in increasing order, such as [30, 60].")
   check_choice("runtime.strategy", runtime.strategy, STRATEGIES)
   check_choice("runtime.cross_device_ops", runtime.cross_device_ops, CROSS_DEVICE_OPS)
   check_choice("runtime.all_reduce", runtime.all_reduce, ALL_REDUCE)

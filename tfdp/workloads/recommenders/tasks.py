@@ -192,6 +192,10 @@ class MatrixFactorizationTask(tasks.Task):
     _check_holdouts_agree(config.train_data, config.eval_data)
     for role in ("user", "item"):  # before TensorFlow starts
       check_buckets(config, role)
+    oov = config.recommender.oov_buckets
+    if isinstance(oov, bool) or not isinstance(oov, int) or oov < 0:
+      raise ConfigError(f"config key 'task.recommender.oov_buckets' is {oov!r}; give 0 or more "
+                        "rows for ids a vocabulary lacks (0: such an id is refused), e.g. 8.")
     unknown = sorted(set(config.model.kwargs) - set(cls.KWARGS))
     if unknown:
       raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "

@@ -106,6 +106,9 @@ def _check_text_task(config: TaskConfig) -> None:
   if unknown:
     raise ConfigError(f"task.model.kwargs {unknown} are not BERT settings; use "
                       f"{', '.join(BERT_KWARGS)}.")
+  if config.label_smoothing:  # BERT's losses are sparse: a setting that would do nothing, said
+    raise ConfigError(f"config key 'task.label_smoothing' is {config.label_smoothing}, but task "
+                      f"'{config.name}' does not smooth its labels; set it to 0.")
   max_length = config.model.kwargs.get("max_sequence_length", 512)
   if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
     raise ConfigError(f"task.model.kwargs.max_sequence_length must be a whole number of at least "
