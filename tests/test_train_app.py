@@ -178,7 +178,8 @@ def test_an_epochs_row_lost_after_its_checkpoint_is_written_on_the_next_start(tm
   rows = pd.read_csv(metrics)
   assert list(rows["epoch"]) == [1, 2]
   rows.iloc[:1].to_csv(metrics, index=False)  # what the process killed in epoch 2's evaluation left
-  again = helpers.run_train(*args)
+  shutil.rmtree(tmp_path / "run" / "eval")  # and its TensorBoard evaluation (a review: a finished
+  again = helpers.run_train(*args)  # run's recovered row reached metrics.csv, not TensorBoard)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "metrics.csv has no row for epoch 2" in again.stderr, again.stderr[-3000:]
   written = pd.read_csv(metrics)
@@ -186,6 +187,11 @@ def test_an_epochs_row_lost_after_its_checkpoint_is_written_on_the_next_start(tm
   lost, found = rows.iloc[1], written.iloc[1]
   assert found["eval_loss"] == lost["eval_loss"] and found["eval_accuracy"] == lost["eval_accuracy"]
   assert found["train_steps"] == 0 and pd.isna(found["train_loss"]) and found["step"] == lost["step"]
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = {event.step for path in (tmp_path / "run" / "eval").glob("events.*")
+           for event in tf.compat.v1.train.summary_iterator(str(path))
+           for value in event.summary.value if value.tag == "loss"}
+  assert steps == {int(lost["step"])}, steps
 
 
 def installed_script(name):

@@ -365,6 +365,10 @@ class Controller:
                     "without train_* values", epoch + 1, step)
     row = {"epoch": epoch + 1, "step": step, "train_steps": 0,
            "learning_rate": float(self.trainer.schedule(step - 1)), **memory_mb()}
+    plan = self.trainer.write_plan
+    if step >= total and plan.is_chief and self.eval_dataset is not None:  # a finished run has
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top  (no writers): this one's
+      self.eval_writer = tf.summary.create_file_writer(plan.path("eval"))  # evaluation to TB too
     self._evaluate_if_due(epoch, step, row)
     row["wall_time"] = time.time()
     outputs.append_metrics(self.trainer.write_plan, row, last=step >= total)
