@@ -154,6 +154,11 @@ def test_a_model_whose_copy_in_the_scope_would_differ_is_refused(weights_result)
   assert_one_line(errors["layer_changed_predict"].replace("tfdp.predict: ", "tfdp.fit: ", 1),
                   "computes other outputs")
   assert_one_line(errors["lookup_table"], "fails (", "tfdp.make_strategy().scope()")
+  # A probe: an attribute used only when training, set after construction, trained the copy
+  # without it (loss 0.84 against model.fit's 4.09), silently.
+  assert_one_line(errors["changed_in_training"], "computes other outputs in training",
+                  "tfdp.make_strategy().scope()")
+  assert errors["noisy"] == "no error" and errors["noisy_kept"] is True, errors["noisy"]
   # Not refused (a review): a loss whose get_config holds only its own settings (its rebuilt
   # name differs), and NaN in the data, which is the divergence line's to say.
   assert errors["own_config"] == "no error", errors["own_config"]

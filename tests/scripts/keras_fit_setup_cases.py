@@ -220,6 +220,24 @@ def outside_the_scope_errors() -> dict:
       super().__init__(**kwargs)
       self.boost = boost
 
+  class TrainShift(keras.layers.Layer):  # an attribute used only when training (a probe)
+    def __init__(self, **kwargs):
+      super().__init__(**kwargs)
+      self.shift = 0.0
+
+    def call(self, inputs, training=None):
+      return inputs + self.shift if training else inputs
+
+  shift = TrainShift()
+  changed_in_training = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8),
+                                          keras.layers.BatchNormalization(), shift,
+                                          keras.layers.Dense(3)])
+  changed_in_training.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  shift.shift = 3.0  # after construction: its copy's is 0.0
+  noisy = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.Dropout(0.5),
+                            keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+  noisy.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  noisy_before = [w.copy() for w in noisy.get_weights()]
   boosted = dense()
   boosted.compile(BoostedSGD(boost=10.0), keras.losses.SparseCategoricalCrossentropy(True))
   scale = Scale(5.0)
@@ -249,7 +267,14 @@ def outside_the_scope_errors() -> dict:
           "optimizer_setting_lost": one_line(lambda: tfdp.fit(boosted, X, Y, model_dir="runs/bad_7")),
           "layer_changed": one_line(lambda: tfdp.fit(changed_layer, X, Y, model_dir="runs/bad_8")),
           "layer_changed_predict": one_line(lambda: tfdp.predict(changed_layer, X)),
-          "lookup_table": one_line(lambda: tfdp.fit(table, words, Y, model_dir="runs/bad_9"))}
+          "lookup_table": one_line(lambda: tfdp.fit(table, words, Y, model_dir="runs/bad_9")),
+          "changed_in_training": one_line(lambda: tfdp.fit(changed_in_training, X, Y,
+                                                           model_dir="runs/bad_10", **ARGS)),
+          # random in training (Dropout): not compared there, trains; its BatchNorm statistics
+          # are put back after the check (they then train as model.fit's would)
+          "noisy": one_line(lambda: tfdp.predict(noisy, X[:4])),
+          "noisy_kept": all(np.array_equal(a, b) for a, b in zip(noisy_before,
+                                                                   noisy.get_weights()))}
 
 
 class ScaledLoss(keras.losses.Loss):  # no get_config: rebuilt from it, scale would be 1.0

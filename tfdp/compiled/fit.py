@@ -26,6 +26,7 @@ from tfdp import in_process
 from tfdp import logs
 from tfdp.compiled import callbacks as callbacks_lib
 from tfdp.compiled import inputs as inputs_lib
+from tfdp.compiled.copies import check_clone_computes_alike  # noqa: F401 (its callers' name)
 from tfdp.core import outputs
 from tfdp.errors import ConfigError
 
@@ -176,33 +177,6 @@ def _is_setting(value) -> bool:
   if isinstance(value, dict):
     return all(_is_setting(k) and _is_setting(v) for k, v in value.items())
   return False
-
-
-def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:
-  """A copy made in the scope must compute what the user's model does: Keras copies a layer
-  through its config and weights, which miss state set otherwise (an attribute changed after
-  construction, an adapted lookup table). Compared on a few of the user's examples."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import keras  # pylint: disable=g-import-not-at-top
-  fix = ("build and compile the model under `with tfdp.make_strategy().scope():` (or pass a "
-         "function that returns it), so that no copy is made")
-  try:
-    mine = keras.tree.flatten(users_model(x, training=False))
-  except Exception:  # pylint: disable=broad-except  (your model's own fault: said where it runs)
-    return
-  try:
-    theirs = keras.tree.flatten(clone(x, training=False))
-  except Exception as e:  # pylint: disable=broad-except  (e.g. "Table not initialized")
-    detail = (str(e).strip().splitlines() or [""])[0][:200]
-    raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the copy "
-                      f"made in it fails ({type(e).__name__}: {detail}); {fix}.") from None
-  for a, b in zip(mine, theirs):
-    a, b = (np.asarray(keras.ops.convert_to_numpy(t), np.float64) for t in (a, b))
-    scale = max(1.0, float(np.nanmax(np.abs(a), initial=0.0))) if a.size else 1.0
-    if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale, equal_nan=True):
-      raise ConfigError(f"{caller}: the model was built outside the strategy's scope, and the "
-                        "copy made in it computes other outputs (a layer holds state its config "
-                        f"and weights do not carry); {fix}.")
 
 
 def _strategy_and_clone(model, strategy):
