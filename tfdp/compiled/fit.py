@@ -28,6 +28,7 @@ from tfdp.compiled import callbacks as callbacks_lib
 from tfdp.compiled import inputs as inputs_lib
 from tfdp.compiled.copies import check_clone_computes_alike  # noqa: F401 (its callers' name)
 from tfdp.core import outputs
+from tfdp.core import resume
 from tfdp.errors import ConfigError
 
 DEFAULT_RUNS = "tfdp_runs"  # model_dir=None: tfdp_runs/<model name>, a fresh run each time
@@ -437,7 +438,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
                            users_model.trainable_variables)
       users_model.stop_training = trained.stop_training  # an EarlyStopping's stop, as Keras's
     _HANDED_BACK[users_model or trained] = (os.path.realpath(built.model_dir),
-                                            _fingerprint(users_model or trained))
+                                            resume.weights_digest(users_model or trained))
   from tfdp.core import controller  # pylint: disable=g-import-not-at-top
   if "trainer" in result:  # not after a TerminateOnNaN's end
     controller.release_in_background(result.pop("trainer"))
@@ -449,11 +450,6 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
 _HANDED_BACK = weakref.WeakKeyDictionary()
 
 
-def _fingerprint(model) -> str:
-  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
-  return resume.weights_digest(model)
-
-
 def _check_unchanged_since_its_run(model, model_dir) -> None:
   """The same model_dir again resumes its run, restoring the checkpoint over the model: after a
   model.fit (or a load_weights) since tfdp.fit handed it back, those weights were lost, silently
@@ -461,7 +457,7 @@ def _check_unchanged_since_its_run(model, model_dir) -> None:
   handed = _HANDED_BACK.get(model)
   if model_dir is None or handed is None or handed[0] != os.path.realpath(model_dir):
     return
-  if _fingerprint(model) != handed[1]:
+  if resume.weights_digest(model) != handed[1]:
     raise ConfigError(
         f"tfdp.fit: the model's weights changed since its run in {model_dir} handed them back "
         "(trained or loaded since), and that model_dir resumes the run from its checkpoint, "
