@@ -324,3 +324,16 @@ def test_a_peer_missing_from_the_copy_into_the_scope_is_named_as_such():
       "GroupMustRestart tfdp.fit: a peer worker did not join the copy of the model into the "
       "strategy's scope (UnavailableError): every worker must make the same calls (tfdp.fit, "
       "tfdp.evaluate, tfdp.predict) in the same order; see the peer's error line."), proc.stdout
+
+
+def test_a_copy_that_differs_is_said_whatever_braces_the_caller_holds():
+  """Seen failing on the old str.format template: a caller or fix with a brace raised KeyError
+  instead of the line."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import copies  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  mine, copy = (keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, kernel_initializer=k)])
+                for k in ("ones", "zeros"))
+  with pytest.raises(ConfigError, match=r"^tfdp\.fit \{x\}: .* computes other outputs \("):
+    copies.check_clone_computes_alike(mine, copy, np.ones((2, 3), np.float32), "tfdp.fit {x}")

@@ -127,6 +127,24 @@ def test_workers_that_disagree_are_refused_naming_worker_and_field(other, field)
   assert "\n" not in str(error.value)
 
 
+def test_a_field_one_worker_lacks_is_a_disagreement():
+  """Seen passing silently on the old loop, which walked only the later worker's fields (a
+  worker of an older tfdp sends no precision)."""
+  lacking = {k: v for k, v in PLAN.items() if k != "all_reduce"}
+  with pytest.raises(ConfigError, match=r"worker 1 has all_reduce=None but worker 0 has 'nccl'"):
+    strategy_lib.check_workers_agree([PLAN, lacking])
+
+
+def test_first_difference_is_the_first_worker_then_its_first_field():
+  from tfdp.distributed import cluster as cluster_lib
+  same = {"a": 1, "b": [1, 2]}
+  assert cluster_lib.first_difference([same, dict(same), dict(same)]) is None
+  assert cluster_lib.first_difference([same, {"a": 1, "b": [2, 1]}, {"a": 2, "b": 0}]) == (1, "b")
+  assert cluster_lib.first_difference([same, {"b": [1, 2], "a": 3}]) == (1, "a")
+  assert cluster_lib.first_difference([same, {"b": [1, 2]}]) == (1, "a")  # lacked
+  assert cluster_lib.first_difference([same, {**same, "c": None}]) is None  # None is unset
+
+
 @pytest.mark.parametrize("requested, gpus, flags, expected", [
     ("auto", [(8, 0), (8, 0)], [], "mixed_float16"),  # tensor cores on every GPU
     ("auto", [(8, 0), (6, 1)], ["avx512_bf16"], "float32"),  # one GPU without: not the CPU's

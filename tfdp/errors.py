@@ -111,12 +111,12 @@ CLI = Terms("tfdp-train", "--model_dir", f"pass --start_over {START_OVER_DOES}",
 _terms = CLI
 
 
-def checkpoint_kept(step: int | None, state: str = "is kept") -> str:
-  """What a failure leaves of the run: its last good checkpoint (`state`: "is kept", "is
-  intact"), or that none was saved yet."""
+def checkpoint_kept(step: int | None, intact: bool = False) -> str:
+  """What a failure leaves of the run: its last good checkpoint (`intact`: said where the
+  failure could have touched it), or that none was saved yet."""
   if step is not None:
-    return f"the last good checkpoint (step {step}) {state}"
-  return "no checkpoint was saved" if state == "is kept" else "no checkpoint had been saved yet"
+    return f"the last good checkpoint (step {step}) {'is intact' if intact else 'is kept'}"
+  return "no checkpoint had been saved yet" if intact else "no checkpoint was saved"
 
 
 def terms() -> Terms:

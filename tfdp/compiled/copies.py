@@ -31,11 +31,12 @@ def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:
                                                equal_nan=True):
         return False
     return True
-  said = (f"{caller}: the model was built outside the strategy's scope, and the copy made in it "
-          "computes other outputs{} (a layer holds state its config and weights do not carry); "
-          f"{fix}.")
+  def computes_otherwise(where: str) -> ConfigError:
+    return ConfigError(f"{caller}: the model was built outside the strategy's scope, and the copy "
+                       f"made in it computes other outputs{where} (a layer holds state its config "
+                       f"and weights do not carry); {fix}.")
   if not alike(mine, theirs):
-    raise ConfigError(said.format(""))
+    raise computes_otherwise("")
   # In training too (a probe: an attribute used only when training, set after construction,
   # trained the copy without it), where the user's model is deterministic there (two calls
   # agree: no dropout or noise). Its variables (BatchNorm's moving statistics) are put back.
@@ -43,7 +44,7 @@ def check_clone_computes_alike(users_model, clone, x, caller: str) -> None:
   try:
     first, second = (keras.tree.flatten(users_model(x, training=True)) for _ in range(2))
     if alike(first, second) and not alike(first, keras.tree.flatten(clone(x, training=True))):
-      raise ConfigError(said.format(" in training"))
+      raise computes_otherwise(" in training")
   except ConfigError:
     raise
   except Exception:  # pylint: disable=broad-except  (not comparable here: said where it runs)

@@ -56,28 +56,25 @@ def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
   """Every worker passes the same data and model: other sizes hung the evaluation's all-reduce
   with no word, or gathered rows of another count (a probe), and other weights mixed two
   models' predictions."""
-  import json  # pylint: disable=g-import-not-at-top
   from tfdp import errors  # pylint: disable=g-import-not-at-top
   from tfdp.core import resume  # pylint: disable=g-import-not-at-top
   from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   mine = {"examples": source.num_examples, "steps": plan.steps_per_epoch,
           "content": source.info.get("content"), "weights": resume.weights_digest(model)}
-  held = [json.loads(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, json.dumps(mine),
-      cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds), topic="inputs")]
-  for rank, theirs in enumerate(held[1:], start=1):
-    differ = [key for key in mine if theirs[key] != held[0][key]]
-    if differ:
-      key = differ[0]
-      what = ("a model of other weights than worker 0's" if key == "weights" else
-              "arrays of other contents than worker 0's" if key == "content" else
-              f"{theirs[key]} {'examples' if key == 'examples' else 'batches'} where worker 0 "
-              f"holds {held[0][key]}")
-      raise ConfigError(f"{errors.terms().caller}: worker {rank} holds {what}; every worker must "
-                        "pass the same data and the same model (built after one "
-                        "keras.utils.set_random_seed, or under the strategy's scope).")
+  held = cluster_lib.exchange(cluster, mine, config.runtime.heartbeat_timeout_seconds,
+                              topic="inputs")
+  differs = cluster_lib.first_difference(held)
+  if differs is None:
+    return
+  rank, key = differs
+  theirs, first = held[rank][key], held[0][key]
+  what = ("a model of other weights than worker 0's" if key == "weights" else
+          "arrays of other contents than worker 0's" if key == "content" else
+          f"{theirs} {'examples' if key == 'examples' else 'batches'} where worker 0 holds {first}")
+  raise ConfigError(f"{errors.terms().caller}: worker {rank} holds {what}; every worker must "
+                    "pass the same data and the same model (built after one "
+                    "keras.utils.set_random_seed, or under the strategy's scope).")
 
 
 def _setup(model, x, y, sample_weight, batch_size, strategy, needs_labels: bool):

@@ -297,7 +297,7 @@ class Controller:
   def _summarize(self, writer, step: int, sums, extra: dict) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     # A full disk often hits the event files first: one line, the checkpoints as they are.
-    kept = errors.checkpoint_kept(self.trainer.last_saved_step, "is intact")
+    kept = errors.checkpoint_kept(self.trainer.last_saved_step, intact=True)
     with outputs.disk_errors(self.trainer.write_plan.path("train" if writer is self.writer
                                                           else "eval"),
                              f"TensorBoard events were not written; {kept}"):

@@ -485,11 +485,8 @@ def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config:
   order."""
   if source.kind != "local" or not cluster.is_multi_worker:
     return None
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
-  counts = [json.loads(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, json.dumps([list(source.shards), source.file_counts]),
-      timeout, topic=topic)]
+  counts = cluster_lib.exchange(cluster, [list(source.shards), source.file_counts],
+                                config.runtime.heartbeat_timeout_seconds, topic)
   logging.info("data: (shards, examples) per worker %s (%s)", counts, topic)
   return counts
 
@@ -498,11 +495,8 @@ def _check_workers_agree(config: ExperimentConfig, model_dir: str, cluster: clus
                          strategy, plan: strategy_lib.StrategyPlan) -> None:
   """Before the first collective: every worker has the same device count, all-reduce and config
   (one small exchange through the coordination service)."""
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   fields = strategy_lib.config_fields(config_lib.config_to_json(config), model_dir)
   mine = strategy_lib.worker_plan(plan, len(strategy.extended.worker_devices), fields)
-  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
-  plans = [json.loads(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, json.dumps(mine), timeout)]
-  strategy_lib.check_workers_agree(plans)
+  strategy_lib.check_workers_agree(cluster_lib.exchange(
+      cluster, mine, config.runtime.heartbeat_timeout_seconds, topic="plan"))
 

@@ -344,7 +344,7 @@ def disk_errors(path: str, consequence: str):
 def checkpoint_save_errors(plan: WritePlan, step: int, last_saved: int | None):
   """A save that fails leaves the state file naming the last good checkpoint (TensorFlow writes
   it last); the failed save's partial files are removed, so the space they took is free."""
-  kept = errors.checkpoint_kept(last_saved, "is intact")
+  kept = errors.checkpoint_kept(last_saved, intact=True)
   try:
     with disk_errors(plan.checkpoint_dir, f"checkpoint step {step} was not saved; {kept}"):
       yield

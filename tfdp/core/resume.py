@@ -470,28 +470,25 @@ def check_workers_restored_alike(config, model_dir: str, cluster, restored_step:
   from tfdp.config.loader import short_repr  # pylint: disable=g-import-not-at-top
   from tfdp.core import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
   state = _restored_state(restored_step, prior, plans, model)
   if plans.get("train") is not None and plans["train"].policy != "local":
     state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
                                                             config.task.train_data)
-  timeout = cluster_lib.peer_wait_seconds(config.runtime.heartbeat_timeout_seconds)
-  states = [json.loads(v) for v in compat.exchange_between_workers(
-      cluster.rank, cluster.num_workers, json.dumps(state, default=str), timeout,
-      topic="restored")]
-  for rank, other in enumerate(states[1:], start=1):
-    for key, value in other.items():
-      if value == states[0].get(key):
-        continue
-      if key in ("restored_step", "checkpoint"):
-        fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
-               "system shared by every host); share it, then restart the group")
-      elif key == "initial weights":
-        fix = ("every worker must start from the same weights: build the model after one "
-               "keras.utils.set_random_seed on every worker (or under the strategy's scope), "
-               "and load weights on every worker or none")
-      else:
-        fix = errors.terms().workers_data_fix
-      theirs, first = short_repr(value, 60), short_repr(states[0].get(key), 60)
-      raise errors.ClusterError(f"workers disagree after restore and data planning: worker {rank} "
-                                f"has {key}={theirs} but worker 0 has {first}; {fix}.")
+  states = cluster_lib.exchange(cluster, state, config.runtime.heartbeat_timeout_seconds,
+                                topic="restored")
+  differs = cluster_lib.first_difference(states)
+  if differs is None:
+    return
+  rank, key = differs
+  if key in ("restored_step", "checkpoint"):
+    fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
+           "system shared by every host); share it, then restart the group")
+  elif key == "initial weights":
+    fix = ("every worker must start from the same weights: build the model after one "
+           "keras.utils.set_random_seed on every worker (or under the strategy's scope), "
+           "and load weights on every worker or none")
+  else:
+    fix = errors.terms().workers_data_fix
+  theirs, first = short_repr(states[rank].get(key), 60), short_repr(states[0].get(key), 60)
+  raise errors.ClusterError(f"workers disagree after restore and data planning: worker {rank} "
+                            f"has {key}={theirs} but worker 0 has {first}; {fix}.")

@@ -364,6 +364,26 @@ def peer_wait_seconds(heartbeat_timeout_seconds: float = 30.0) -> float:
   return max(60.0, 2 * heartbeat_timeout_seconds)
 
 
+def exchange(cluster: Cluster, value, heartbeat_timeout_seconds: float, topic: str) -> list:
+  """Every worker's `value` (made JSON), in rank order, through the coordination service: what
+  the workers compare before they may run a collective together."""
+  from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
+  return [json.loads(v) for v in compat.exchange_between_workers(
+      cluster.rank, cluster.num_workers, json.dumps(value, default=str),
+      peer_wait_seconds(heartbeat_timeout_seconds), topic=topic)]
+
+
+def first_difference(states: list[dict]) -> tuple[int, str] | None:
+  """The first worker, in rank order, and its first key whose value differs from worker 0's
+  (a key one of them lacks differs too); None where all agree."""
+  first = states[0]
+  for rank, state in enumerate(states[1:], start=1):
+    for key in [*state, *(k for k in first if k not in state)]:
+      if state.get(key) != first.get(key):
+        return rank, key
+  return None
+
+
 # Each leave_together call is a barrier of its own, numbered alike on every worker.
 _LEAVE_CALLS = itertools.count(1)
 

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from absl import logging
 
+from tfdp.distributed import cluster as cluster_lib
 from tfdp.distributed.cluster import Cluster
 from tfdp.config.schema import RuntimeConfig
 from tfdp.distributed import compat
@@ -457,19 +458,20 @@ def check_workers_agree(plans: Sequence[dict]) -> None:
   """One line naming the first worker and field (for the config, the keys) that differs from
   worker 0. TF calls unequal device counts across workers undefined (they hang or sum wrongly),
   and workers that read different configs train nonsense together."""
-  for rank, plan in enumerate(plans[1:], start=1):
-    for key, value in plan.items():
-      if value != plans[0].get(key):
-        if key == "config":
-          fix = errors.terms().workers_config_fix.format(errors.terms().model_dir)
-          if (isinstance(value, dict) and errors.terms().workers_seed_fix
-              and value.get("trainer.seed") != plans[0][key].get("trainer.seed")):
-            fix = errors.terms().workers_seed_fix
-        else:
-          fix = ("give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
-                 "CUDA_VISIBLE_DEVICES) and the same runtime settings")
-        if key == "config" and isinstance(value, dict) and isinstance(plans[0].get(key), dict):
-          raise ConfigError(f"workers disagree before training on their config: "
-                            f"{_config_difference(rank, value, plans[0][key])}; {fix}.")
-        raise ConfigError(f"workers disagree before training: worker {rank} has {key}={value!r} "
-                          f"but worker 0 has {plans[0].get(key)!r}; {fix}.")
+  differs = cluster_lib.first_difference(list(plans))
+  if differs is None:
+    return
+  rank, key = differs
+  value, first = plans[rank].get(key), plans[0].get(key)
+  terms = errors.terms()
+  if key == "config" and isinstance(value, dict) and isinstance(first, dict):
+    seed_differs = value.get("trainer.seed") != first.get("trainer.seed")
+    fix = (terms.workers_seed_fix if terms.workers_seed_fix and seed_differs
+           else terms.workers_config_fix.format(terms.model_dir))
+    raise ConfigError(f"workers disagree before training on their config: "
+                      f"{_config_difference(rank, value, first)}; {fix}.")
+  fix = (terms.workers_config_fix.format(terms.model_dir) if key == "config" else
+         "give every worker the same number of devices (tfdp-launch --gpus_per_worker, "
+         "CUDA_VISIBLE_DEVICES) and the same runtime settings")
+  raise ConfigError(f"workers disagree before training: worker {rank} has {key}={value!r} but "
+                    f"worker 0 has {first!r}; {fix}.")
