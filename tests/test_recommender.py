@@ -237,11 +237,32 @@ def test_padding_rows_are_never_negatives_in_the_in_batch_softmax():
   rng = np.random.default_rng(0)
   user, item = rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=(5, 4)).astype(np.float32)
   weight = np.array([1, 1, 1, 0, 0], np.float32)  # the last two rows are padding
-  padded = task.per_example_loss({"weight": tf.constant(weight)},
+  ids = tf.range(5)
+  padded = task.per_example_loss({"weight": tf.constant(weight), "item": ids},
                                  {"user": tf.constant(user), "item": tf.constant(item)}).numpy()
-  alone = task.per_example_loss({"weight": tf.ones(3)},
+  alone = task.per_example_loss({"weight": tf.ones(3), "item": ids[:3]},
                                 {"user": tf.constant(user[:3]), "item": tf.constant(item[:3])}).numpy()
   np.testing.assert_allclose(padded[:3], alone, rtol=1e-5)
+
+
+def test_another_row_of_the_same_item_is_not_a_negative_in_the_in_batch_softmax():
+  """An accidental hit (TFRS's remove_accidental_hits): row 3 holds row 0's item, so its column
+  scores exactly row 0's positive. Seen failing without the mask: rows 0 and 3 each counted the
+  other's column as a negative (their losses rose by log 2 and more)."""
+  tf = pytest.importorskip("tensorflow")
+  config = config_lib.load_config([], [retrieval_job(helpers.REPO / "configs")])
+  task = tasks.make_task(config.task)
+  rng = np.random.default_rng(0)
+  user = rng.normal(size=(4, 4)).astype(np.float32)
+  item = rng.normal(size=(4, 4)).astype(np.float32)
+  item[3] = item[0]  # the same item's embedding
+  losses = task.per_example_loss({"weight": tf.ones(4), "item": tf.constant([7, 1, 2, 7])},
+                                 {"user": tf.constant(user), "item": tf.constant(item)}).numpy()
+  for row, others in ((0, [1, 2]), (3, [1, 2])):
+    alone = task.per_example_loss({"weight": tf.ones(3), "item": tf.range(3)},
+                                  {"user": tf.constant(user[[row, *others]]),
+                                   "item": tf.constant(item[[row, *others]])}).numpy()
+    np.testing.assert_allclose(losses[row], alone[0], rtol=1e-5)
 
 
 def test_fine_tuning_from_a_pretrained_recommender_beats_scratch_at_the_same_budget(planted,
@@ -663,12 +684,14 @@ def test_retrievals_softmax_masks_padding_only_whatever_the_weight_column_holds(
   from tfdp.workloads.recommenders.tasks import RetrievalTask  # pylint: disable=g-import-not-at-top
   task = RetrievalTask.__new__(RetrievalTask)
   task.config = TaskConfig(name="retrieval")
-  towers = {"user": tf.eye(3), "item": tf.eye(3)}
-  plain = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 1.0])}, towers).numpy()
+  towers, items = {"user": tf.eye(3), "item": tf.eye(3)}, tf.range(3)
+  plain = task.per_example_loss({"weight": tf.ones(3), "item": items}, towers).numpy()
   for weights in ([1.0, 1.0, 2.0], [1.0, 1.0, 0.5]):
     np.testing.assert_allclose(
-        task.per_example_loss({"weight": tf.constant(weights)}, towers).numpy(), plain, rtol=1e-6)
-  padded = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 0.0])}, towers).numpy()
+        task.per_example_loss({"weight": tf.constant(weights), "item": items}, towers).numpy(),
+        plain, rtol=1e-6)
+  padded = task.per_example_loss({"weight": tf.constant([1.0, 1.0, 0.0]), "item": items},
+                                  towers).numpy()
   assert padded[0] < plain[0]  # row 0 no longer competes with the padding row's item
 
 

@@ -371,9 +371,10 @@ class MatrixFactorizationTask(tasks.Task):
 class RetrievalTask(MatrixFactorizationTask):
   """Implicit feedback, two towers: user and item embeddings scored by their dot product,
   trained with an in-batch softmax (the other items of the replica's batch are the negatives;
-  padding rows never are). Evaluated exactly over every item but the user's training items
-  (read in --mode=eval too; with per-worker shards each worker ranks its own shards' users):
-  recall@10 and NDCG@10 of each held-out (user, item) pair, summed over workers, divided once."""
+  padding rows and other rows of the same item never are). Evaluated exactly over every item
+  but the user's training items (read in --mode=eval too; with per-worker shards each worker
+  ranks its own shards' users): recall@10 and NDCG@10 of each held-out (user, item) pair,
+  summed over workers, divided once."""
 
   metric_names = ("loss", "recall_at_10", "ndcg_at_10")
   KWARGS = ("embedding_dim", "l2", "temperature")
@@ -423,8 +424,15 @@ class RetrievalTask(MatrixFactorizationTask):
     logits = tf.matmul(user, item, transpose_b=True) / temperature
     # A padding row (weight 0) is nobody's negative: its column is masked out of every softmax.
     # The mask is 0 or 1 whatever a weight column holds: a weight of 2 added +1e9 (a review).
-    logits += tf.cast(batch["weight"] <= 0.0, tf.float32)[None, :] * -1e9
+    # Nor is another row of the row's own item (an accidental hit, as TFRS's
+    # remove_accidental_hits): that column scores exactly the positive, which capped its
+    # probability at 1/2 and taught popular items less.
     labels = tf.range(tf.shape(logits)[0])
+    same_item = tf.equal(batch["item"][:, None], batch["item"][None, :])
+    accidental = tf.logical_and(same_item, tf.logical_not(tf.cast(tf.eye(tf.shape(labels)[0]),
+                                                                  tf.bool)))
+    masked = tf.logical_or(accidental, (batch["weight"] <= 0.0)[None, :])
+    logits += tf.cast(masked, tf.float32) * -1e9
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 
   def metric_sums(self, batch, outputs, per_example_loss):
