@@ -41,6 +41,23 @@ def test_a_models_arguments_merge_one_by_one_unless_another_model_is_named(tmp_p
   assert other.task.model.kwargs == {"filters": 4}  # airbench's widths would not fit small_cnn
   # {} asks for the model's own defaults: it was merged away, keeping the file's widths (a probe)
   assert config_lib.load_config([job], ["task.model.kwargs={}"]).task.model.kwargs == {}
+  # Another task builds another model: retrieval from a matrix factorization file kept its
+  # global_mean and was refused. Seen failing on the old loader.py: the file's arguments kept.
+  mf = {"task": {"name": "matrix_factorization", "model": {"kwargs": {"global_mean": 3.2}}}}
+  retrieval = config_lib.loader.parse_overrides(
+      "task.name=retrieval,task.model.kwargs={embedding_dim: 32}")
+  assert config_lib.loader.deep_merge(mf, retrieval)["task"]["model"]["kwargs"] == {
+      "embedding_dim": 32}
+  same_task = config_lib.loader.parse_overrides(
+      "task.name=matrix_factorization,task.model.kwargs={embedding_dim: 32}")
+  assert config_lib.loader.deep_merge(mf, same_task)["task"]["model"]["kwargs"] == {
+      "global_mean": 3.2, "embedding_dim": 32}
+  with pytest.raises(ConfigError, match=r"\['global_mean'\] are not retrieval settings; use "
+                     r"embedding_dim, l2, temperature \(task.model.kwargs=\{\.\.\.\} in the "
+                     r"override that names the task replaces a file's\)\.$"):
+    config_lib.load_config([], ["task.name=retrieval,task.model.kwargs.global_mean=3.2,"
+                                "task.train_data.source=interactions,"
+                                "task.eval_data.source=interactions"])
 
 
 def test_off_is_the_word_off_in_files_and_overrides(tmp_path):
