@@ -61,8 +61,9 @@ def main(argv):
     logs.quiet_tensorflow(logs.tf_log_level(FLAGS.tf_log_level))
     with logs.tensorflow_loading():
       config = config_lib.load_config(config_files, FLAGS.params_override or [])
-    if FLAGS.print_config:
-      print(config_lib.dump_yaml(config))
+    if FLAGS.print_config:  # as config.yaml will record it: its file paths absolute
+      from tfdp.core import task as task_lib  # pylint: disable=g-import-not-at-top
+      print(config_lib.dump_yaml(config, task_lib.with_absolute_paths))
       return 0
     # TensorFlow starts in experiment.build once the checks that need no TensorFlow (config,
     # cluster, model_dir, data paths) have passed.

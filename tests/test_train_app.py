@@ -226,6 +226,15 @@ def test_a_missing_default_config_names_tfdp_default_config(tmp_path):
   assert "TFDP_DEFAULT_CONFIG" in lines[0] and "--config_file path" not in lines[0], lines[0]
 
 
+def test_print_config_shows_the_paths_as_config_yaml_records_them():
+  """A review: --print_config ("the final config, as it would be saved") showed a relative data
+  path where config.yaml records it absolute. Seen failing on the old train.py: 'path: tests'."""
+  proc = helpers.run_train("--print_config", "--params_override=task.train_data.source="
+                           "image_folder,task.train_data.path=tests", timeout=60)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"path: {helpers.REPO / 'tests'}\n" in proc.stdout, proc.stdout[:2000]
+
+
 @pytest.mark.parametrize("config_files, run_name", [
     ([], "cifar10_quick"),  # the default job's folder stays where it was
     (["configs/cifar10_quick.yaml", "configs/runlocal.yaml"], "cifar10_quick+runlocal"),

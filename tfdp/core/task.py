@@ -226,7 +226,7 @@ class Task:
     """The config as model_dir/config.yaml records it: what this task trained with, its file
     paths absolute (a relative one means the folder the run started in; a later --mode=eval of
     the run reads its config.yaml from anywhere)."""
-    return {**config, "task": _absolute_paths(config["task"])} if "task" in config else config
+    return with_absolute_paths(config)
 
   def artifacts(self, source) -> dict:
     """Files the chief writes into model_dir beside the model: {file name: text} (e.g. the id
@@ -257,6 +257,12 @@ def classification_sums(batch: dict, logits, per_example_loss, label_key: str = 
   count = tf.reduce_sum(weight)
   return {"loss": (tf.reduce_sum(per_example_loss * weight), count),
           "accuracy": (tf.reduce_sum(correct * weight), count)}
+
+
+def with_absolute_paths(config: dict) -> dict:
+  """A config dict as config.yaml records it (and --print_config shows it): the task's file
+  paths absolute."""
+  return {**config, "task": _absolute_paths(config["task"])} if "task" in config else config
 
 
 def _absolute_paths(section: dict) -> dict:
