@@ -7,7 +7,6 @@ import os
 from tfdp import config as config_lib
 from tfdp import errors
 from tfdp import in_process
-from tfdp import logs
 from tfdp.core import outputs
 
 
@@ -35,8 +34,8 @@ def train(config_files=(), params: str | dict | list = "", *, model_dir: str,
                                    "path or a list of paths).")
     config = config_lib.load_config([cli.find_config(os.fspath(p)) for p in config_files],
                                     in_process.overrides(params))
-    logs.start_tensorflow()
     from tfdp.core import experiment  # pylint: disable=g-import-not-at-top
+    # TensorFlow starts in experiment.build, after the checks that need none (as tfdp-train's).
     with in_process.users_state_kept():
       return _finished(experiment.run(config, model_dir, mode, verbose=verbose,
                                       start_over=start_over))

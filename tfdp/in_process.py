@@ -42,17 +42,23 @@ def users_state_kept():
   policy, experiment.build's seed for numpy's, Python's, Keras's and TensorFlow's random. In a
   notebook that state is the user's: theirs again afterwards, or a model built in a later cell
   computes in bfloat16 and their random streams (and unseeded initializers) restart from
-  tfdp's seed. Call it with TensorFlow started."""
+  tfdp's seed. Keras not loaded yet (a fresh kernel) has its own defaults to go back to, and
+  TensorFlow is not started here: a run refused before it starts answers in a second."""
   import random  # pylint: disable=g-import-not-at-top
-  import keras  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tfdp.distributed import compat  # pylint: disable=g-import-not-at-top
-  policy, numpy_state, python_state, seeds = (keras.config.dtype_policy(), np.random.get_state(),
-                                              random.getstate(), compat.seed_state())
+  numpy_state, python_state = np.random.get_state(), random.getstate()
+  policy, seeds = None, (None, None, None)  # Keras's and TensorFlow's defaults
+  if "keras" in sys.modules:
+    import keras  # pylint: disable=g-import-not-at-top
+    policy, seeds = keras.config.dtype_policy(), compat.seed_state()
   try:
     yield
   finally:
-    keras.config.set_dtype_policy(policy)
     np.random.set_state(numpy_state)
     random.setstate(python_state)
-    compat.restore_seed_state(seeds)
+    if "keras" in sys.modules:
+      import keras  # pylint: disable=g-import-not-at-top
+      keras.config.set_dtype_policy(policy or keras.config.floatx())
+      compat.restore_seed_state(seeds)
