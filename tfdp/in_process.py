@@ -36,6 +36,14 @@ def plain(value):
   return value
 
 
+def whole_number(name: str, value, minimum: int = 1, caller: str = "tfdp.fit") -> int:
+  """A whole number as Keras takes it: a numpy integer (np.int64(5)) too."""
+  import numbers  # pylint: disable=g-import-not-at-top
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    raise ConfigError(f"{caller}: {name} must be a whole number ≥ {minimum}, got {value!r}.")
+  return int(value)
+
+
 @contextlib.contextmanager
 def users_state_kept():
   """A run sets process-wide state for itself: the trainer's precision as Keras's global dtype

@@ -63,8 +63,8 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
   naming it, with its last lines. The workers run in a private network namespace (loopback
   only) where the kernel allows it; allow_remote=True runs them on the shared network."""
   import cloudpickle  # pylint: disable=g-import-not-at-top
-  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
-  num_workers = fit_lib.whole_number("num_workers", num_workers, caller="launch_notebook")
+  from tfdp import in_process  # pylint: disable=g-import-not-at-top
+  num_workers = in_process.whole_number("num_workers", num_workers, caller="launch_notebook")
   try:
     payload = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
   except Exception as error:  # pylint: disable=broad-except

@@ -278,14 +278,6 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
   return config
 
 
-def whole_number(name: str, value, minimum: int = 1, caller: str = "tfdp.fit") -> int:
-  """A whole number as Keras takes it: a numpy integer (np.int64(5)) too."""
-  import numbers  # pylint: disable=g-import-not-at-top
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    raise ConfigError(f"{caller}: {name} must be a whole number ≥ {minimum}, got {value!r}.")
-  return int(value)
-
-
 def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
         validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
         sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
@@ -299,12 +291,13 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   name>, and each call starts a fresh run there (the earlier one is moved to
   tfdp_runs/<name>/previous-<time>/), as `model.fit` would train again; a restarted worker
   group (tfdp-launch --max_restarts) still resumes it."""
-  epochs = whole_number("epochs", epochs)
-  validation_freq = (tuple(whole_number("validation_freq's epochs", epoch) for epoch in
-                           validation_freq) if isinstance(validation_freq, (list, tuple))
-                     else whole_number("validation_freq", validation_freq))  # Keras: int or list
+  whole = in_process.whole_number
+  epochs = whole("epochs", epochs)
+  validation_freq = (tuple(whole("validation_freq's epochs", epoch) for epoch in validation_freq)
+                     if isinstance(validation_freq, (list, tuple))  # Keras: an int or a list
+                     else whole("validation_freq", validation_freq))
   if steps_per_epoch is not None:
-    steps_per_epoch = whole_number("steps_per_epoch", steps_per_epoch)
+    steps_per_epoch = whole("steps_per_epoch", steps_per_epoch)
   if initial_epoch:
     raise ConfigError("tfdp.fit: initial_epoch is decided by tfdp from model_dir's checkpoint; "
                       "drop it (pass the same model_dir to resume).")

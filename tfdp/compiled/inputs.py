@@ -283,11 +283,9 @@ def first_examples(source: data_lib.Source, count: int = FIRST_EXAMPLES) -> dict
 
 def check_batch_size(name: str, value) -> int | None:
   """The batch size as an int (a numpy integer too, as Keras takes it), or None."""
-  import numbers  # pylint: disable=g-import-not-at-top
-  if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-                            or value <= 0):
-    raise fail(name, f"is {value!r}", "pass a positive whole number (the global batch)")
-  return None if value is None else int(value)
+  from tfdp import in_process  # pylint: disable=g-import-not-at-top
+  return None if value is None else in_process.whole_number(name, value,
+                                                            caller=errors.terms().caller)
 
 
 def _check_has_labels(dataset, argument: str) -> None:

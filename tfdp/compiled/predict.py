@@ -48,8 +48,8 @@ def _keras_arguments(verbose, steps, callbacks, x):
   if not inputs_lib.is_dataset(x):
     raise ConfigError(f"{caller}: steps is taken with a dataset (its first steps batches); for "
                       "arrays, pass the rows you want (x[:n]).")
-  from tfdp.compiled import fit as fit_lib  # pylint: disable=g-import-not-at-top
-  return x.take(fit_lib.whole_number("steps", steps, caller=caller))
+  from tfdp import in_process  # pylint: disable=g-import-not-at-top
+  return x.take(in_process.whole_number("steps", steps, caller=caller))
 
 
 def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
