@@ -81,6 +81,7 @@ def strategy_for(model, strategy):
     with strategy.scope(), keras.saving.custom_object_scope(users_objects):
       clone = keras.models.clone_model(model)
       clone.set_weights(model.get_weights())
+      copy_seed_states(model, clone)
       for layer in _all_layers(clone):  # an adapted Normalization's mean, from its weights,
         if isinstance(layer, keras.layers.Normalization):  # as Keras's loading does (not every
           layer.finalize_state()  # layer's: a Discretization's would rebuild from no summary)
@@ -128,6 +129,18 @@ def _rebuilt_compile_arguments(model, clone):
     if arguments.get(key) is not None:
       arguments[key] = keras.tree.map_structure(rebuild, arguments[key])
   return arguments, rebuilt
+
+
+def copy_seed_states(source, target) -> None:
+  """Random layers' seed states (Dropout's SeedGenerator), which get_weights leaves out: a copy
+  made in the scope drew new ones, so one seed trained another Dropout sequence there than in
+  a model built in the scope (a probe), and the user's model did not go on from training's."""
+  def states(model):  # the variable Keras's SeedGenerator keeps its state in, in model order
+    return [v for v in model.variables if v.name == "seed_generator_state"]
+  pairs = list(zip(states(source), states(target)))
+  if len(pairs) == len(states(source)) == len(states(target)):
+    for mine, theirs in pairs:
+      theirs.assign(mine.value)
 
 
 def _all_layers(model):
@@ -427,6 +440,7 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
     compat.restore_optimizer_all_reduce(trained.optimizer)
     if users_model is not None:
       users_model.set_weights(trained.get_weights())
+      copy_seed_states(trained, users_model)
       copy_optimizer_state(trained.optimizer, users_model.optimizer,
                            users_model.trainable_variables)
       users_model.stop_training = trained.stop_training  # an EarlyStopping's stop, as Keras's
