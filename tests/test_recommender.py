@@ -703,3 +703,12 @@ def test_a_split_that_leaves_no_rows_of_a_file_says_so_not_that_the_file_is_empt
   with pytest.raises(DataError, match=r"split 'holdout' of interactions file '.*all.csv' holds "
                                       r"none of its \d+ rows \(holdout_fraction 1e-09\)"):
     tasks.make_task(config.task).build_source(config.task.eval_data)
+
+
+def test_retrieval_with_a_rating_column_is_refused_not_ignored():
+  """A probe: retrieval learns from implicit feedback, and a label_column (a rating) was read
+  and never used, so 1-star rows trained as positives, silently. Seen failing: no error."""
+  job = retrieval_job(helpers.REPO / "configs") + ",task.train_data.label_column=rating"
+  with pytest.raises(ConfigError, match=r"^config key 'task.train_data.label_column' is 'rating', "
+                                        r"but retrieval learns from implicit feedback .*rating >= 4"):
+    config_lib.load_config([], [job])

@@ -185,6 +185,11 @@ class MatrixFactorizationTask(tasks.Task):
       if cls.NEEDS_LABELS and not data.label_column:
         raise ConfigError(f"config key '{key}.label_column' is empty; {config.name} needs "
                           "explicit ratings (the rating column's name).")
+      if not cls.NEEDS_LABELS and data.label_column:  # a probe: 1-star rows were positives
+        raise ConfigError(f"config key '{key}.label_column' is '{data.label_column}', but "
+                          f"{config.name} learns from implicit feedback (every row a positive) "
+                          "and would ignore the ratings; clear it (label_column: '') and keep "
+                          "only the rows you count as positives in the file (e.g. rating >= 4).")
       if data.split == "holdout" and not data.holdout_fraction:
         raise ConfigError(f"config key '{key}.split' is holdout, but '{key}.holdout_fraction' is "
                           f"0, so it holds no rows out; set {key}.holdout_fraction, e.g. 0.1, or "
