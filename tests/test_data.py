@@ -177,6 +177,19 @@ def test_an_image_folder_with_more_classes_than_num_classes_is_refused(tmp_path)
     data_lib.make_source(data_config(source="image_folder", path=str(tmp_path), num_classes=2))
 
 
+def test_an_image_folder_with_fewer_classes_than_num_classes_is_said(tmp_path, caplog):
+  """A probe: num_classes=5 over 3 class folders trained a 5-way head, silently. Seen failing
+  on the old sources.py: no warning."""
+  import logging  # pylint: disable=g-import-not-at-top
+  helpers.write_image_folder(tmp_path, per_class=1, classes=("a", "b", "c"))
+  with caplog.at_level(logging.WARNING):
+    source = data_lib.make_source(data_config(source="image_folder", path=str(tmp_path),
+                                              num_classes=5))
+  assert source.num_classes == 5
+  said = [r.getMessage() for r in caplog.records if "num_classes is 5" in r.getMessage()]
+  assert len(said) == 1 and "has 3 class folders" in said[0] and "2 other outputs" in said[0]
+
+
 def test_image_folder_says_what_it_skips_and_which_classes_are_empty(tmp_path, caplog):
   """A probe's folder: __pycache__ and an empty folder became classes 0 and 3, and a .webp, a
   .tiff, a nested folder and a file beside the classes were skipped without a word."""

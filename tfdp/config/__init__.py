@@ -64,6 +64,7 @@ def load_config(config_files: Sequence[str] = (), overrides: Sequence[str] = ())
   config = from_dict(_home_expanded(merged))
   validate(config)
   checks.warn_unused_slices(config.task)
+  checks.warn_unused_keys(config.task)
   return config
 
 

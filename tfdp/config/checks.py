@@ -184,6 +184,16 @@ def validate(config: ExperimentConfig) -> None:
                       "runtime.strategy=mirrored to use several devices.")
 
 
+def warn_unused_keys(task) -> None:
+  """Settings the task never reads, set all the same (a probe: num_classes or augment on a text
+  task did nothing, silently): named in one warning when the config is loaded."""
+  unused = tasks.task_class(task.name).unused_keys(task)
+  if unused:
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning("config: task '%s' does not read %s; they do nothing here (drop them)",
+                    task.name, ", ".join(unused))
+
+
 def warn_unused_slices(task) -> None:
   """A sliced split where the source is not TFDS (runlocal.yaml over a folder job) reads all of
   its data: said once, when the config is loaded."""

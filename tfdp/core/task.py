@@ -118,6 +118,15 @@ def make_task(config: TaskConfig, worker: int = 0, num_workers: int = 1) -> "Tas
   return task
 
 
+# What each kind of data reads (DataConfig's keys), for the ignored_keys of tasks of another kind.
+IMAGE_DATA_KEYS = ("data.name", "data.data_dir", "data.image_key", "data.label_key",
+                   "data.image_size", "data.num_classes", "data.num_examples", "data.augment",
+                   "data.crop_padding", "data.flip", "data.mean", "data.std")
+TEXT_DATA_KEYS = ("data.text_unit", "data.holdout")
+INTERACTION_DATA_KEYS = ("data.user_column", "data.item_column", "data.label_column",
+                         "data.weight_column", "data.holdout_fraction")
+
+
 class Task:
   """The base: subclasses say what their examples, model, loss and metrics are."""
 
@@ -127,6 +136,10 @@ class Task:
   # them in float32, as Keras computes losses (tf.square(outputs - y) would mix dtypes).
   float32_outputs = True
   supports_eval_flip = False  # task.eval_flip: its inputs are images whose mirror is one too
+  # Keys under task. this task never reads ("data.x": in train_data and eval_data): set away
+  # from their defaults (and not off), they are named in one warning (they would do nothing,
+  # silently).
+  ignored_keys: tuple[str, ...] = ()
 
   def __init__(self, config: TaskConfig):
     self.config = config
@@ -134,6 +147,22 @@ class Task:
     # experiment.build sets it before build_model: a checkpoint will be restored over the new
     # weights (a resume, --mode=eval), so an initialization from data need not read any.
     self.restoring = False
+
+  @classmethod
+  def unused_keys(cls, config: TaskConfig) -> list[str]:
+    """The ignored_keys this config sets away from their defaults, as dotted config keys."""
+    from tfdp.config.schema import TaskConfig as Defaults  # pylint: disable=g-import-not-at-top
+    defaults, found = Defaults(), []
+    for key in cls.ignored_keys:
+      sections = (("train_data", "eval_data") if key.startswith("data.") else ("",))
+      for section in sections:
+        path = f"{section}.{key[len('data.'):]}" if section else key
+        value, default = config, defaults
+        for part in path.split("."):
+          value, default = getattr(value, part), getattr(default, part)
+        if value != default and value:  # false, 0 or empty: off, as good as unset
+          found.append(f"task.{path}")
+    return found
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

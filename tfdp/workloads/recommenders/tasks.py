@@ -163,6 +163,7 @@ class MatrixFactorizationTask(tasks.Task):
 
   metric_names = ("loss", "rmse", "mae")
   KWARGS = ("embedding_dim", "l2", "global_mean")
+  ignored_keys = (*tasks.IMAGE_DATA_KEYS, *tasks.TEXT_DATA_KEYS, "label_smoothing", "text")
 
   NEEDS_LABELS = True  # explicit ratings
 

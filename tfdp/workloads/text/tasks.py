@@ -196,6 +196,8 @@ def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tasks.Save
 class _BertTask(tasks.Task):
   """What both text tasks share: the vocabulary, the tokenizer and the encoder."""
 
+  ignored_keys = (*tasks.IMAGE_DATA_KEYS, *tasks.INTERACTION_DATA_KEYS, "recommender")
+
   @classmethod
   def check_source(cls, data: DataConfig, key: str) -> None:
     if data.source == "text_folder" and not os.path.isdir(data.path):

@@ -48,6 +48,25 @@ class ImageClassificationTask(tasks.Task):
   metric_names = ("loss", "accuracy")
   supports_eval_flip = True
   SOURCES = ("tfds", "image_folder", "tfrecord", "synthetic")
+  ignored_keys = (*tasks.TEXT_DATA_KEYS, *tasks.INTERACTION_DATA_KEYS, "text", "recommender")
+  # Keys one image source reads and the others do not.
+  SOURCE_KEYS = {"name": ("tfds",), "data_dir": ("tfds",), "split": ("tfds",),
+                 "image_key": ("tfrecord",), "label_key": ("tfrecord",),
+                 "num_examples": ("synthetic",), "path": ("image_folder", "tfrecord")}
+
+  @classmethod
+  def unused_keys(cls, config):
+    from tfdp.config.schema import TaskConfig  # pylint: disable=g-import-not-at-top
+    found, defaults = super().unused_keys(config), TaskConfig()
+    for section in ("train_data", "eval_data"):
+      data, default = getattr(config, section), getattr(defaults, section)
+      for key, readers in cls.SOURCE_KEYS.items():
+        value = getattr(data, key)
+        sliced = key == "split" and "[" in value  # said by checks.warn_unused_slices
+        if (data.source not in readers and value and value != getattr(default, key)
+            and not sliced):
+          found.append(f"task.{section}.{key}")
+    return found
 
   @classmethod
   def check_source(cls, data, key):

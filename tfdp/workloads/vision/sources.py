@@ -95,6 +95,12 @@ def _tfds_source(data: DataConfig) -> Source:
     raise DataError(f"TFDS dataset '{data.name}' has {features['label'].num_classes} classes but "
                     f"num_classes is {data.num_classes}; set task.*_data.num_classes to "
                     f"{features['label'].num_classes} (or 0: the dataset decides).")
+  if data.num_classes > features["label"].num_classes:
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning("TFDS dataset '%s' has %d classes but num_classes is %d: the model's %d other "
+                    "outputs are never a label (set task.*_data.num_classes to 0: the dataset "
+                    "decides)", data.name, features["label"].num_classes, data.num_classes,
+                    data.num_classes - features["label"].num_classes)
   num_classes = data.num_classes or features["label"].num_classes
   shape = tuple(features["image"].shape)
   if data.image_size:
@@ -148,6 +154,12 @@ def _image_folder_source(data: DataConfig) -> Source:
     raise DataError(f"image folder '{data.path}' has {len(classes)} class folders "
                     f"({', '.join(classes)}) but num_classes is {data.num_classes}; set "
                     f"task.*_data.num_classes to {len(classes)} (or 0: the folders decide).")
+  if data.num_classes > len(classes):  # a probe: extra outputs no example ever trains, silently
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning("image folder '%s' has %d class folders but num_classes is %d: the model's "
+                    "%d other outputs are never a label (set task.*_data.num_classes to 0: the "
+                    "folders decide)", data.path, len(classes), data.num_classes,
+                    data.num_classes - len(classes))
   size = data.image_size
   if not size:
     try:
@@ -158,7 +170,8 @@ def _image_folder_source(data: DataConfig) -> Source:
     size = int(first.shape[0])
     if first.shape[0] != first.shape[1]:
       raise DataError(f"image folder '{data.path}' has non-square images ({paths[0]} is "
-                      f"{first.shape[1]}x{first.shape[0]}); set image_size to resize them.")
+                      f"{first.shape[1]}x{first.shape[0]}); set task.*_data.image_size to "
+                      f"resize them, e.g. {max(int(first.shape[0]), int(first.shape[1]))}.")
 
   @tf.autograph.experimental.do_not_convert
   def read(file_indices):
