@@ -316,3 +316,30 @@ def test_tfrecord_labels_past_num_classes_are_refused(records):
     data_lib.make_source(data_config(source="tfrecord", path=records, num_classes=3))
   assert data_lib.make_source(data_config(source="tfrecord", path=records,
                                           num_classes=6)).num_classes == 6
+
+
+# What TF 2.21 raised for TFRecords holding 16x16 and 20x20 images (a probe), shortened.
+_OTHER_SIZES = (
+    "Graph execution error:\n\nDetected at node EnsureShape defined at (most recent call last):\n"
+    "<stack traces unavailable>\n2 root error(s) found.\n  (0) INVALID_ARGUMENT:  Error in "
+    "user-defined function passed to ParallelMapDatasetV2:49 transformation with iterator: "
+    "Iterator::Root::Prefetch::RebatchV2::Concatenate[0]::ParallelMapV2::MapAndBatch::FiniteTake"
+    "::ParallelMapV2::Zip[1]::Shuffle::MemoryCacheImpl::ParallelMapV2: Shape of tensor "
+    "decode_image/DecodeImage [20,20,3] is not compatible with expected shape [16,16,3].\n"
+    "\t [[{{node EnsureShape}}]]\n0 successful operations.")
+
+
+def test_images_of_other_sizes_mid_run_are_told_to_set_image_size():
+  """A probe: TFRecords of two image sizes stopped mid-run with 'a batch was rejected ...
+  (InvalidArgumentError: <stack traces unavailable>); check the data ... then re-run', and the
+  re-run failed alike. Seen failing on the old run_errors.py: that line."""
+  tf = pytest.importorskip("tensorflow")
+  from tfdp.core import run_errors  # pylint: disable=g-import-not-at-top
+  error = run_errors.bad_data(tf.errors.InvalidArgumentError(None, None, _OTHER_SIZES), None)
+  assert str(error) == ("the data holds images of other sizes: one is [20,20,3] where the first "
+                        "was [16,16,3]; set task.*_data.image_size to resize every image to one "
+                        "size (e.g. 16), then re-run.")
+  # Any other op's words reach the line, not tf.data's header or iterator chain
+  other = _OTHER_SIZES.replace("decode_image/DecodeImage [20,20,3] is not compatible with "
+                               "expected shape [16,16,3]", "label 7 is out of range")
+  assert run_errors.op_error_line(other) == "Shape of tensor label 7 is out of range."

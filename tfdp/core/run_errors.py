@@ -29,8 +29,12 @@ def op_error_line(message: str) -> str:
   stack of where the op was defined, or the node names."""
   for line in message.splitlines():
     line = re.sub(r"^\(\d+\) [A-Z_]+:\s*", "", line.strip())  # "(0) INVALID_ARGUMENT: ..."
+    # tf.data's prefix names the iterator chain, which pushed the op's words past 200 characters
+    line = re.sub(r"^Error in user-defined function passed to \S+ transformation with "
+                  r"iterator: \S+: ", "", line)
     if line and not line.startswith(("Graph execution error", "Detected at node", "File \"",
-                                     "[[")) and not re.match(r"\d+ root error", line):
+                                     "[[", "<stack traces")) and not re.match(r"\d+ root error",
+                                                                              line):
       return line[:200]
   return message.strip().splitlines()[0][:200] if message.strip() else ""
 
@@ -58,6 +62,12 @@ def lost_peer(error) -> GroupMustRestart:
 def bad_data(error, culprit: str | None) -> DataError:
   """`culprit`: the file a source found unreadable on its own (tf.data's errors name none)."""
   said = f"{type(error).__name__}: {op_error_line(error.message)}"
+  sizes = re.search(r"DecodeImage (\[\d+,\d+,\d+\]) is not compatible with expected shape "
+                    r"(\[(\d+),\d+,\d+\])", said)
+  if sizes:  # a probe: TFRecords of two image sizes were told to fix the data and re-run
+    return DataError(f"the data holds images of other sizes: one is {sizes.group(1)} where the "
+                     f"first was {sizes.group(2)}; set task.*_data.image_size to resize every "
+                     f"image to one size (e.g. {sizes.group(3)}), then re-run.")
   if culprit or _DECODING.search(said) or type(error).__name__ == "DataLossError":
     return DataError(f"an input example could not be decoded: {culprit or said}; replace or "
                      "remove it, then re-run (it resumes from the last checkpoint, if any).")
