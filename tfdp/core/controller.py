@@ -355,8 +355,9 @@ class Controller:
     good: it is written now, with its evaluation (the checkpoint holds the epoch's weights) and
     without train_* values, which died with the process. Every worker reads the chief's file."""
     steps_per_epoch, total = self.trainer.steps_per_epoch, self.trainer.total_steps
-    if not step or step % steps_per_epoch and step < total:
-      return  # a fresh run, or a stop inside an epoch: its row comes when the epoch ends
+    if not step or step % steps_per_epoch and step != total:
+      return  # a fresh run, or a stop inside an epoch: its row comes when the epoch ends (a
+      # shortened run's too: its checkpoint is past the new end, an epoch never completed)
     epoch = -(-step // steps_per_epoch) - 1  # the epoch that ended at `step`
     if int(outputs.last_metrics_row(self.trainer.write_plan).get("epoch", 0)) != epoch:
       return  # the row is there (or more than one is missing: not a lost last row)
