@@ -323,6 +323,10 @@ def test_bad_vocabulary_file_is_one_line_naming_file_and_command(tmp_path, conte
     text.load_tokenizer(str(path))
   message = one_line_error(excinfo)
   assert words in message and f"'{path}'" in message and "tfdp-vocab --input=" in message, message
+  # Never told to write over the user's own file (a probe); seen failing on the old inputs.py
+  output = path if content is None else tmp_path / "vocab_learned.txt"
+  assert f"--output={output}`" in message, message
+  assert content is None or f"task.text.vocab_path={output}" in message, message
 
 
 @needs_shakespeare

@@ -275,6 +275,11 @@ def read_vocabulary(path: str) -> list[str]:
   learn = f"learn one with `{VOCAB_COMMAND.replace('FILE', path)}`"
   if not os.path.isfile(path):
     raise DataError(f"vocabulary file '{path}' does not exist; {learn}.")
+  # Not over the user's own file (a probe): a new one beside it, for task.text.vocab_path
+  stem, extension = os.path.splitext(path)
+  learned = f"{stem}_learned{extension or '.txt'}"
+  learn = (f"learn one with `{VOCAB_COMMAND.replace('FILE', learned)}` and set "
+           f"task.text.vocab_path={learned}")
   tokens = [line.strip() for line in read_text_file(path).splitlines() if line.strip()]
   if not tokens:
     raise DataError(f"vocabulary file '{path}' is empty; {learn}.")
