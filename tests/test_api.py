@@ -61,33 +61,33 @@ def test_import_tfdp_does_not_start_tensorflow():
 def test_a_train_refused_before_it_starts_does_not_start_tensorflow(tmp_path):
   """A review: tfdp.train started TensorFlow before its checks, about 4 s per mistake in a fresh
   kernel (tfdp-train answers them first). Seen failing on the old api.py: True."""
-  code = ("import sys, tfdp\n"
-          "try:\n"
-          "  tfdp.train('configs/cifar10_quick.yaml', 'task.train_data.source=image_folder,"
-          "task.train_data.path=no_such_folder', model_dir='run')\n"
-          "except tfdp.TfdpError as e:\n"
-          "  print(type(e).__name__, e)\n"
-          "print('tensorflow' in sys.modules)")
-  proc = subprocess.run([sys.executable, "-c", code], env=helpers.env(), capture_output=True,
-                        text=True, timeout=120, cwd=tmp_path)
+  def python(code, timeout):
+    return subprocess.run([sys.executable, "-c", code], env=helpers.env(), capture_output=True,
+                          text=True, timeout=timeout, cwd=tmp_path)
+  proc = python("import sys, tfdp\n"
+                "try:\n"
+                "  tfdp.train('configs/cifar10_quick.yaml', 'task.train_data.source=image_folder,"
+                "task.train_data.path=no_such_folder', model_dir='run')\n"
+                "except tfdp.TfdpError as e:\n"
+                "  print(type(e).__name__, e)\n"
+                "print('tensorflow' in sys.modules)", timeout=120)
   said, started = proc.stdout.strip().splitlines()[-2:]
   assert "no_such_folder" in said and started == "False", proc.stdout + proc.stderr[-2000:]
   # Keras first loaded by the run (a fresh kernel): its own defaults afterwards, not the run's
   # precision and seed. Seen failing when only state loaded at entry was restored:
   # ['mixed_bfloat16', [42, 42]].
-  code = ("import json, tfdp\n"
-          "tfdp.train('configs/cifar10_quick.yaml', 'task.train_data.source=synthetic,"
-          "task.train_data.num_examples=32,task.train_data.image_size=8,"
-          "task.train_data.num_classes=2,task.eval_data.source=synthetic,"
-          "task.eval_data.num_examples=16,task.eval_data.image_size=8,"
-          "task.eval_data.num_classes=2,trainer.global_batch_size=16,trainer.epochs=1,"
-          "task.model.name=small_cnn,task.model.kwargs={},task.eval_flip=false,"
-          "runtime.mixed_precision=mixed_bfloat16', model_dir='run', verbose=False)\n"
-          "import keras, tensorflow as tf\n"
-          "from tfdp.distributed import compat\n"
-          "print(json.dumps([keras.config.dtype_policy().name, compat.seed_state()[::2]]))")
-  proc = subprocess.run([sys.executable, "-c", code], env=helpers.env(), capture_output=True,
-                        text=True, timeout=300, cwd=tmp_path)
+  proc = python("import json, tfdp\n"
+                "tfdp.train('configs/cifar10_quick.yaml', 'task.train_data.source=synthetic,"
+                "task.train_data.num_examples=32,task.train_data.image_size=8,"
+                "task.train_data.num_classes=2,task.eval_data.source=synthetic,"
+                "task.eval_data.num_examples=16,task.eval_data.image_size=8,"
+                "task.eval_data.num_classes=2,trainer.global_batch_size=16,trainer.epochs=1,"
+                "task.model.name=small_cnn,task.model.kwargs={},task.eval_flip=false,"
+                "runtime.mixed_precision=mixed_bfloat16', model_dir='run', verbose=False)\n"
+                "import keras, tensorflow as tf\n"
+                "from tfdp.distributed import compat\n"
+                "print(json.dumps([keras.config.dtype_policy().name, compat.seed_state()[::2]]))",
+                timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["float32", [None, None]]
 

@@ -62,12 +62,11 @@ def _check_workers_hold_alike(cluster, model, source, plan, config) -> None:
   from tfdp.distributed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   mine = {"examples": source.num_examples, "steps": plan.steps_per_epoch,
           "content": source.info.get("content"), "weights": resume.weights_digest(model)}
-  held = cluster_lib.exchange(cluster, mine, config.runtime.heartbeat_timeout_seconds,
-                              topic="inputs")
-  differs = cluster_lib.first_difference(held)
+  differs = cluster_lib.compare_workers(cluster, mine, config.runtime.heartbeat_timeout_seconds,
+                                        topic="inputs")
   if differs is None:
     return
-  rank, key = differs
+  held, rank, key = differs
   theirs, first = held[rank][key], held[0][key]
   what = ("a model of other weights than worker 0's" if key == "weights" else
           "arrays of other contents than worker 0's" if key == "content" else

@@ -474,12 +474,11 @@ def check_workers_restored_alike(config, model_dir: str, cluster, restored_step:
   if plans.get("train") is not None and plans["train"].policy != "local":
     state["train shuffle_buffer"] = data_lib.shuffle_buffer(plans["train"].source,
                                                             config.task.train_data)
-  states = cluster_lib.exchange(cluster, state, config.runtime.heartbeat_timeout_seconds,
-                                topic="restored")
-  differs = cluster_lib.first_difference(states)
+  differs = cluster_lib.compare_workers(cluster, state, config.runtime.heartbeat_timeout_seconds,
+                                        topic="restored")
   if differs is None:
     return
-  rank, key = differs
+  states, rank, key = differs
   if key in ("restored_step", "checkpoint"):
     fix = (f"every worker must see the same {errors.terms().model_dir} '{model_dir}' (a file "
            "system shared by every host); share it, then restart the group")

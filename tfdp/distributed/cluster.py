@@ -384,6 +384,15 @@ def first_difference(states: list[dict]) -> tuple[int, str] | None:
   return None
 
 
+def compare_workers(cluster: Cluster, state: dict, heartbeat_timeout_seconds: float,
+                    topic: str) -> tuple[list[dict], int, str] | None:
+  """Every worker's `state` exchanged, then (the states, the first worker and key that differ
+  from worker 0's), or None where all agree."""
+  states = exchange(cluster, state, heartbeat_timeout_seconds, topic)
+  differs = first_difference(states)
+  return None if differs is None else (states, *differs)
+
+
 # Each leave_together call is a barrier of its own, numbered alike on every worker.
 _LEAVE_CALLS = itertools.count(1)
 
