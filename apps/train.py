@@ -5,7 +5,7 @@ r"""tfdp-train: train / evaluate one experiment config, on one host or as one wo
       --params_override=runtime.cpu_replicas=2 --model_dir=/tmp/run
   tfdp-train --params_override=trainer.epochs=2,trainer.global_batch_size=256 \
       --model_dir=runs/batch256                # another job: a folder of its own
-  tfdp-train --print_config                    # the final config, as it would be saved
+  tfdp-train --print_config                    # the final config, as config.yaml records it
 """
 import os
 import sys
@@ -39,7 +39,8 @@ flags.DEFINE_string("model_dir", None, "Checkpoints, metrics.csv, summaries, con
                     "Default: runs/<config file names joined by +>, e.g. runs/cifar10_quick, "
                     "runs/cifar10_quick+runlocal.")
 flags.DEFINE_enum("mode", "train_and_eval", config_lib.MODES, "What to run.")
-flags.DEFINE_bool("print_config", False, "Print the final config and exit.")
+flags.DEFINE_bool("print_config", False, "Print the final config (the task's file paths "
+                  "absolute, as config.yaml records them) and exit.")
 flags.DEFINE_bool("start_over", False, "Train from step 0 even if model_dir holds a run: the "
                   "earlier run moves to model_dir/previous-<time>/ (nothing is deleted).")
 cli.define_tf_log_level_flag()

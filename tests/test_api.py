@@ -185,8 +185,8 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   assert out["misspelt_setting"].startswith("tfdp.make_strategy: "), out["misspelt_setting"]
   assert out["evaluate_without_y"].startswith("tfdp.evaluate: y is None")  # scored zeros before
   assert out["predict_inputs_dataset"] < 1e-6  # refused before: "x holds no labels"
-  assert out["predict_bad_batch"].startswith("tfdp.predict: batch_size must be a whole number ≥ 1, "
-                                             "got 2.5")
+  assert out["predict_bad_batch"].startswith("tfdp.predict: batch_size (the global batch) must be "
+                                             "a whole number ≥ 1, got 2.5")
   assert out["predict_nothing"] == "tfdp.predict: x is empty; pass at least one example."
   # Keras's multi-line ValueError before; then "tfdp.fit: ..." from tfdp.evaluate
   assert out["predict_wrong_shape"].startswith("tfdp.predict: the model does not take x")

@@ -41,20 +41,27 @@ def test_a_models_arguments_merge_one_by_one_unless_another_model_is_named(tmp_p
   assert other.task.model.kwargs == {"filters": 4}  # airbench's widths would not fit small_cnn
   # {} asks for the model's own defaults: it was merged away, keeping the file's widths (a probe)
   assert config_lib.load_config([job], ["task.model.kwargs={}"]).task.model.kwargs == {}
-  # Another task builds another model: retrieval from a matrix factorization file kept its
-  # global_mean and was refused. Seen failing on the old loader.py: the file's arguments kept.
-  mf = {"task": {"name": "matrix_factorization", "model": {"kwargs": {"global_mean": 3.2}}}}
-  retrieval = config_lib.loader.parse_overrides(
-      "task.name=retrieval,task.model.kwargs={embedding_dim: 32}")
-  assert config_lib.loader.deep_merge(mf, retrieval)["task"]["model"]["kwargs"] == {
-      "embedding_dim": 32}
-  same_task = config_lib.loader.parse_overrides(
-      "task.name=matrix_factorization,task.model.kwargs={embedding_dim: 32}")
-  assert config_lib.loader.deep_merge(mf, same_task)["task"]["model"]["kwargs"] == {
-      "global_mean": 3.2, "embedding_dim": 32}
+  # Another task with other arguments (retrieval from a matrix factorization file): the file's
+  # are dropped by a {} of its own, then the run's given. Not replaced by naming the task alone:
+  # the two BERT tasks share their model's arguments, and a task named where the files name none
+  # is no other task (a review).
+  mf = write(tmp_path, "mf.yaml", {"task": {"name": "matrix_factorization", "model": {
+      "kwargs": {"global_mean": 3.2}}, "train_data": {"source": "interactions", "path": "r.csv"},
+      "eval_data": {"source": "interactions", "path": "r.csv"}}})
+  retrieval = config_lib.load_config([mf], ["task.name=retrieval,task.model.kwargs={}",
+                                            "task.model.kwargs.embedding_dim=32"])
+  assert retrieval.task.model.kwargs == {"embedding_dim": 32}
+  bert = str(helpers.REPO / "configs" / "shakespeare_mlm.yaml")
+  classifier = config_lib.load_config([bert], ["task.name=text_classification,"
+                                               "task.model.kwargs.dropout=0.2,"
+                                               "task.train_data.source=text_folder,"
+                                               "task.eval_data.source=text_folder"])
+  assert classifier.task.model.kwargs["num_heads"] == 4
+  assert config_lib.load_config([job], ["task.name=image_classification,task.model.kwargs."
+                                        "dirac_init=true"]).task.model.kwargs["widths"]
   with pytest.raises(ConfigError, match=r"\['global_mean'\] are not retrieval settings; use "
-                     r"embedding_dim, l2, temperature \(task.model.kwargs=\{\.\.\.\} in the "
-                     r"override that names the task replaces a file's\)\.$"):
+                     r"embedding_dim, l2, temperature \(task.model.kwargs=\{\} in a "
+                     r"--params_override of its own drops a file's\)\.$"):
     config_lib.load_config([], ["task.name=retrieval,task.model.kwargs.global_mean=3.2,"
                                 "task.train_data.source=interactions,"
                                 "task.eval_data.source=interactions"])

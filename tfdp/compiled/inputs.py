@@ -284,7 +284,7 @@ def first_examples(source: data_lib.Source, count: int = FIRST_EXAMPLES) -> dict
 def check_batch_size(name: str, value) -> int | None:
   """The batch size as an int (a numpy integer too, as Keras takes it), or None."""
   from tfdp import in_process  # pylint: disable=g-import-not-at-top
-  return None if value is None else in_process.whole_number(name, value,
+  return None if value is None else in_process.whole_number(f"{name} (the global batch)", value,
                                                             caller=errors.terms().caller)
 
 

@@ -173,17 +173,17 @@ def _nested(dotted: str, value: Any) -> str:
   return text
 
 
-def deep_merge(base: dict, override: dict, renamed_above: bool = False) -> dict:
+def deep_merge(base: dict, override: dict) -> dict:
   """override layered on base: mappings merge key by key. A model's `kwargs` (its arguments fit
-  only that model) are replaced whole by a layer that names another model or task (a task
-  builds its own model) or gives `{}` (the model's own defaults), and otherwise merge argument
-  by argument (`task.model.kwargs.dirac_init=true` keeps the file's widths)."""
+  only that model) are replaced whole by a layer that names another model or gives `{}` (the
+  model's own defaults), and otherwise merge argument by argument
+  (`task.model.kwargs.dirac_init=true` keeps the file's widths)."""
   merged = dict(base)
-  renamed = renamed_above or ("name" in override and override["name"] != base.get("name"))
+  renamed = "name" in override and override["name"] != base.get("name")
   for key, value in override.items():
     if isinstance(value, dict) and isinstance(merged.get(key), dict):
       if key != "kwargs":
-        merged[key] = deep_merge(merged[key], value, renamed)
+        merged[key] = deep_merge(merged[key], value)
       else:
         merged[key] = dict(value) if renamed or not value else {**merged[key], **value}
     else:

@@ -375,7 +375,7 @@ def exchange(cluster: Cluster, value, heartbeat_timeout_seconds: float, topic: s
 
 def first_difference(states: list[dict]) -> tuple[int, str] | None:
   """The first worker, in rank order, and its first key whose value differs from worker 0's
-  (a key one of them lacks differs too); None where all agree."""
+  (a key one of them lacks counts as None there); None where all agree."""
   first = states[0]
   for rank, state in enumerate(states[1:], start=1):
     for key in [*state, *(k for k in first if k not in state)]:

@@ -205,8 +205,8 @@ class MatrixFactorizationTask(tasks.Task):
     unknown = sorted(set(config.model.kwargs) - set(cls.KWARGS))
     if unknown:
       raise ConfigError(f"task.model.kwargs {unknown} are not {config.name} settings; use "
-                        f"{', '.join(cls.KWARGS)} (task.model.kwargs={{...}} in the override "
-                        "that names the task replaces a file's).")
+                        f"{', '.join(cls.KWARGS)} (task.model.kwargs={{}} in a "
+                        "--params_override of its own drops a file's).")
     for name, smallest, example in (("embedding_dim", 1, 32), ("l2", 0, 1e-5),
                                     ("temperature", 1e-9, 0.1), ("global_mean", None, 3.5)):
       value = config.model.kwargs.get(name)

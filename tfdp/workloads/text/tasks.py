@@ -105,8 +105,8 @@ def _check_text_task(config: TaskConfig) -> None:
   unknown = sorted(set(config.model.kwargs) - set(BERT_KWARGS))
   if unknown:
     raise ConfigError(f"task.model.kwargs {unknown} are not BERT settings; use "
-                      f"{', '.join(BERT_KWARGS)} (task.model.kwargs={{...}} in the override that "
-                      "names the task replaces a file's).")
+                      f"{', '.join(BERT_KWARGS)} (task.model.kwargs={{}} in a --params_override "
+                      "of its own drops a file's).")
   if config.label_smoothing:  # BERT's losses are sparse: a setting that would do nothing, said
     raise ConfigError(f"config key 'task.label_smoothing' is {config.label_smoothing}, but task "
                       f"'{config.name}' does not smooth its labels; set it to 0.")
