@@ -179,6 +179,9 @@ def test_examples_of_varying_lengths_are_told_to_pad_in_the_data(weights_result)
   line = weights_result["errors"]["varying_lengths"]
   assert_one_line(line, "fixed shapes", "pad_sequences", "padded_shapes", "tf.ensure_shape")
   assert "task's preprocess" not in line
+  # Not batched (a probe): TF's InvalidArgumentError ('Cannot batch tensors with different
+  # shapes') came through from tfdp's first read of the data. Seen failing on the old inputs.py.
+  assert_one_line(weights_result["errors"]["varying_unbatched"], "fixed shapes", "pad_sequences")
 
 
 def test_per_output_weights_in_a_dataset_are_one_line_as_in_arrays(weights_result):
@@ -375,3 +378,76 @@ def test_dropout_trains_alike_whether_the_model_was_built_in_the_scope_or_outsid
   assert result["apart"] < 1e-6, result
   inside, outside = result["seeds"]
   assert inside and inside == outside, result  # the user's model goes on from training's
+
+
+def test_labels_in_a_one_element_list_train_a_model_of_one_output_as_model_fit(tmp_path):
+  """A probe: Model(i, [Dense(1)(i)]) compiled with ["mse"] and given y=[y] (or (x, (y,))
+  elements) trains in model.fit; tfdp refused it: 'y does not fit the loss ... Expected an
+  instance of tuple'. Seen failing on the old task.py (stash)."""
+  code = textwrap.dedent("""
+      import json, numpy as np, tfdp
+      tfdp.make_strategy(cpu_replicas=2)
+      import keras, tensorflow as tf
+      x = np.random.RandomState(1).randn(40, 3).astype("float32")
+      y = x.sum(1, keepdims=True)
+      def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,))
+        model = keras.Model(inputs, [keras.layers.Dense(1)(inputs)])
+        model.compile("sgd", ["mse"])
+        return model
+      keras_loss = build().fit(x, [y], batch_size=8, shuffle=False, verbose=0).history["loss"]
+      arrays = tfdp.fit(build(), x, [y], batch_size=8, shuffle=False, verbose=0, model_dir="a")
+      dataset = tfdp.fit(build(), tf.data.Dataset.from_tensor_slices((x, (y,))).batch(8),
+                         verbose=0, model_dir="b")
+      print(json.dumps([keras_loss, arrays.history["loss"], dataset.history["loss"],
+                        build().evaluate(x, [y], verbose=0), tfdp.evaluate(build(), x, [y])]))
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=helpers.env(), timeout=300, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  keras_loss, arrays, dataset, keras_eval, ours = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert arrays == pytest.approx(keras_loss, rel=1e-5) and dataset == pytest.approx(keras_loss,
+                                                                                    rel=1e-5)
+  assert ours["loss"] == pytest.approx(keras_eval, rel=1e-5)
+
+
+def test_a_dataset_batched_before_its_repeat_validates_exactly_and_warns_where_it_differs(
+    tmp_path):
+  """A probe: batches of 8, 8, 7 repeated, with validation_steps=3, were validated as 24
+  examples (the first one twice: val_loss 1.686 against model.fit's 1.748); a training stream
+  or a finite dataset with a short batch mid-way was cut into other steps without a word.
+  Validation now takes the examples of its first validation_steps batches; the rest is said.
+  Seen failing on the old inputs.py (stash): 24 examples."""
+  code = textwrap.dedent("""
+      import json, numpy as np, tfdp
+      tfdp.make_strategy(cpu_replicas=2)
+      import keras, tensorflow as tf
+      x = np.random.RandomState(1).randn(40, 3).astype("float32")
+      y = x.sum(1, keepdims=True)
+      def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+      val = tf.data.Dataset.from_tensor_slices((x[:23], y[:23])).batch(8).repeat()
+      keras_run = build().fit(x, y, batch_size=8, shuffle=False, validation_data=val,
+                              validation_steps=3, verbose=0)
+      ours = tfdp.fit(build(), x, y, batch_size=8, shuffle=False, validation_data=val,
+                      validation_steps=3, verbose=0, model_dir="val")
+      stream = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+      tfdp.fit(build(), stream.repeat(), epochs=2, steps_per_epoch=3, verbose=0, model_dir="s")
+      tfdp.fit(build(), stream.repeat(2), verbose=0, model_dir="f")
+      print(json.dumps([keras_run.history["val_loss"], ours.history["val_loss"],
+                        ours.final["eval_examples"]]))
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=helpers.env(), timeout=300, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  keras_val, ours_val, examples = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert examples == 23 and ours_val == pytest.approx(keras_val, rel=1e-5)
+  assert ("x's batches are uneven within the stream (a batch of 8 among the first 3): tfdp "
+          "batches its examples by 16, so an epoch takes 48 examples where model.fit's takes 40"
+          in proc.stderr), proc.stderr[-3000:]
+  assert ("x's batches are uneven within the data (a batch of 8 before its last): tfdp batches "
+          "its examples by 16, 5 steps where model.fit takes 6" in proc.stderr), proc.stderr[-3000:]

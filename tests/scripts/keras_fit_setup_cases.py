@@ -111,6 +111,8 @@ def weights_case() -> dict:
     by_length.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   out["errors"]["varying_lengths"] = one_line(lambda: tfdp.fit(
       by_length, ragged.padded_batch(16), epochs=1, verbose=0, model_dir="runs/lengths"))
+  out["errors"]["varying_unbatched"] = one_line(lambda: tfdp.fit(  # not batched: a probe's
+      by_length, ragged, epochs=1, verbose=0, model_dir="runs/lengths_unbatched"))
   with strategy.scope():
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(8)(inputs)

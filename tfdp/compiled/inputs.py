@@ -200,7 +200,7 @@ def _content_digest(parts) -> str | None:
   return resume.arrays_digest(_tf().nest.flatten(parts))
 
 
-def _unbatched(dataset, model_input_ranks):
+def _unbatched(dataset, model_input_ranks, argument: str = "x"):
   """A dataset Keras would take batched (its leading dimension unknown, or matching the model's
   input rank) is unbatched here: tfdp batches with the global batch. Returns (dataset, its batch
   size or 0, its examples where finding the batch size counted them, else None)."""
@@ -230,11 +230,24 @@ def _unbatched(dataset, model_input_ranks):
     for element in dataset.take(1):  # .batch(n) without drop_remainder: the first batch says n
       batch = int(tf.nest.flatten(element)[0].shape[0])
   elif not batch:  # its examples and its first batch in one pass: each pass is another order
-    sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
-    count, batch = (int(v) for v in sizes.reduce(
-        (tf.constant(0, tf.int64), tf.constant(0, tf.int64)), _do_not_convert(
-            lambda state, size: (state[0] + size, tf.where(state[1] > 0, state[1], size)))))
+    sizes = batch_sizes(dataset)
+    count, batch = sum(sizes), (sizes[0] if sizes else 0)
+    if any(size < batch for size in sizes[:-1]):  # a short batch before the last (a probe)
+      logging.warning(errors.as_caller(
+          f"{argument}'s batches are uneven within the data (a batch of {min(sizes[:-1])} "
+          f"before its last): tfdp batches its examples by {batch}, {-(-count // batch)} steps "
+          f"where model.fit takes {len(sizes)}; batch after .repeat() or .concatenate() to keep "
+          "its steps"))
   return dataset.unbatch(), batch, count
+
+
+def batch_sizes(dataset, limit: int | None = None) -> list[int]:
+  """The sizes of a batched dataset's batches (its first `limit`), in one pass."""
+  tf = _tf()
+  if limit is not None:
+    dataset = dataset.take(limit)
+  sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
+  return [int(size) for size in sizes.as_numpy_iterator()]
 
 
 def _do_not_convert(fn):
@@ -271,8 +284,13 @@ def first_examples(source: data_lib.Source, count: int = FIRST_EXAMPLES) -> dict
   tf = _tf()
   first = getattr(source, "_first_examples", None)
   if first is None:
+    examples = source.read([0])
+    for spec in tf.nest.flatten(examples.element_spec):  # TF's own error otherwise (a probe)
+      if not spec.shape.is_fully_defined():
+        raise DataError(f"examples must have fixed shapes to be batched, got {spec}; "
+                        f"{errors.terms().fixed_shapes_fix}.")
     try:
-      first = next(iter(source.read([0]).take(FIRST_EXAMPLES).batch(FIRST_EXAMPLES)))
+      first = next(iter(examples.take(FIRST_EXAMPLES).batch(FIRST_EXAMPLES)))
     except StopIteration:  # counted, then empty: a one-shot source (a generator over an iterator)
       raise fail("x", "gave no examples when read again (tfdp reads data once to count it, then "
                  "once per epoch)", "make it re-readable, e.g. Dataset.from_generator(make) "
@@ -333,6 +351,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     global_batch = dataset_batch or batch_size or DEFAULT_BATCH_SIZE
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
     repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
+    if repeats and steps_per_epoch and dataset_batch:
+      _check_even_stream(x, steps_per_epoch, dataset_batch)
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
                             steps_name, counted)
     from_arrays, validation = False, None
@@ -365,6 +385,19 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   return KerasData(train, validation, global_batch, from_arrays, validation_batch_size or 0)
 
 
+def _check_even_stream(dataset, steps_per_epoch: int, batch: int) -> None:
+  """A repeating dataset batched before its repeat (a short batch each pass): tfdp cuts its
+  stream into steps of `batch` examples, so an epoch holds other examples than model.fit's
+  (a probe), said in one warning."""
+  sizes = batch_sizes(dataset, steps_per_epoch)
+  if any(size != batch for size in sizes):
+    logging.warning(errors.as_caller(
+        f"x's batches are uneven within the stream (a batch of {min(sizes)} among the first "
+        f"{steps_per_epoch}): tfdp batches its examples by {batch}, so an epoch takes "
+        f"{steps_per_epoch * batch} examples where model.fit's takes {sum(sizes)}; batch after "
+        ".repeat() (dataset.repeat().batch(n)) to keep its epochs"))
+
+
 def _validation_source(validation_data, validation_steps, batch_size, model_input_ranks,
                        labels=True):
   """validation_steps counts the validation data's own batches, as Keras does: a batched
@@ -373,12 +406,14 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
   if is_dataset(validation_data):
     if labels:
       _check_has_labels(validation_data, "validation_data")
-    dataset, dataset_batch, counted = _unbatched(validation_data, model_input_ranks)
+    dataset, dataset_batch, counted = _unbatched(validation_data, model_input_ranks,
+                                                 "validation_data")
     batch = dataset_batch or batch_size
     dataset, count = _count(dataset, validation_steps or 0, batch, "validation_data",
                             "validation_steps", counted)
-    if validation_steps:  # Keras evaluates the first validation_steps batches
-      count = min(count, validation_steps * batch)
+    if validation_steps:  # Keras evaluates the first validation_steps batches: their examples
+      count = min(count, sum(batch_sizes(validation_data, validation_steps)) if dataset_batch
+                  else validation_steps * batch)  # (a probe: a short one's gap was refilled)
       dataset = dataset.take(count)
   elif isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):  # as Keras
     dataset, count, content = _from_arrays(

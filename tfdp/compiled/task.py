@@ -186,6 +186,8 @@ class CompiledModelTask(tasks.Task):
         return [y_true[n] for n in names]
     if isinstance(y_pred, (list, tuple)) and not keras.tree.is_nested(y_true) and len(y_pred) == 1:
       return [y_true]
+    if isinstance(y_true, (list, tuple)) and len(y_true) == 1 and not keras.tree.is_nested(y_pred):
+      return y_true[0]  # [y] for a model whose one output Keras unwrapped (a probe: refused)
     return y_true
 
   # ---- the Task contract ------------------------------------------------------------------
