@@ -451,3 +451,30 @@ def test_a_dataset_batched_before_its_repeat_validates_exactly_and_warns_where_i
           in proc.stderr), proc.stderr[-3000:]
   assert ("x's batches are uneven within the data (a batch of 8 before its last): tfdp batches "
           "its examples by 16, 5 steps where model.fit takes 6" in proc.stderr), proc.stderr[-3000:]
+
+
+def test_a_generator_as_validation_data_and_shuffle_batch_are_said_as_such(tmp_path):
+  """A probe: a generator as validation_data was told 'validation_data is a generator; pass
+  (x_val, y_val) ...', without the from_generator wrap that x's line gives; shuffle='batch'
+  (Keras's HDF5 chunks) shuffled every example without a word. Seen failing on the old
+  inputs.py and fit.py (stash)."""
+  code = textwrap.dedent("""
+      import numpy as np, tfdp
+      tfdp.make_strategy(cpu_replicas=2)
+      import keras
+      x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+      model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+      model.compile("sgd", "mse")
+      try:
+        tfdp.fit(model, x, y, validation_data=((x, y) for _ in range(2)), verbose=0,
+                 model_dir="g")
+      except tfdp.TfdpError as error:
+        print(error)
+      tfdp.fit(model, x, y, shuffle="batch", verbose=0, model_dir="b")
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=helpers.env(), timeout=300, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "validation_data is a generator" in proc.stdout and "from_generator" in proc.stdout, \
+      proc.stdout
+  assert "shuffle='batch' shuffles every example here" in proc.stderr, proc.stderr[-3000:]

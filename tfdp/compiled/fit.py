@@ -273,6 +273,9 @@ def _config(config_files, params, inputs, epochs: int, shuffle: bool, precision:
     data.source, data.augment, data.cache = "keras", False, False
   # Keras shuffles arrays, never a dataset (its order is the pipeline's): so does tfdp, seeded.
   config.task.train_data.shuffle = bool(shuffle) and inputs.from_arrays
+  if shuffle == "batch" and inputs.from_arrays:  # Keras's HDF5 chunks: none here (a probe)
+    logging.warning(errors.as_caller("shuffle='batch' shuffles every example here, as "
+                                     "shuffle=True does (tfdp has no batch-chunk shuffle)"))
   if inputs.from_arrays and not config.task.train_data.shuffle_buffer:
     config.task.train_data.shuffle_buffer = inputs.train.num_examples  # Keras shuffles it all
   config.task.eval_flip, config.task.eval_translate, config.task.label_smoothing = False, 0, 0.0

@@ -423,6 +423,7 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
       count = min(count, validation_steps * batch_size)
       dataset = dataset.take(count)
   else:
+    _check_kind(validation_data, "validation_data")  # a generator's own line (a probe)
     raise fail("validation_data", f"is a {type(validation_data).__name__}",
                "pass (x_val, y_val), (x_val, y_val, sample_weight) or a tf.data.Dataset")
   if not count:
