@@ -12,7 +12,7 @@ from typing import Sequence
 from tfdp.config.loader import short_repr
 from tfdp.config.schema import (ALL_REDUCE, CROSS_DEVICE_OPS, DATA_SOURCES, LR_SCHEDULES,
                                 FLIPS, OPTIMIZERS, PRECISIONS, SHARD_POLICIES, STRATEGIES, DataConfig,
-                                ExperimentConfig)
+                                ExperimentConfig, TaskConfig)
 from tfdp.core import task as tasks
 from tfdp.errors import ConfigError
 
@@ -187,7 +187,7 @@ def validate(config: ExperimentConfig) -> None:
 def warn_unused_keys(task) -> None:
   """Settings the task never reads, set all the same (a probe: num_classes or augment on a text
   task did nothing, silently): named in one warning when the config is loaded."""
-  unused = tasks.task_class(task.name).unused_keys(task)
+  unused = tasks.task_class(task.name).unused_keys(task, TaskConfig())
   if unused:
     from absl import logging  # pylint: disable=g-import-not-at-top
     logging.warning("config: task '%s' does not read %s; they do nothing here (drop them)",

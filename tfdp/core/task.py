@@ -149,10 +149,9 @@ class Task:
     self.restoring = False
 
   @classmethod
-  def unused_keys(cls, config: TaskConfig) -> list[str]:
-    """The ignored_keys this config sets away from their defaults, as dotted config keys."""
-    from tfdp.config.schema import TaskConfig as Defaults  # pylint: disable=g-import-not-at-top
-    defaults, found = Defaults(), []
+  def unused_keys(cls, config: TaskConfig, defaults: TaskConfig) -> list[str]:
+    """The ignored_keys `config` sets away from `defaults` (the schema's), as dotted keys."""
+    found = []
     for key in cls.ignored_keys:
       sections = (("train_data", "eval_data") if key.startswith("data.") else ("",))
       for section in sections:

@@ -55,9 +55,8 @@ class ImageClassificationTask(tasks.Task):
                  "num_examples": ("synthetic",), "path": ("image_folder", "tfrecord")}
 
   @classmethod
-  def unused_keys(cls, config):
-    from tfdp.config.schema import TaskConfig  # pylint: disable=g-import-not-at-top
-    found, defaults = super().unused_keys(config), TaskConfig()
+  def unused_keys(cls, config, defaults):
+    found = super().unused_keys(config, defaults)
     for section in ("train_data", "eval_data"):
       data, default = getattr(config, section), getattr(defaults, section)
       for key, readers in cls.SOURCE_KEYS.items():
