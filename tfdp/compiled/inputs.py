@@ -230,15 +230,30 @@ def _unbatched(dataset, model_input_ranks, argument: str = "x"):
     for element in dataset.take(1):  # .batch(n) without drop_remainder: the first batch says n
       batch = int(tf.nest.flatten(element)[0].shape[0])
   elif not batch:  # its examples and its first batch in one pass: each pass is another order
-    sizes = batch_sizes(dataset)
-    count, batch = sum(sizes), (sizes[0] if sizes else 0)
-    if any(size < batch for size in sizes[:-1]):  # a short batch before the last (a probe)
+    count, batch, batches, shortest, _ = _batch_summary(dataset)
+    if batches > 1 and shortest < batch:  # a short batch before the last (a probe)
       logging.warning(errors.as_caller(
-          f"{argument}'s batches are uneven within the data (a batch of {min(sizes[:-1])} "
-          f"before its last): tfdp batches its examples by {batch}, {-(-count // batch)} steps "
-          f"where model.fit takes {len(sizes)}; batch after .repeat() or .concatenate() to keep "
-          "its steps"))
+          f"{argument}'s batches are uneven within the data (a batch of {shortest} before its "
+          f"last): tfdp batches its examples by {batch}, {-(-count // batch)} steps where "
+          f"model.fit takes {batches}; batch after .repeat() or .concatenate() to keep its "
+          "steps"))
   return dataset.unbatch(), batch, count
+
+
+def _batch_summary(dataset) -> tuple[int, ...]:
+  """(examples, first batch's size, batches, the shortest before the last, the last's size) of
+  a batched dataset, in one pass in the graph (a Python loop per batch is slow on big data)."""
+  tf = _tf()
+  sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
+  big = tf.constant(2**62, tf.int64)
+
+  def add(state, size):
+    count, first, batches, shortest, last = state
+    shortest = tf.where(batches > 0, tf.minimum(shortest, last), shortest)  # `last` is not now
+    return (count + size, tf.where(batches > 0, first, size), batches + 1, shortest, size)
+
+  zero = tf.constant(0, tf.int64)
+  return tuple(int(v) for v in sizes.reduce((zero, zero, zero, big, zero), _do_not_convert(add)))
 
 
 def batch_sizes(dataset, limit: int | None = None) -> list[int]:

@@ -185,7 +185,7 @@ def validate(config: ExperimentConfig) -> None:
 
 
 def warn_unused_keys(task) -> None:
-  """Settings the task never reads, set all the same (a probe: num_classes or augment on a text
+  """Settings the task never reads, set all the same (a probe: num_classes or mean on a text
   task did nothing, silently): named in one warning when the config is loaded."""
   unused = tasks.task_class(task.name).unused_keys(task, TaskConfig())
   if unused:
