@@ -54,6 +54,24 @@ def assert_one_line(line: str, *words: str) -> None:
     assert word in line, (word, line)
 
 
+# The start of the scripts below that compare against model.fit: 2 CPU replicas, 40 rows.
+TWO_REPLICAS = """
+import json, numpy as np, tfdp
+tfdp.make_strategy(cpu_replicas=2)
+import keras, tensorflow as tf
+x = np.random.RandomState(1).randn(40, 3).astype("float32")
+y = x.sum(1, keepdims=True)
+"""
+
+
+def run_script(code: str, cwd=None) -> subprocess.CompletedProcess:
+  """`code` (dedented) in a fresh Python process, which must exit 0."""
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                        text=True, env=helpers.env(), timeout=300, cwd=cwd)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
 @pytest.mark.parametrize("case", ["missing_class", "soft_labels"])
 def test_class_weight_maps_labels_as_keras_does(weights_result, case):
   """Seen failing on the code before: a class class_weight does not name took the last named
@@ -320,9 +338,7 @@ def test_a_peer_missing_from_the_copy_into_the_scope_is_named_as_such():
       except tfdp.TfdpError as error:
         print(type(error).__name__, error)
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_script(code)
   assert proc.stdout.strip() == (
       "GroupMustRestart tfdp.fit: a peer worker did not join the copy of the model into the "
       "strategy's scope (UnavailableError): every worker must make the same calls (tfdp.fit, "
@@ -371,9 +387,7 @@ def test_dropout_trains_alike_whether_the_model_was_built_in_the_scope_or_outsid
                                      zip(inside.get_weights(), outside.get_weights())),
                         "seeds": [seeds(inside), seeds(outside)]}))
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=300, cwd=tmp_path)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_script(code, tmp_path)
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result["apart"] < 1e-6, result
   inside, outside = result["seeds"]
@@ -384,12 +398,7 @@ def test_labels_in_a_one_element_list_train_a_model_of_one_output_as_model_fit(t
   """A probe: Model(i, [Dense(1)(i)]) compiled with ["mse"] and given y=[y] (or (x, (y,))
   elements) trains in model.fit; tfdp refused it: 'y does not fit the loss ... Expected an
   instance of tuple'. Seen failing on the old task.py (stash)."""
-  code = textwrap.dedent("""
-      import json, numpy as np, tfdp
-      tfdp.make_strategy(cpu_replicas=2)
-      import keras, tensorflow as tf
-      x = np.random.RandomState(1).randn(40, 3).astype("float32")
-      y = x.sum(1, keepdims=True)
+  code = TWO_REPLICAS + textwrap.dedent("""
       def build():
         keras.utils.set_random_seed(0)
         inputs = keras.Input((3,))
@@ -403,9 +412,7 @@ def test_labels_in_a_one_element_list_train_a_model_of_one_output_as_model_fit(t
       print(json.dumps([keras_loss, arrays.history["loss"], dataset.history["loss"],
                         build().evaluate(x, [y], verbose=0), tfdp.evaluate(build(), x, [y])]))
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=300, cwd=tmp_path)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_script(code, tmp_path)
   keras_loss, arrays, dataset, keras_eval, ours = json.loads(proc.stdout.strip().splitlines()[-1])
   assert arrays == pytest.approx(keras_loss, rel=1e-5) and dataset == pytest.approx(keras_loss,
                                                                                     rel=1e-5)
@@ -419,12 +426,7 @@ def test_a_dataset_batched_before_its_repeat_validates_exactly_and_warns_where_i
   or a finite dataset with a short batch mid-way was cut into other steps without a word.
   Validation now takes the examples of its first validation_steps batches; the rest is said.
   Seen failing on the old inputs.py (stash): 24 examples."""
-  code = textwrap.dedent("""
-      import json, numpy as np, tfdp
-      tfdp.make_strategy(cpu_replicas=2)
-      import keras, tensorflow as tf
-      x = np.random.RandomState(1).randn(40, 3).astype("float32")
-      y = x.sum(1, keepdims=True)
+  code = TWO_REPLICAS + textwrap.dedent("""
       def build():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -441,9 +443,7 @@ def test_a_dataset_batched_before_its_repeat_validates_exactly_and_warns_where_i
       print(json.dumps([keras_run.history["val_loss"], ours.history["val_loss"],
                         ours.final["eval_examples"]]))
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=300, cwd=tmp_path)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_script(code, tmp_path)
   keras_val, ours_val, examples = json.loads(proc.stdout.strip().splitlines()[-1])
   assert examples == 23 and ours_val == pytest.approx(keras_val, rel=1e-5)
   assert ("x's batches are uneven within the stream (a batch of 8 among the first 3): tfdp "
@@ -472,9 +472,7 @@ def test_a_generator_as_validation_data_and_shuffle_batch_are_said_as_such(tmp_p
         print(error)
       tfdp.fit(model, x, y, shuffle="batch", verbose=0, model_dir="b")
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=300, cwd=tmp_path)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_script(code, tmp_path)
   assert "validation_data is a generator" in proc.stdout and "from_generator" in proc.stdout, \
       proc.stdout
   assert "shuffle='batch' shuffles every example here" in proc.stderr, proc.stderr[-3000:]

@@ -137,10 +137,10 @@ def copy_seed_states(source, target) -> None:
   a model built in the scope (a probe), and the user's model did not go on from training's."""
   def states(model):  # the variable Keras's SeedGenerator keeps its state in, in model order
     return [v for v in model.variables if v.name == "seed_generator_state"]
-  pairs = list(zip(states(source), states(target)))
-  if len(pairs) == len(states(source)) == len(states(target)):
-    for mine, theirs in pairs:
-      theirs.assign(mine.value)
+  mine, theirs = states(source), states(target)
+  if len(mine) == len(theirs):
+    for state, copy in zip(mine, theirs):
+      copy.assign(state.value)
 
 
 def _all_layers(model):

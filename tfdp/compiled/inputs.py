@@ -200,14 +200,15 @@ def _content_digest(parts) -> str | None:
   return resume.arrays_digest(_tf().nest.flatten(parts))
 
 
-def _unbatched(dataset, model_input_ranks, argument: str = "x"):
+def _unbatched(dataset, model_input_ranks, argument: str = "x", steps: int = 0):
   """A dataset Keras would take batched (its leading dimension unknown, or matching the model's
   input rank) is unbatched here: tfdp batches with the global batch. Returns (dataset, its batch
-  size or 0, its examples where finding the batch size counted them, else None)."""
+  size or 0, its examples where finding the batch size counted them, else None, the sizes of
+  its first `steps` batches where finding the batch size read them, else None)."""
   tf = _tf()
   specs = [s for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
   if not specs:
-    return dataset, 0, None
+    return dataset, 0, None, None
   leading = [s.shape[0] if s.shape.rank else -1 for s in specs]
   batched = all(d is None for d in leading)
   if not batched and len(set(leading)) == 1 and leading[0] not in (None, -1):  # drop_remainder?
@@ -223,12 +224,14 @@ def _unbatched(dataset, model_input_ranks, argument: str = "x"):
           f"tell by: taken as batches of {leading[0]}, as Keras takes a dataset (unbatched "
           "examples: give the model a keras.Input, or .batch() the dataset yourself)"))
   if not batched:
-    return dataset, 0, None
+    return dataset, 0, None, None
   batch = leading[0] if leading[0] not in (None, -1) else 0
-  count = None
+  count = first_sizes = None
   if not batch and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
-    for element in dataset.take(1):  # .batch(n) without drop_remainder: the first batch says n
-      batch = int(tf.nest.flatten(element)[0].shape[0])
+    # .batch(n) without drop_remainder: the first batch says n; the first `steps` batches are
+    # read in the same pass (each pass of a reshuffling dataset is another order)
+    first_sizes = _batch_sizes(dataset, max(steps, 1))
+    batch = first_sizes[0]
   elif not batch:  # its examples and its first batch in one pass: each pass is another order
     count, batch, batches, shortest, _ = _batch_summary(dataset)
     if batches > 1 and shortest < batch:  # a short batch before the last (a probe)
@@ -237,14 +240,13 @@ def _unbatched(dataset, model_input_ranks, argument: str = "x"):
           f"last): tfdp batches its examples by {batch}, {-(-count // batch)} steps where "
           f"model.fit takes {batches}; batch after .repeat() or .concatenate() to keep its "
           "steps"))
-  return dataset.unbatch(), batch, count
+  return dataset.unbatch(), batch, count, first_sizes
 
 
 def _batch_summary(dataset) -> tuple[int, ...]:
   """(examples, first batch's size, batches, the shortest before the last, the last's size) of
   a batched dataset, in one pass in the graph (a Python loop per batch is slow on big data)."""
   tf = _tf()
-  sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
   big = tf.constant(2**62, tf.int64)
 
   def add(state, size):
@@ -253,16 +255,21 @@ def _batch_summary(dataset) -> tuple[int, ...]:
     return (count + size, tf.where(batches > 0, first, size), batches + 1, shortest, size)
 
   zero = tf.constant(0, tf.int64)
-  return tuple(int(v) for v in sizes.reduce((zero, zero, zero, big, zero), _do_not_convert(add)))
+  return tuple(int(v) for v in _sizes(dataset).reduce((zero, zero, zero, big, zero),
+                                                      _do_not_convert(add)))
 
 
-def batch_sizes(dataset, limit: int | None = None) -> list[int]:
+def _batch_sizes(dataset, limit: int | None = None) -> list[int]:
   """The sizes of a batched dataset's batches (its first `limit`), in one pass."""
-  tf = _tf()
   if limit is not None:
     dataset = dataset.take(limit)
-  sizes = dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
-  return [int(size) for size in sizes.as_numpy_iterator()]
+  return [int(size) for size in _sizes(dataset).as_numpy_iterator()]
+
+
+def _sizes(dataset):
+  """Each batch's size (its first part's leading dimension)."""
+  tf = _tf()
+  return dataset.map(_do_not_convert(lambda *e: tf.shape(tf.nest.flatten(e)[0], tf.int64)[0]))
 
 
 def _do_not_convert(fn):
@@ -358,7 +365,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
                  "pass validation_data=<a dataset> instead")
     if labels:
       _check_has_labels(x, "x")
-    dataset, dataset_batch, counted = _unbatched(x, model_input_ranks)
+    dataset, dataset_batch, counted, first_sizes = _unbatched(x, model_input_ranks,
+                                                              steps=steps_per_epoch or 0)
     if batch_size and dataset_batch and batch_size != dataset_batch:  # Keras ignores it too
       logging.warning(errors.as_caller(f"batch_size={batch_size} is not used: x is a dataset "
                                        f"batched by {dataset_batch}, whose batches decide, as "
@@ -366,8 +374,8 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
     global_batch = dataset_batch or batch_size or DEFAULT_BATCH_SIZE
     # One stream for the whole run, as Keras's one iterator: epoch 2 goes on where epoch 1 ended.
     repeats = int(dataset.cardinality()) == _tf().data.INFINITE_CARDINALITY
-    if repeats and steps_per_epoch and dataset_batch:
-      _check_even_stream(x, steps_per_epoch, dataset_batch)
+    if repeats and steps_per_epoch and first_sizes:
+      _check_even_stream(first_sizes, steps_per_epoch, dataset_batch)
     dataset, count = _count(dataset, (steps_per_epoch or 0) * epochs, global_batch, "x",
                             steps_name, counted)
     from_arrays, validation = False, None
@@ -400,11 +408,10 @@ def make_inputs(x, y=None, *, batch_size=None, sample_weight=None, class_weight=
   return KerasData(train, validation, global_batch, from_arrays, validation_batch_size or 0)
 
 
-def _check_even_stream(dataset, steps_per_epoch: int, batch: int) -> None:
-  """A repeating dataset batched before its repeat (a short batch each pass): tfdp cuts its
-  stream into steps of `batch` examples, so an epoch holds other examples than model.fit's
-  (a probe), said in one warning."""
-  sizes = batch_sizes(dataset, steps_per_epoch)
+def _check_even_stream(sizes: list[int], steps_per_epoch: int, batch: int) -> None:
+  """A repeating dataset batched before its repeat (a short batch each pass; `sizes`: its first
+  steps_per_epoch batches'): tfdp cuts its stream into steps of `batch` examples, so an epoch
+  holds other examples than model.fit's (a probe), said in one warning."""
   if any(size != batch for size in sizes):
     logging.warning(errors.as_caller(
         f"x's batches are uneven within the stream (a batch of {min(sizes)} among the first "
@@ -421,14 +428,15 @@ def _validation_source(validation_data, validation_steps, batch_size, model_inpu
   if is_dataset(validation_data):
     if labels:
       _check_has_labels(validation_data, "validation_data")
-    dataset, dataset_batch, counted = _unbatched(validation_data, model_input_ranks,
-                                                 "validation_data")
+    dataset, dataset_batch, counted, first_sizes = _unbatched(
+        validation_data, model_input_ranks, "validation_data", validation_steps or 0)
     batch = dataset_batch or batch_size
     dataset, count = _count(dataset, validation_steps or 0, batch, "validation_data",
                             "validation_steps", counted)
     if validation_steps:  # Keras evaluates the first validation_steps batches: their examples
-      count = min(count, sum(batch_sizes(validation_data, validation_steps)) if dataset_batch
-                  else validation_steps * batch)  # (a probe: a short one's gap was refilled)
+      if dataset_batch:  # their own sizes (a probe: a short one's gap was refilled)
+        first_sizes = first_sizes or _batch_sizes(validation_data, validation_steps)
+      count = min(count, sum(first_sizes) if dataset_batch else validation_steps * batch)
       dataset = dataset.take(count)
   elif isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):  # as Keras
     dataset, count, content = _from_arrays(
@@ -452,7 +460,7 @@ def predict_source(x, model_input_ranks=()) -> data_lib.Source:
     raise fail("x", "is None", "pass the inputs to predict")
   content = None  # a dataset's contents are read, not digested
   if is_dataset(x):
-    dataset, _, counted = _unbatched(x, model_input_ranks)
+    dataset, _, counted, _ = _unbatched(x, model_input_ranks)
     dataset, count = _count(dataset, 0, 1, "x", "steps", counted)
   else:
     dataset, count, content = _from_arrays(x, None, None, "x")

@@ -149,19 +149,27 @@ class Task:
     self.restoring = False
 
   @classmethod
+  def ignored_data_keys(cls, data: DataConfig) -> tuple[str, ...]:
+    """Keys of one data section this task never reads with that section's source (an image
+    source's keys another image source does not read), beside ignored_keys."""
+    del data
+    return ()
+
+  @classmethod
   def unused_keys(cls, config: TaskConfig, defaults: TaskConfig) -> list[str]:
-    """The ignored_keys `config` sets away from `defaults` (the schema's), as dotted keys."""
-    found = []
-    for key in cls.ignored_keys:
-      sections = (("train_data", "eval_data") if key.startswith("data.") else ("",))
-      for section in sections:
-        path = f"{section}.{key[len('data.'):]}" if section else key
-        value, default = config, defaults
-        for part in path.split("."):
-          value, default = getattr(value, part), getattr(default, part)
-        if value != default and value:  # false, 0 or empty: off, as good as unset
-          found.append(f"task.{path}")
-    return found
+    """The ignored keys `config` sets away from `defaults` (the schema's), as dotted keys."""
+    def set_here(path: str) -> bool:
+      value, default = config, defaults
+      for part in path.split("."):
+        value, default = getattr(value, part), getattr(default, part)
+      return bool(value) and value != default  # false, 0 or empty: off, as good as unset
+    sections = ("train_data", "eval_data")
+    paths = [f"{section}.{key[len('data.'):]}" if key.startswith("data.") else key
+             for key in cls.ignored_keys
+             for section in (sections if key.startswith("data.") else ("",))]
+    paths += [f"{section}.{key}" for section in sections
+              for key in cls.ignored_data_keys(getattr(config, section))]
+    return [f"task.{path}" for path in paths if set_here(path)]
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

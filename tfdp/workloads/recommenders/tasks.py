@@ -436,8 +436,7 @@ class RetrievalTask(MatrixFactorizationTask):
     # probability at 1/2 and taught popular items less.
     labels = tf.range(tf.shape(logits)[0])
     same_item = tf.equal(batch["item"][:, None], batch["item"][None, :])
-    accidental = tf.logical_and(same_item, tf.logical_not(tf.cast(tf.eye(tf.shape(labels)[0]),
-                                                                  tf.bool)))
+    accidental = tf.logical_and(same_item, tf.not_equal(labels[:, None], labels[None, :]))
     masked = tf.logical_or(accidental, (batch["weight"] <= 0.0)[None, :])
     logits += tf.cast(masked, tf.float32) * -1e9
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)

@@ -55,17 +55,10 @@ class ImageClassificationTask(tasks.Task):
                  "num_examples": ("synthetic",), "path": ("image_folder", "tfrecord")}
 
   @classmethod
-  def unused_keys(cls, config, defaults):
-    found = super().unused_keys(config, defaults)
-    for section in ("train_data", "eval_data"):
-      data, default = getattr(config, section), getattr(defaults, section)
-      for key, readers in cls.SOURCE_KEYS.items():
-        value = getattr(data, key)
-        sliced = key == "split" and "[" in value  # said by checks.warn_unused_slices
-        if (data.source not in readers and value and value != getattr(default, key)
-            and not sliced):
-          found.append(f"task.{section}.{key}")
-    return found
+  def ignored_data_keys(cls, data):
+    sliced = "[" in data.split  # said by checks.warn_unused_slices
+    return tuple(key for key, readers in cls.SOURCE_KEYS.items()
+                 if data.source not in readers and not (key == "split" and sliced))
 
   @classmethod
   def check_source(cls, data, key):
