@@ -323,12 +323,15 @@ class Controller:
       if used:
         logging.info("precise BatchNorm: statistics of %d training batches", used)
 
-  def _preempted(self, stop: StopRequest, step: int) -> Preempted:
-    name = signal.Signals(stop.signum).name if stop.signum else "a peer's SIGTERM"
+  def _preempted(self, stop: StopRequest, step: int, asked_here: bool) -> Preempted:
+    """`asked_here`: this worker's flag fed the agreed stop. A signal of its own that landed
+    after the agreement (the launcher stopping the group once the asked worker left) does not
+    make it the asked one."""
+    signum = (stop.signum or signal.SIGTERM) if asked_here else signal.SIGTERM
+    name = signal.Signals(signum).name if asked_here else "a peer's SIGTERM"
     logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
     said = errors.terms().preempted.format(model_dir=self.trainer.write_plan.model_dir)
-    return Preempted(step, stop.signum or signal.SIGTERM, said, why=name,
-                     by_peer=not stop.signum)
+    return Preempted(step, signum, said, why=name, by_peer=not asked_here)
 
   def _evaluate_if_due(self, epoch: int, step: int, row: dict) -> None:
     if not self._eval_due(epoch, step):
@@ -424,7 +427,7 @@ class Controller:
           t0 = time.time()
           watchdog.loop_started()
           _hang_if_asked(step)
-          loop, stop_agreed, n = trainer.run_steps(iterator, n)  # n: fewer when stopped early
+          loop, stop_agreed, asked_here, n = trainer.run_steps(iterator, n)  # n: fewer if stopped
           seconds = time.time() - t0
           watchdog.loop_ended(seconds)
           if epoch_sums is None:
@@ -443,7 +446,7 @@ class Controller:
                           {"learning_rate": lr, "examples_per_sec": examples_per_sec})
           if stop_agreed and step < epoch_end:  # a worker was asked to stop: all save here
             trainer.save()
-            raise self._preempted(stop, step)
+            raise self._preempted(stop, step, asked_here)
           if (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0
               and step < epoch_end):  # an epoch's end saves below, after precise BN
             trainer.save()
@@ -468,7 +471,7 @@ class Controller:
         if stop_agreed and step < total:  # with the epoch's last step (the last loop's flag):
           # ended as any other epoch (its checkpoint, evaluation and row), the resume starts
           # with the next; on the run's last step the run finishes (its export, train_end)
-          raise self._preempted(stop, step)
+          raise self._preempted(stop, step, asked_here)
         if stop_agreed:
           logging.info("a stop was asked on the run's last step (%d): finishing the run", step)
         if stopped_by_hook and step < total:

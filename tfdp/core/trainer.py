@@ -328,12 +328,11 @@ class Trainer:
         with strategy.scope():
           self._lookahead.start(self._step)
 
-      def not_done(taken, totals, stopped):
-        del totals
+      def not_done(taken, totals, stopped, asked_here):  # pylint: disable=unused-argument
         return tf.logical_and(taken < tf.cast(num_steps, tf.int64), tf.logical_not(stopped))
 
-      def one_step(taken, totals, stopped):
-        del stopped
+      def one_step(taken, totals, stopped, asked_here):
+        del stopped, asked_here
         batches = tuple(next(iterator) for _ in range(self.accumulation_steps))
         # Read every step (the signal thread sets it while this runs): a stop is agreed after
         # the step it reaches every worker in, whatever steps_per_loop is.
@@ -343,16 +342,17 @@ class Trainer:
         if self._lookahead is not None:  # cross-replica context: every copy alike
           with strategy.scope():
             self._lookahead.after_step(self._step + taken)
-        # The same sum on every replica and worker: all leave after this step.
-        return taken, totals, strategy.experimental_local_results(totals)[0][-1] > 0
+        # The same sum everywhere: all leave after this step; this worker's flag names the stop.
+        return taken, totals, strategy.experimental_local_results(totals)[0][-1] > 0, flag > 0
 
-      taken, totals, _ = tf.while_loop(
-          not_done, one_step, (tf.constant(0, tf.int64), totals, tf.constant(False)))
+      taken, totals, _, asked_here = tf.while_loop(
+          not_done, one_step,
+          (tf.constant(0, tf.int64), totals, tf.constant(False), tf.constant(False)))
       self._step.assign_add(taken)
       # BatchNorm statistics drift per replica in Keras 3: average them once per loop, so
       # evaluation, checkpoints and export always see one value (see compat.py).
       strategy.run(lambda: compat.average_across_replicas(self._replica_local))
-      return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None), taken
+      return strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None), taken, asked_here
 
     return tf.function(compat.custom_gradients_dropped(train_loop), autograph=False)
 
@@ -540,13 +540,13 @@ class Trainer:
     self._train_loop.get_concrete_function(iterator, tf.constant(1))
     return time.perf_counter() - started
 
-  def run_steps(self, iterator, num_steps: int) -> tuple[MetricSums, bool, int]:
+  def run_steps(self, iterator, num_steps: int) -> tuple[MetricSums, bool, bool, int]:
     """Runs up to num_steps training steps (one compiled call) from a distributed iterator.
     Returns their summed metrics, whether a worker asked to stop (request_stop; agreed by the
-    all-reduce, the loop then left early) and the steps taken."""
-    sums, taken = self._train_loop(iterator, tf.constant(num_steps))
+    all-reduce, the loop then left early), whether this worker's flag fed it, and the steps."""
+    sums, taken, asked_here = self._train_loop(iterator, tf.constant(num_steps))
     sums = sums.numpy()
-    return self.metric_sums(sums[:-1]), bool(sums[-1] > 0), int(taken)
+    return self.metric_sums(sums[:-1]), bool(sums[-1] > 0), bool(asked_here), int(taken)
 
   def request_stop(self, requested: bool = True) -> None:
     """Thread-safe: the running loop leaves after the step every worker has seen it in."""
