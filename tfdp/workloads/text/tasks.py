@@ -107,9 +107,6 @@ def _check_text_task(config: TaskConfig) -> None:
     raise ConfigError(f"task.model.kwargs {unknown} are not BERT settings; use "
                       f"{', '.join(BERT_KWARGS)} (task.model.kwargs={{}} in a --params_override "
                       "of its own drops a file's).")
-  if config.label_smoothing:  # BERT's losses are sparse: a setting that would do nothing, said
-    raise ConfigError(f"config key 'task.label_smoothing' is {config.label_smoothing}, but task "
-                      f"'{config.name}' does not smooth its labels; set it to 0.")
   max_length = config.model.kwargs.get("max_sequence_length", 512)
   if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
     raise ConfigError(f"task.model.kwargs.max_sequence_length must be a whole number of at least "
@@ -196,7 +193,9 @@ def _check_saved_vocabulary(config: TaskConfig, folder: str, context: tasks.Save
 class _BertTask(tasks.Task):
   """What both text tasks share: the vocabulary, the tokenizer and the encoder."""
 
-  ignored_keys = (*tasks.IMAGE_DATA_KEYS, *tasks.INTERACTION_DATA_KEYS, "recommender")
+  # label_smoothing: BERT's losses are sparse (warned, as the recommenders warn it)
+  ignored_keys = (*tasks.IMAGE_DATA_KEYS, *tasks.INTERACTION_DATA_KEYS, "recommender",
+                  "label_smoothing")
 
   @classmethod
   def check_source(cls, data: DataConfig, key: str) -> None:
