@@ -443,6 +443,21 @@ def model_case() -> dict:
     out["policy_after"] = keras.config.dtype_policy().name
   finally:
     keras.config.set_dtype_policy("float32")
+  # mixed_float16, fitted twice: the second goes on with the loss-scale optimizer's state.
+  keras.config.set_dtype_policy("mixed_float16")
+  try:
+    for in_scope in (False, True):
+      reference, ours = compiled(adam, in_scope=False), compiled(adam, in_scope=in_scope)
+      keras_losses = [reference.fit(X, Y, epochs=1, **ARGS).history["loss"][0] for _ in range(2)]
+      losses = [tfdp.fit(ours, X, Y, epochs=1, model_dir=f"runs/float16_{in_scope}_{i}",
+                         **ARGS).history["loss"][0] for i in range(2)]
+      out[f"float16_twice_in_scope_{in_scope}"] = {
+          "keras": keras_losses, "tfdp": losses,
+          "variables": [len(reference.optimizer.variables), len(ours.optimizer.variables)],
+          "iterations": [int(reference.optimizer.iterations.numpy()),
+                         int(ours.optimizer.iterations.numpy())]}
+  finally:
+    keras.config.set_dtype_policy("float32")
   import yaml  # pylint: disable=g-import-not-at-top
   with open("runs/bfloat16/config.yaml") as f:
     out["policy_recorded"] = yaml.safe_load(f)["runtime"]["mixed_precision"]

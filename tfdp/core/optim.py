@@ -130,7 +130,8 @@ def adopt_optimizer(optimizer, model):
   with its own all-reduce off while tfdp trains (compat.restore_optimizer_all_reduce gives it
   back afterwards). Call inside strategy.scope()."""
   check_compiled_optimizer(optimizer)
-  optimizer.build(model.trainable_variables)
+  if not optimizer.built:  # as Keras's fit: LossScaleOptimizer.build has no guard of its own
+    optimizer.build(model.trainable_variables)  # (a second scale and step counter, reset)
   compat.skip_optimizer_all_reduce(optimizer)
   return optimizer
 
