@@ -1,6 +1,7 @@
 """tfdp.fit cases for tests/test_keras_fit.py, one process each: `python keras_fit_cases.py CASE
 OUT_JSON [replicas]`. Under tfdp-launch every worker runs the same case (TF_CONFIG set)."""
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -349,6 +350,40 @@ def parity_case():
                        **arguments)
     out[name] = {"history": history.history, "weights": model.get_weights(),
                  "steps": history.params["steps"]}
+  # The same model_dir again goes on from the weights EarlyStopping restored, as model.fit
+  # goes on from the model: the finished run (3 epochs) returns them, a 4th epoch trains on.
+  again = {}
+  for name in ("in_scope", "cloned"):
+    model = compiled(name == "in_scope")
+    tfdp.fit(model, x, y, callbacks=callbacks(), model_dir=f"runs/again_{name}", **arguments)
+    handed_back = model.get_weights()
+    arguments_again = {**arguments, "epochs": 3}
+    tfdp.fit(model, x, y, model_dir=f"runs/again_{name}", **arguments_again)
+    finished = max(float(np.abs(a - b).max()) for a, b in zip(handed_back, model.get_weights()))
+    history = tfdp.fit(model, x, y, model_dir=f"runs/again_{name}", **arguments)  # epochs=4
+    again[name] = {"finished": finished, "loss": history.history["loss"],
+                   "weights": model.get_weights()}
+  keras_again = reference_after_stop = compiled(in_scope=False)
+  reference_after_stop.fit(x, y, callbacks=callbacks(), **arguments)
+  keras_history = keras_again.fit(x, y, **{**arguments, "epochs": 1})
+  again["keras"] = {"loss": keras_history.history["loss"], "weights": keras_again.get_weights()}
+  out["again"] = again
+  # A layer frozen in on_train_begin stays frozen, as in model.fit; a History among the
+  # callbacks is the one fit returns.
+  class Freeze(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+      self.model.layers[0].trainable = False
+
+  frozen = {}
+  for name in ("keras", "in_scope", "cloned"):
+    model = compiled(name == "in_scope")
+    given = keras.callbacks.History()
+    fit = model.fit if name == "keras" else functools.partial(
+        tfdp.fit, model, model_dir=f"runs/frozen_{name}")
+    returned = fit(x, y, callbacks=[Freeze(), given], **{**arguments, "epochs": 2})
+    frozen[name] = {"loss": returned.history["loss"], "weights": model.get_weights(),
+                    "returned_given": returned is given}
+  out["frozen"] = frozen
   # steps_per_epoch: epochs of 2 steps within one pass of arrays (6 batches), and epochs of 4
   # steps going on across the passes of a dataset that repeats for ever.
   stream = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)

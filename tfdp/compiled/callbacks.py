@@ -83,10 +83,12 @@ class KerasCallbacks:
                finalize=None, validation_freq: int | tuple = 1):
     import keras  # pylint: disable=g-import-not-at-top
     self.model, self.steps_per_epoch = model, steps_per_epoch
-    self.history = keras.callbacks.History()
+    # A History among the callbacks is the one fit returns (the last, as Keras's CallbackList)
+    given = [c for c in callbacks if isinstance(c, keras.callbacks.History)]
+    self.history = given[-1] if given else keras.callbacks.History()
     self.callbacks = keras.callbacks.CallbackList(  # Keras's params, as model.fit sets them
-        [*callbacks, self.history], add_history=False, add_progbar=False, model=model,
-        verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+        [*callbacks, *([] if given else [self.history])], add_history=False, add_progbar=False,
+        model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     self.started = False
     self.finalize = finalize  # model.fit's optimizer.finalize_variable_values, before train_end
     self.terminate_on_nan = terminates_on_nan(callbacks)
@@ -98,14 +100,17 @@ class KerasCallbacks:
       return (epoch + 1) % self.validation_freq == 0
     return epoch + 1 in self.validation_freq
 
-  def _begin(self) -> None:
+  def train_begin(self) -> None:
+    """on_train_begin, once: the controller calls it before the training loop is traced, so
+    what a callback changes there (a layer's `trainable`) is in the traced step, as in
+    model.fit (a review: a layer frozen there trained all the same)."""
     if not self.started:
       self.started = True
       self.model.stop_training = False
       self.callbacks.on_train_begin()
 
   def epoch_begin(self, epoch: int) -> None:
-    self._begin()
+    self.train_begin()
     self.callbacks.on_epoch_begin(epoch)
 
   def evaluation_begin(self) -> None:  # model.fit's validation: SwapEMAWeights swaps here
@@ -134,7 +139,7 @@ class KerasCallbacks:
     logging.warning(errors.as_caller(
         f"TerminateOnNaN: {error}; training ends here and fit returns its History, as "
         "model.fit does (the model keeps the weights it diverged with)"))
-    self._begin()
+    self.train_begin()
     self.model.stop_training = True
     row = {}
     if error.epoch is not None:

@@ -272,7 +272,7 @@ class Controller:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (apps import this first)
     self.trainer = trainer
     # Extras as callables (Orbit): hooks.epoch_begin(epoch), hooks.epoch_end(epoch, row) -> stop,
-    # hooks.train_end(row), and if it has them hooks.evaluation_begin(),
+    # hooks.train_end(row), and if it has them hooks.train_begin(), hooks.evaluation_begin(),
     # hooks.evaluation_end(values) and hooks.validation_due(epoch); every worker calls them with
     # the same all-reduced row, so a stop decided from it is the same everywhere (tfdp.fit's
     # Keras callbacks).
@@ -412,6 +412,8 @@ class Controller:
         logging.info("start-up: %.1f s from process start to the first training step (imports, "
                      "cluster, data plan, model build, restore; the loop is traced next)",
                      logs.process_age_seconds())
+      if self.hooks is not None and hasattr(self.hooks, "train_begin"):
+        self.hooks.train_begin()  # before the trace: what it changes is in the traced step
       if step < total:
         logging.info("traced the training loop in %.1f s", trainer.trace_train_loop(iterator))
       while step < total:
@@ -481,6 +483,10 @@ class Controller:
           break
       if self.hooks is not None:
         self.hooks.train_end(last_row)
+        # Callbacks act after the last save (EarlyStopping's restored best weights, a learning
+        # rate, use_ema's average): saved again, the same model_dir goes on from the model as
+        # it was handed back, as model.fit goes on from the model (a review).
+        trainer.save()
     finally:
       if profile is not None:
         profile.stop(step)
