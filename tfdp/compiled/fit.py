@@ -135,9 +135,8 @@ def copy_seed_states(source, target) -> None:
   """Random layers' seed states (Dropout's SeedGenerator), which get_weights leaves out: a copy
   made in the scope drew new ones, so one seed trained another Dropout sequence there than in
   a model built in the scope (a probe), and the user's model did not go on from training's."""
-  def states(model):  # the variable Keras's SeedGenerator keeps its state in, in model order
-    return [v for v in model.variables if v.name == "seed_generator_state"]
-  mine, theirs = states(source), states(target)
+  from tfdp.core import model_walk  # pylint: disable=g-import-not-at-top
+  mine, theirs = model_walk.seed_states(source), model_walk.seed_states(target)
   if len(mine) == len(theirs):
     for state, copy in zip(mine, theirs):
       copy.assign(state.value)

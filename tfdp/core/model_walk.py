@@ -1,5 +1,5 @@
 """Every layer of a Keras model, nested models' too: what the trainer's BatchNorm and activity
-regularization steps look for."""
+regularization steps look for; its random layers' seed states."""
 from __future__ import annotations
 
 
@@ -13,3 +13,9 @@ def every_layer(model) -> list:
       found.append(layer)
       stack.extend(getattr(layer, "layers", []))
   return found
+
+
+def seed_states(model) -> list:
+  """The variables Keras's SeedGenerators keep their state in (Dropout's), in model order:
+  get_weights and a checkpoint of the model leave them out."""
+  return [v for v in model.variables if v.name == "seed_generator_state"]

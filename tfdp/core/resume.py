@@ -491,3 +491,19 @@ def check_workers_restored_alike(config, model_dir: str, cluster, restored_step:
   theirs, first = short_repr(states[rank].get(key), 60), short_repr(states[0].get(key), 60)
   raise errors.ClusterError(f"workers disagree after restore and data planning: worker {rank} "
                             f"has {key}={theirs} but worker 0 has {first}; {fix}.")
+
+
+def describe_restore_error(error: Exception) -> str:
+  """TensorFlow's restore errors, as the one fact a user needs: which variable does not fit."""
+  text = " ".join((getattr(error, "message", None) or str(error) or type(error).__name__).split())
+  keras_shapes = re.search(r"variable\.shape=(\(.*?\)), Received: value\.shape=(\(.*?\))\. "
+                           r"Target variable: <Variable path=([^,]+),", text)
+  if keras_shapes:
+    here, saved, name = keras_shapes.groups()
+    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
+  tf_shapes = re.search(r"incompatible tensor with shape (\S+) when attempting to restore "
+                        r"variable with shape (\S+) and name (\S+?)\.?(?: |$)", text)
+  if tf_shapes:
+    saved, here, name = tf_shapes.groups()
+    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
+  return f"{type(error).__name__}: {text[:300]}"

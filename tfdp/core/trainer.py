@@ -78,22 +78,6 @@ def _add_gradients(a, b):
   return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
-def describe_restore_error(error: Exception) -> str:
-  """TensorFlow's restore errors, as the one fact a user needs: which variable does not fit."""
-  text = " ".join((getattr(error, "message", None) or str(error) or type(error).__name__).split())
-  keras_shapes = re.search(r"variable\.shape=(\(.*?\)), Received: value\.shape=(\(.*?\))\. "
-                           r"Target variable: <Variable path=([^,]+),", text)
-  if keras_shapes:
-    here, saved, name = keras_shapes.groups()
-    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
-  tf_shapes = re.search(r"incompatible tensor with shape (\S+) when attempting to restore "
-                        r"variable with shape (\S+) and name (\S+?)\.?(?: |$)", text)
-  if tf_shapes:
-    saved, here, name = tf_shapes.groups()
-    return f"variable {name} has shape {here} in this model but {saved} in the checkpoint"
-  return f"{type(error).__name__}: {text[:300]}"
-
-
 class MetricSums:
   """A task's metrics as named weighted sums, each with its own denominator, summed over
   replicas and steps and divided only when read; `examples` counts real (weight > 0) examples."""
@@ -219,8 +203,10 @@ class Trainer:
     self._gradient_multipliers = [multiplier if id(v) in betas else None
                                   for v in self.model.trainable_variables]
     extra = {"lookahead": self._lookahead} if self._lookahead is not None else {}
-    self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                          step=self._step, **extra)
+    seeds = model_walk.seed_states(self.model)  # a resume goes on with Dropout's masks (a probe)
+    self._checkpoint_parts = {"model": self.model, "optimizer": self.optimizer,
+                              "step": self._step, **extra, **({"seeds": seeds} if seeds else {})}
+    self.checkpoint = tf.train.Checkpoint(**self._checkpoint_parts)
     # A non-chief's copies are never read: it keeps none (see save) beyond the one being written.
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, write_plan.checkpoint_dir,
@@ -379,7 +365,7 @@ class Trainer:
     reads the chief's); None: a fresh start. `to_evaluate`: --mode=eval, which resumes nothing."""
     if latest:
       try:
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        self._checkpoint_of(latest).restore(latest).assert_existing_objects_matched()
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
         config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
         own = (f"give this run the config it trained with ({errors.terms().config_files}={config}) "
@@ -387,7 +373,7 @@ class Trainer:
                if os.path.exists(config) and not outputs.is_fit_record(config) else "")
         raise OutputError(
             f"checkpoint '{latest}' cannot be resumed by this run "
-            f"({describe_restore_error(e)}); if it is another model's or config's, {own}use "
+            f"({resume.describe_restore_error(e)}); if it is another model's or config's, {own}use "
             f"another {errors.terms().model_dir}; if it is damaged, "
             f"{outputs.older_checkpoint_fix(latest)}."
         ) from None
@@ -397,6 +383,16 @@ class Trainer:
     return self.global_step
 
   _restored = ()  # the step of the chief's checkpoint the run resumed from, on every worker
+
+  def _checkpoint_of(self, latest: str):
+    """The checkpoint object that restores `latest`: one saved before tfdp kept the seed states
+    has none, and resumes with new random masks (said)."""
+    if "seeds" not in self._checkpoint_parts or any(
+        name.startswith("seeds/") for name, _ in tf.train.list_variables(latest)):
+      return self.checkpoint
+    logging.warning("%s holds no seed states of the model's random layers (saved by an older "
+                    "tfdp): Dropout draws new masks from here on", latest)
+    return tf.train.Checkpoint(**{k: v for k, v in self._checkpoint_parts.items() if k != "seeds"})
 
   @property
   def last_saved_step(self) -> int | None:
