@@ -319,10 +319,14 @@ def test_a_home_folder_path_is_expanded_in_path_keys_only(monkeypatch, tmp_path)
   tfdp/config/__init__.py (the path stayed '~/imgs')."""
   monkeypatch.setenv("HOME", str(tmp_path))
   config = config_lib.load_config([], [
-      "task.train_data.path=~/imgs,task.init_checkpoint=~/runs/mlm,task.text.vocab_path=~/v.txt,"
-      "task.model.kwargs={path: ~/x}"])
+      "task.train_data.path=~/imgs,task.text.vocab_path=~/v.txt,task.model.kwargs={path: ~/x}"])
   assert config.task.train_data.path == str(tmp_path / "imgs")
-  assert config.task.init_checkpoint == str(tmp_path / "runs" / "mlm")
+  warm = config_lib.load_config([], [  # a task that warm-starts (an image task refuses it)
+      "task.name=matrix_factorization,task.train_data.source=interactions,"
+      "task.eval_data.source=interactions,task.train_data.label_column=r,"
+      "task.eval_data.label_column=r,task.train_data.path=r.csv,task.eval_data.path=r.csv,"
+      "task.model.kwargs={},task.init_checkpoint=~/runs/mlm"])
+  assert warm.task.init_checkpoint == str(tmp_path / "runs" / "mlm")
   assert config.task.text.vocab_path == str(tmp_path / "v.txt")
   assert config.task.model.kwargs == {"path": "~/x"}
 
@@ -350,11 +354,15 @@ def test_numpy_numbers_in_params_are_taken_as_keras_takes_them():
      "task.eval_data.source=interactions,task.train_data.label_column=r,"
      "task.eval_data.label_column=r,task.recommender.oov_buckets=-2",
      "'task.recommender.oov_buckets' is -2; give 0 or more rows"),
+    # a probe: said after TensorFlow had started, the strategy built and the data planned
+    ("task.init_checkpoint=/some/run",
+     "task 'image_classification' has no encoder to warm-start; remove task.init_checkpoint."),
 ])
 def test_settings_that_would_do_nothing_or_fail_late_are_refused_as_the_config_loads(setting,
                                                                                       words):
   """A review: negative or unordered decay_epochs were taken; oov_buckets=-2 failed after
-  TensorFlow started, without the key's name. Seen failing: no error for each. (A BERT task's
+  TensorFlow started, without the key's name; so was an image task's init_checkpoint. Seen
+  failing: no error for each. (A BERT task's
   label_smoothing, refused here before, is now warned as every task warns a key it never
   reads: test_settings_a_task_never_reads_are_named_in_one_warning.)"""
   with pytest.raises(ConfigError) as raised:

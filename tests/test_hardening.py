@@ -128,6 +128,13 @@ def truncate_data(model_dir: Path):
 FOLDER = "{folder}"  # replaced by the case's own folder in args and overrides
 IMAGES = "task.train_data.source=image_folder,task.train_data.path={folder}/images,task.train_data.image_size=0"
 
+# A task that warm-starts (a recommender), for the init_checkpoint cases.
+WARM_STARTING = ("task.name=matrix_factorization,task.model.name=mf,task.model.kwargs={},"
+                 "task.train_data.source=interactions,task.train_data.path={folder}/r.csv,"
+                 "task.train_data.label_column=rating,task.train_data.split=all,"
+                 "task.eval_data.source=interactions,task.eval_data.path={folder}/r.csv,"
+                 "task.eval_data.label_column=rating,task.eval_data.split=all")
+RATINGS = "user,item,rating\n1,2,3.0\n2,1,4.0\n"
 CASES = [
     # ---- TF_CONFIG ---------------------------------------------------------------------------
     Case("tf_config_not_json", ("TF_CONFIG", "JSON"), env={"TF_CONFIG": "{cluster: oops"}),
@@ -293,9 +300,14 @@ CASES = [
          override="task.train_data.mean=[0.5, 0.5],task.train_data.std=[0.2, 0.2]"),
     # Was found, then failed to restore (or a task's other refusal came first).
     Case("init_checkpoint_with_bracket", ("task.init_checkpoint", "lr[0.1]", "without '['"),
-         override="task.init_checkpoint={folder}/lr[0.1]",
-         setup=write("lr[0.1]/checkpoints/ckpt-1.index", "")),
+         override=WARM_STARTING + ",task.init_checkpoint={folder}/lr[0.1]",
+         setup=lambda folder: (write("lr[0.1]/checkpoints/ckpt-1.index", "")(folder),
+                               write("r.csv", RATINGS)(folder))),
     Case("init_checkpoint_missing", ("task.init_checkpoint", "{folder}/nowhere"),
+         override=WARM_STARTING + ",task.init_checkpoint={folder}/nowhere",
+         setup=write("r.csv", RATINGS)),
+    # An image task cannot warm-start: said before TensorFlow starts (a probe: after 8 s).
+    Case("init_checkpoint_image_task", ("task.init_checkpoint", "no encoder to warm-start"),
          override="task.init_checkpoint={folder}/nowhere"),
     # ---- model_dir and checkpoints -----------------------------------------------------------
     Case("eval_without_checkpoint", ("--mode=eval", "train first"), args=("--mode=eval",)),
@@ -472,7 +484,8 @@ BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "slurm_batch_scrip
                      "slurm_tf_config_disagrees_with_srun", "model_dir_in_use",
                      "model_dir_world_writable", "batch_does_not_split", "tfds_not_prepared",
                      "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage",
-                     "resume_with_another_seed", "resume_with_another_batch_and_length")
+                     "resume_with_another_seed", "resume_with_another_batch_and_length",
+                     "init_checkpoint_image_task")
 
 
 @pytest.mark.parametrize("case_id", BEFORE_TENSORFLOW)
@@ -651,7 +664,9 @@ def test_an_empty_metrics_csv_is_set_aside_after_the_checkpoint_is_saved(tmp_pat
 
 
 def test_a_start_that_fails_after_making_a_new_model_dir_removes_it(trained_run, tmp_path):
-  """A warm start the task cannot take fails after model_dir was made: it was left empty."""
+  """A warm start the task cannot take left an empty model_dir when it failed after making it;
+  it is now refused with the config, before the folder is made (every case of
+  test_bad_input_is_one_line_and_touches_nothing checks a late failure leaves none)."""
   model_dir = tmp_path / "new" / "run"
   proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
                            f"--params_override={TINY},task.init_checkpoint={trained_run}",

@@ -118,6 +118,7 @@ def bad_input_cases(corpus, tmp):
   (tmp / "binary" / "a").mkdir(parents=True, exist_ok=True)
   (tmp / "binary" / "a" / "x.txt").write_bytes(b"\x00\x01\x02 not text")
   (tmp / "other_run" / "checkpoints").mkdir(parents=True, exist_ok=True)
+  (tmp / "runs" / "mlm+runlocal_text").mkdir(parents=True, exist_ok=True)
   return {
       "empty text folder": (f",task.train_data.path={tmp / 'empty'}", "has no class subfolders"),
       "binary file": (f",task.train_data.path={tmp / 'binary'}", "x.txt"),
@@ -127,12 +128,19 @@ def bad_input_cases(corpus, tmp):
       "missing init_checkpoint": (f",task.init_checkpoint={tmp / 'other_run'}",
                                   "holds no checkpoint"),
       "unknown task": (",task.name=masked_lmm", "did you mean 'masked_lm'"),
+      # a probe: 'holds no checkpoint' for a folder that is not there, beside the smoke run's
+      "absent init_checkpoint": (f",task.init_checkpoint={tmp / 'runs' / 'mlm'}",
+                                 f"does not exist; {tmp / 'runs'} holds mlm+runlocal_text;"),
+      # a probe: a relative path from another folder named neither the folder nor the path
+      "relative text folder": (",task.train_data.path=no/such/corpus",
+                               f"is not a folder (looked in {helpers.REPO}/no/such/corpus)"),
   }
 
 
 @pytest.mark.parametrize("case", ["empty text folder", "binary file", "missing vocabulary",
                                   "sequence beyond the model", "missing init_checkpoint",
-                                  "unknown task"])
+                                  "unknown task", "absent init_checkpoint",
+                                  "relative text folder"])
 def test_bad_text_input_is_one_line(tmp_path, small_corpus, case):
   extra, words = bad_input_cases(small_corpus, tmp_path)[case]
   proc = helpers.run_train(f"--model_dir={tmp_path / 'run'}",

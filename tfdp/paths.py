@@ -29,3 +29,9 @@ def find_config(path: str) -> str:
   candidate = os.path.join(CONFIGS, os.path.relpath(path, "configs")
                            if path.startswith("configs") else path)
   return candidate if os.path.exists(candidate) else path
+
+
+def looked_in(path: str) -> str:
+  """' (looked in /abs/path)' for a relative path, which is taken from the folder the run
+  starts in (the shipped configs' from the repository's root): said where it is not found."""
+  return "" if os.path.isabs(os.path.expanduser(path)) else f" (looked in {os.path.abspath(path)})"

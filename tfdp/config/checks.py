@@ -108,6 +108,9 @@ def validate(config: ExperimentConfig) -> None:
   if task.eval_translate and not tasks.task_class(task.name).supports_eval_flip:
     raise ConfigError(f"config key 'task.eval_translate' is {task.eval_translate}, but task "
                       f"'{task.name}' has no images to shift; set task.eval_translate=0.")
+  if task.init_checkpoint and tasks.task_class(task.name).warm_start is tasks.Task.warm_start:
+    raise ConfigError(f"task '{task.name}' has no encoder to warm-start; remove "
+                      "task.init_checkpoint.")  # as Task.warm_start says, before TF starts
   tasks.task_class(task.name).validate(task)
   _validate_data("task.train_data.", task.train_data)
   _validate_data("task.eval_data.", task.eval_data)

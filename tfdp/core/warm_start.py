@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 
+from tfdp import paths
 from tfdp.core import outputs
 from tfdp.config.loader import short_repr
 from tfdp.errors import ConfigError, OutputError
@@ -17,7 +18,14 @@ from tfdp.errors import ConfigError, OutputError
 def find_init_checkpoint(path: str) -> str:
   """task.init_checkpoint as given: a run's model_dir, its checkpoints/ folder, or a checkpoint
   prefix (ckpt-N). Returns the checkpoint prefix; a one-line error when there is none."""
-  path = os.path.abspath(os.path.expanduser(path))
+  given, path = path, os.path.abspath(os.path.expanduser(path))
+  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    parent, name = os.path.split(path)
+    near = sorted(n for n in (os.listdir(parent) if os.path.isdir(parent) else ())
+                  if n.startswith(name))  # a smoke run's folder: runs/<job>+runlocal_text
+    raise ConfigError(f"task.init_checkpoint '{given}' does not exist{paths.looked_in(given)}"
+                      f"{'; ' + parent + ' holds ' + ', '.join(near[:3]) if near else ''}; give "
+                      "the model_dir of a finished run, or a checkpoint prefix.")
   if "[" in path:  # as in a model_dir (outputs.resolve_model_dir): `[0]` matches "0" only
     raise ConfigError(f"task.init_checkpoint '{path}' holds '[', which TensorFlow's checkpoint "
                       "reader takes for a glob pattern, so it cannot be read there; rename the "

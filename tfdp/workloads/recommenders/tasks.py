@@ -13,6 +13,7 @@ import os
 
 from absl import logging
 
+from tfdp import paths
 from tfdp.workloads.recommenders import interactions
 from tfdp.core import task as tasks
 from tfdp.core import warm_start
@@ -171,7 +172,8 @@ class MatrixFactorizationTask(tasks.Task):
   def check_source(cls, data: DataConfig, key: str) -> None:
     import os  # pylint: disable=g-import-not-at-top
     if "{worker" not in data.path and not os.path.isfile(data.path):  # {worker}: checked on read
-      raise DataError(f"{key}.path '{data.path}' is not a file; give a CSV/TFRecord file, or a "
+      raise DataError(f"{key}.path '{data.path}' is not a file{paths.looked_in(data.path)}; "
+                      "give a CSV/TFRecord file, or a "
                       "path with {worker} for per-worker shards.")
 
   @classmethod

@@ -200,9 +200,11 @@ class _BertTask(tasks.Task):
   @classmethod
   def check_source(cls, data: DataConfig, key: str) -> None:
     if data.source == "text_folder" and not os.path.isdir(data.path):
-      raise DataError(f"{key}.path '{data.path}' is not a folder; point it at root/<label>/*.txt.")
+      raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
+                      "point it at root/<label>/*.txt.")
     if data.source == "text_files" and not glob.glob(data.path, recursive=True):
-      raise DataError(f"{key}.path '{data.path}' matches no text files; fix the glob.")
+      raise DataError(f"{key}.path '{data.path}' matches no text files"
+                      f"{paths.looked_in(data.path)}; fix the glob.")
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 
+from tfdp import paths
 from tfdp.config import DataConfig
 from tfdp.core import class_folders
 from tfdp.core import data as data_lib
@@ -40,10 +41,8 @@ def check_source(data: DataConfig, key: str) -> None:
           f"where there is network with `tfds build {name} --data_dir {root}`.")
   elif data.source == "image_folder":
     if not os.path.isdir(data.path):
-      where = ("" if os.path.isabs(data.path) else  # relative: to the folder the run starts in
-               f" (looked in {os.path.abspath(data.path)})")
-      raise DataError(f"{key}.path '{data.path}' is not a folder{where}; point it at "
-                      "root/<class>/*.jpg.")
+      raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
+                      "point it at root/<class>/*.jpg.")
   elif data.source == "tfrecord":
     if not sorted(glob.glob(data.path)):
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
