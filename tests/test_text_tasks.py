@@ -169,11 +169,13 @@ def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_
 def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_corpus):
   """A 2-layer encoder warm-started into a 1-layer one restored the first layer and ignored the
   second without a word; a checkpoint whose data file is gone was a traceback; and a finished
-  warm-started run could not be evaluated once its init run was moved away (a helper's probe)."""
+  warm-started run could not be evaluated once its init run was moved away (a helper's probe).
+  A warm start from a run with trainer.ema_decay took its raw weights silently (a probe; seen
+  failing on the old experiment.py: no warning)."""
   two = mlm_overrides(small_corpus, ",trainer.max_steps=1").replace("num_layers: 1",
                                                                       "num_layers: 2")
   first = helpers.run_train(f"--model_dir={tmp_path / 'two'}", "--mode=train",
-                            f"--params_override={two}")
+                            f"--params_override={two},trainer.ema_decay=0.5")
   assert first.returncode == 0, first.stderr[-2000:]
   one = mlm_overrides(small_corpus, ",trainer.max_steps=1")
   proc = helpers.run_train(f"--model_dir={tmp_path / 'one'}", "--mode=train",
@@ -186,6 +188,8 @@ def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_co
   same = f"{two},task.init_checkpoint={tmp_path / 'two'}"
   warm = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", f"--params_override={same}")
   assert warm.returncode == 0 and "warm start: restored from" in warm.stderr, warm.stderr[-3000:]
+  # its init run averaged its weights: the raw ones are restored, said (a probe: silently)
+  assert "trained with trainer.ema_decay=0.5; its raw weights are restored" in warm.stderr
   (tmp_path / "two").rename(tmp_path / "moved")
   again = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", "--mode=eval")
   assert again.returncode == 0, again.stderr[-3000:]

@@ -296,6 +296,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     if init and not restored_step:  # a fresh run: warm start
       task.warm_start(init)
       logging.info("warm start: restored from %s (task.init_checkpoint)", init)
+      warm_start.say_raw_weights(init)
     config_text = config_lib.dump_yaml(config, task.recorded_config)
     if finished:
       outputs.keep_config(write_plan, config_text)

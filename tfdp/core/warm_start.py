@@ -47,16 +47,36 @@ def find_init_checkpoint(path: str) -> str:
                     "model_dir of a finished run, or a checkpoint prefix.")
 
 
-def trained_task(run_folder: str) -> str | None:
-  """task.name in the config.yaml of the run in `run_folder` (None where none is readable): a
-  warm start from a run of another task is refused by name, before TensorFlow starts."""
+def _trained_setting(run_folder: str, section: str, key: str):
+  """`section.key` in the config.yaml of the run in `run_folder` (None where none is readable)."""
   import yaml  # pylint: disable=g-import-not-at-top
   try:
     with open(os.path.join(run_folder, outputs.CONFIG_FILE), "rb") as f:
-      name = (yaml.safe_load(f.read(1 << 20)) or {}).get("task", {}).get("name")
+      return (yaml.safe_load(f.read(1 << 20)) or {}).get(section, {}).get(key)
   except (OSError, ValueError, AttributeError, yaml.YAMLError):
     return None
+
+
+def trained_task(run_folder: str) -> str | None:
+  """task.name of the run in `run_folder`: a warm start from a run of another task is refused
+  by name, before TensorFlow starts."""
+  name = _trained_setting(run_folder, "task", "name")
   return name if isinstance(name, str) else None
+
+
+def say_raw_weights(checkpoint_path: str) -> None:
+  """A run trained with trainer.ema_decay evaluated and exported the weights' moving average,
+  but its checkpoint's model holds the raw weights, which a warm start restores: said (a probe
+  found the raw ones taken silently)."""
+  folder = os.path.dirname(checkpoint_path)
+  if os.path.basename(folder) == outputs.CHECKPOINT_DIR:
+    folder = os.path.dirname(folder)
+  decay = _trained_setting(folder, "trainer", "ema_decay")
+  if isinstance(decay, (int, float)) and decay > 0:
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.warning("warm start: %s trained with trainer.ema_decay=%g; its raw weights are "
+                    "restored, not the moving average its evaluation and model.keras hold",
+                    folder, decay)
 
 
 def restore_into(checkpoint_path: str, root, what: str, under: tuple[str, ...],
