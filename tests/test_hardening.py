@@ -613,6 +613,10 @@ def test_a_finished_run_run_again_keeps_its_config_and_export_unless_the_export_
   assert {k: v for k, v in after.items() if k != ".lock"} == {
       k: v for k, v in before.items() if k != ".lock"}
   assert (model_dir / "model.keras").stat().st_mtime_ns == export_time
+  # trainer.export_model alone is used, not unused (a probe: said unused, then exported)
+  proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
+                           f"--params_override={TINY},trainer.export_model=false", timeout=300)
+  assert proc.returncode == 0 and "holds a finished run" not in proc.stderr, proc.stderr[-3000:]
   index = model_dir / "checkpoints" / "ckpt-8.index"
   os.utime(index, ns=(export_time + 10**9, export_time + 10**9))  # saved after the export
   again = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",

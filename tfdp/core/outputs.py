@@ -414,8 +414,8 @@ def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
   atomic_write_text(path, text)
 
 
-def changed_settings(old_text: str, new_text: str, shown: int = 6) -> str:
-  """`trainer.learning_rate.schedule linear → cosine, ...` between two config.yaml texts."""
+def changed_settings(old_text: str, new_text: str, shown: int = 6, skip=()) -> str:
+  """`trainer.learning_rate.schedule linear → cosine, ...` between two config.yamls (not `skip`'s)."""
   import yaml  # pylint: disable=g-import-not-at-top
   from tfdp.config import loader  # pylint: disable=g-import-not-at-top
   try:
@@ -426,7 +426,8 @@ def changed_settings(old_text: str, new_text: str, shown: int = 6) -> str:
     return ""
   paths = list(dict.fromkeys(loader.leaf_paths(new) + loader.leaf_paths(old)))
   changes = [f"{'.'.join(p)} {loader.get_path(old, p)!r} → {loader.get_path(new, p)!r}"
-             for p in paths if loader.get_path(old, p) != loader.get_path(new, p)]
+             for p in paths
+             if loader.get_path(old, p) != loader.get_path(new, p) and tuple(p) not in skip]
   more = f" (and {len(changes) - shown} more)" if len(changes) > shown else ""
   return ", ".join(changes[:shown]) + more
 
@@ -450,12 +451,11 @@ def keep_config(plan: WritePlan, text: str) -> None:
     return
   with open(path) as f:
     old = f.read()
-  if old != text:
-    changed = changed_settings(old, text)
+  # trainer.export_model is used: a finished run exports where it has no export of its weights
+  if changed := old != text and changed_settings(old, text, skip=(("trainer", "export_model"),)):
     logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
-                    "settings it trained with; this command's differ and were not used%s (to "
-                    "train with them, %s)", plan.model_dir, f": {changed}" if changed else "",
-                    errors.terms().start_over)
+                    "settings it trained with; this command's differ and were not used: %s (to "
+                    "train with them, %s)", plan.model_dir, changed, errors.terms().start_over)
 
 
 def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:
