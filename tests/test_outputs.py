@@ -44,6 +44,21 @@ def test_chief_metrics_replace_a_rerun_epoch_and_config_keeps_the_earlier_one(tm
   assert [p.read_text() for p in tmp_path.glob("config.*.yaml")] == ["trainer: {epochs: 1}\n"]
 
 
+def test_metrics_columns_are_in_one_order_whichever_epochs_were_evaluated(tmp_path):
+  """A probe: wall_time came before or after the eval_* columns, as epoch 1 was evaluated or
+  not, which broke scripts reading columns by position. Seen failing on the old outputs.py."""
+  orders = []
+  for first_evaluated in (True, False):
+    (tmp_path / str(first_evaluated)).mkdir()
+    plan = outputs.write_plan(str(tmp_path / str(first_evaluated)), is_chief=True, rank=0)
+    for epoch in (1, 2):
+      evaluated = {"eval_loss": 1.0} if first_evaluated or epoch == 2 else {}
+      outputs.append_metrics(plan, {"epoch": epoch, "train_loss": 2.0, **evaluated,
+                                    "wall_time": 5.0})
+    orders.append(list(pd.read_csv(tmp_path / str(first_evaluated) / "metrics.csv").columns))
+  assert orders[0] == orders[1] == ["epoch", "train_loss", "eval_loss", "wall_time"], orders
+
+
 def test_configs_kept_within_one_second_each_keep_their_own_file(tmp_path, monkeypatch):
   """A review: config.yaml was moved to config.<second>.yaml, so a second change within that
   second overwrote the first one kept (and config.yaml was missing until the new one was

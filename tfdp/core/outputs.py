@@ -440,8 +440,8 @@ def is_fit_record(config_path: str) -> bool:
 
 
 def keep_config(plan: WritePlan, text: str) -> None:
-  """A finished run run again trains nothing: config.yaml stays the config that trained it, and
-  a different one given now is said to be unused."""
+  """A finished run run again trains nothing: config.yaml stays what trained it, and another one
+  given now is said to be unused (not export_model: a finished run exports where it has none)."""
   if not plan.is_chief:
     return
   locks.record_lock_holder(plan.model_dir)
@@ -451,7 +451,6 @@ def keep_config(plan: WritePlan, text: str) -> None:
     return
   with open(path) as f:
     old = f.read()
-  # trainer.export_model is used: a finished run exports where it has no export of its weights
   if changed := old != text and changed_settings(old, text, skip=(("trainer", "export_model"),)):
     logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
                     "settings it trained with; this command's differ and were not used: %s (to "
@@ -469,6 +468,7 @@ def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:
   if old is not None:
     old = old[old["epoch"] != row["epoch"]]
     frame = pd.concat([old, frame], ignore_index=True)
+  frame = frame[sorted(frame.columns, key=lambda c: c == "wall_time")]  # one order: eval_* first
   atomic_write_text(path, frame.to_csv(index=False))
   write_metrics_png(plan, last, row.get("epoch_seconds", 0.0))
 
