@@ -691,6 +691,8 @@ def test_eval_without_a_config_file_reads_the_config_that_trained_the_run(traine
   assert "the run's own" in proc.stderr, proc.stderr[-3000:]
   result = json.loads((model_dir / "eval.json").read_text())
   assert result["step"] == 8 and result["eval_examples"] == 32
+  # what was evaluated (a probe: an eval of another split overwrote eval.json, unnamed)
+  assert result["eval_data"]["source"] == "synthetic", result
   fit_run = tmp_path / "fit_run"
   fit_run.mkdir()
   (fit_run / "config.yaml").write_text("task: {name: keras_model}\nkeras: {model_name: mlp}\n")

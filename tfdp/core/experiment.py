@@ -118,9 +118,13 @@ class Experiment:
           evaluated = self.evaluate()
           result.update(step=trainer.global_step, eval_examples=int(evaluated.examples),
                         **{f"eval_{name}": value for name, value in evaluated.values().items()})
-          if cluster.is_chief:
-            outputs.atomic_write_text(self.write_plan.path("eval.json"),
-                                      json.dumps(result, indent=2))
+          if cluster.is_chief:  # with what it evaluated (a probe: another split's overwrote it)
+            data = dataclasses.asdict(self.config.task.eval_data)
+            where = ("name", "data_dir") if data["source"] == "tfds" else ("path",)
+            evaluated_data = {k: data[k] for k in ("source", *where, "split", "holdout_fraction")
+                              if data[k]}
+            outputs.atomic_write_text(self.write_plan.path("eval.json"), json.dumps(
+                {**result, "eval_data": evaluated_data}, indent=2))
         else:
           from tfdp.core import controller  # pylint: disable=g-import-not-at-top  (imports TF)
           start = trainer.global_step
