@@ -669,8 +669,8 @@ def test_an_empty_metrics_csv_is_set_aside_after_the_checkpoint_is_saved(tmp_pat
 
 def test_a_start_that_fails_after_making_a_new_model_dir_removes_it(trained_run, tmp_path):
   """A warm start the task cannot take left an empty model_dir when it failed after making it;
-  it is now refused with the config, before the folder is made (every case of
-  test_bad_input_is_one_line_and_touches_nothing checks a late failure leaves none)."""
+  it is now refused with the config, before the folder is made. (A failure after the folder is
+  made, which removes it: test_text_tasks's warm start from a checkpoint that cannot be read.)"""
   model_dir = tmp_path / "new" / "run"
   proc = helpers.run_train(f"--model_dir={model_dir}", "--mode=train",
                            f"--params_override={TINY},task.init_checkpoint={trained_run}",

@@ -501,8 +501,8 @@ def test_a_stop_agreed_with_an_epochs_last_step_still_ends_that_epoch(tmp_path):
 
 @pytest.mark.parametrize("asked", ["here", "by_a_peer"])
 def test_a_stop_is_named_by_the_flag_that_was_agreed_not_by_a_later_signal(tmp_path, asked):
-  """Worker 1 of two gets SIGTERM; both agree the stop through the loop's all-reduce and save; worker
-  1 exits first, and tfdp-launch sends SIGTERM to worker 0 before worker 0 has named its stop.
+  """Worker 1 of two gets SIGTERM; both agree the stop through the loop's all-reduce and save;
+  worker 1 exits first, and tfdp-launch sends SIGTERM to worker 0 before worker 0 has named its stop.
   Worker 0 said "stopped ... on SIGTERM" and exited 143, as if it had been the one asked (a clean
   clone's test_multi_worker failed so). The name now comes from the flag this worker fed the
   agreed step. One process has no peer: its flag in the all-reduce is the one thing faked here
@@ -568,8 +568,8 @@ DROPOUT_RUN = ("task.model.name=small_cnn,task.model.kwargs={filters: 4, dropout
                "runtime.strategy=default")
 
 
-def test_a_resumed_run_goes_on_with_the_dropout_masks_of_the_uninterrupted_one(tmp_path, monkeypatch,
-                                                                            caplog):
+def test_a_resumed_run_goes_on_with_the_dropout_masks_of_the_uninterrupted_one(
+    tmp_path, monkeypatch, caplog):
   """A probe: a text run stopped and resumed trained on other numbers than the run never
   stopped (step 5's loss 0.1372 against 0.1407; equal with dropout 0): the checkpoint held no
   seed states, so Dropout drew its masks from the run's start again. Seen failing on the old
@@ -598,7 +598,7 @@ def test_a_resumed_run_goes_on_with_the_dropout_masks_of_the_uninterrupted_one(t
   with caplog.at_level(logging.WARNING):
     resumed = experiment.run(config, str(tmp_path / "older"), "train", verbose=False)
   assert resumed["trainer"].global_step == 8
-  assert "holds no seed states of the model's random layers" in caplog.text
+  assert "holds 0 seed state(s) for this model's 1 random layer(s)" in caplog.text
 
 
 def test_an_epochs_checkpoint_is_saved_before_its_evaluation(tmp_path, monkeypatch):

@@ -119,7 +119,21 @@ class KerasCallbacks:
   def evaluation_end(self, values: dict) -> None:
     self.callbacks.on_test_end(dict(values))
 
+  def _state(self) -> tuple:
+    """The model's weights and its optimizer's learning rate, as a digest."""
+    from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+    rate = getattr(getattr(self.model, "optimizer", None), "learning_rate", None)
+    return resume.weights_digest(self.model), repr(getattr(rate, "numpy", lambda: rate)())
+
+  def changed_since_save(self) -> bool:
+    """Whether callbacks changed the model since the epoch's checkpoint (the controller saves
+    at an epoch's end, then calls epoch_end; and train_end after the last)."""
+    return self._saved_state is not None and self._state() != self._saved_state
+
+  _saved_state = None
+
   def epoch_end(self, epoch: int, row: dict) -> bool:
+    self._saved_state = self._state()  # as saved, before the callbacks
     self.callbacks.on_epoch_end(epoch, keras_logs(row))
     return bool(getattr(self.model, "stop_training", False))
 

@@ -328,7 +328,8 @@ class Controller:
     after the agreement (the launcher stopping the group once the asked worker left) does not
     make it the asked one."""
     signum = (stop.signum or signal.SIGTERM) if asked_here else signal.SIGTERM
-    name = signal.Signals(signum).name if asked_here else "a peer's SIGTERM"
+    name = ((signal.Signals(stop.signum).name if stop.signum else "a stop request")
+            if asked_here else "a peer's SIGTERM")  # a request from code: no signal
     logging.warning("stop requested (%s): saved checkpoint at step %d", name, step)
     said = errors.terms().preempted.format(model_dir=self.trainer.write_plan.model_dir)
     return Preempted(step, signum, said, why=name, by_peer=not asked_here)
@@ -486,7 +487,8 @@ class Controller:
         # Callbacks act after the last save (EarlyStopping's restored best weights, a learning
         # rate, use_ema's average): saved again, the same model_dir goes on from the model as
         # it was handed back, as model.fit goes on from the model (a review).
-        trainer.save()
+        if getattr(self.hooks, "changed_since_save", lambda: False)():
+          trainer.save()
     finally:
       if profile is not None:
         profile.stop(step)

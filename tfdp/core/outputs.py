@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import glob
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -400,8 +401,7 @@ def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
   locks.record_lock_holder(plan.model_dir)  # every check passed: the run's first write
   path = plan.path(CONFIG_FILE)
   if os.path.exists(path):
-    with open(path) as f:
-      old = f.read()
+    old = pathlib.Path(path).read_text()
     if old != text:  # a copy, then the new one over it: config.yaml is never missing
       kept = _copy_aside(path, plan.path(f"config.{time.strftime('%Y%m%d-%H%M%S')}"), ".yaml")
       changed = changed_settings(old, text)
@@ -415,7 +415,7 @@ def write_config(plan: WritePlan, text: str, resuming: bool) -> None:
 
 
 def changed_settings(old_text: str, new_text: str, shown: int = 6, skip=()) -> str:
-  """`trainer.learning_rate.schedule linear → cosine, ...` between two config.yamls (not `skip`'s)."""
+  """`trainer.learning_rate.schedule linear → cosine, ...` between two configs (not `skip`)."""
   import yaml  # pylint: disable=g-import-not-at-top
   from tfdp.config import loader  # pylint: disable=g-import-not-at-top
   try:
@@ -440,21 +440,21 @@ def is_fit_record(config_path: str) -> bool:
 
 
 def keep_config(plan: WritePlan, text: str) -> None:
-  """A finished run run again trains nothing: config.yaml stays what trained it, and another one
-  given now is said to be unused (not export_model: a finished run exports where it has none)."""
+  """A finished run run again trains nothing: config.yaml stays, and another is said unused."""
   if not plan.is_chief:
     return
   locks.record_lock_holder(plan.model_dir)
   path = plan.path(CONFIG_FILE)
   if not os.path.exists(path):
-    atomic_write_text(path, text)
-    return
-  with open(path) as f:
-    old = f.read()
-  if changed := old != text and changed_settings(old, text, skip=(("trainer", "export_model"),)):
+    return atomic_write_text(path, text)
+  old = pathlib.Path(path).read_text()
+  changed = changed_settings(old, text, skip=(("trainer", "export_model"),))
+  # export_model alone is no reason: a finished run exports where it has no export of its own
+  if old != text and (changed or not changed_settings(old, text)):
     logging.warning("%s holds a finished run: nothing trains, and config.yaml keeps the "
-                    "settings it trained with; this command's differ and were not used: %s (to "
-                    "train with them, %s)", plan.model_dir, changed, errors.terms().start_over)
+                    "settings it trained with; this command's differ and were not used%s (to "
+                    "train with them, %s)", plan.model_dir, f": {changed}" if changed else "",
+                    errors.terms().start_over)
 
 
 def append_metrics(plan: WritePlan, row: dict, last: bool = True) -> None:

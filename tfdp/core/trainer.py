@@ -365,7 +365,9 @@ class Trainer:
     reads the chief's); None: a fresh start. `to_evaluate`: --mode=eval, which resumes nothing."""
     if latest:
       try:
-        self._checkpoint_of(latest).restore(latest).assert_existing_objects_matched()
+        tf.train.Checkpoint(**{k: v for k, v in self._checkpoint_parts.items() if k != "seeds"}
+                            ).restore(latest).assert_existing_objects_matched()
+        self._restore_seeds(latest, say=not to_evaluate)
       except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
         config = os.path.join(os.path.dirname(os.path.dirname(latest)), outputs.CONFIG_FILE)
         own = (f"give this run the config it trained with ({errors.terms().config_files}={config}) "
@@ -384,15 +386,17 @@ class Trainer:
 
   _restored = ()  # the step of the chief's checkpoint the run resumed from, on every worker
 
-  def _checkpoint_of(self, latest: str):
-    """The checkpoint object that restores `latest`: one saved before tfdp kept the seed states
-    has none, and resumes with new random masks (said)."""
-    if "seeds" not in self._checkpoint_parts or any(
-        name.startswith("seeds/") for name, _ in tf.train.list_variables(latest)):
-      return self.checkpoint
-    logging.warning("%s holds no seed states of the model's random layers (saved by an older "
-                    "tfdp): Dropout draws new masks from here on", latest)
-    return tf.train.Checkpoint(**{k: v for k, v in self._checkpoint_parts.items() if k != "seeds"})
+  def _restore_seeds(self, latest: str, say: bool) -> None:
+    """The random layers' seed states, where `latest` holds one for each (none is no reason
+    not to resume: an older tfdp's checkpoint, or a model that had fewer random layers)."""
+    seeds = self._checkpoint_parts.get("seeds", [])
+    saved = {n.split("/")[1] for n, _ in tf.train.list_variables(latest) if n.startswith("seeds/")}
+    if seeds and len(saved) == len(seeds):
+      tf.train.Checkpoint(seeds=seeds).read(latest).expect_partial()
+    elif seeds and say:
+      logging.warning("%s holds %d seed state(s) for this model's %d random layer(s) (an older "
+                      "tfdp's, or another model's): they draw new masks from here on", latest,
+                      len(saved), len(seeds))
 
   @property
   def last_saved_step(self) -> int | None:
