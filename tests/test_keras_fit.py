@@ -200,6 +200,8 @@ def test_the_same_model_dir_goes_on_from_the_weights_a_callback_restored(parity_
   without that save: 'finished' 0.1, and the 4th epoch's loss and weights apart from Keras's."""
   ours, keras_run = parity_result["again"][built], parity_result["again"]["keras"]
   assert ours["finished"] == 0.0
+  # no second save where nothing changed after it (a review: every final checkpoint twice)
+  assert parity_result["again"]["saves_without_change"] == [6, 12]
   assert ours["loss"][-1] == pytest.approx(keras_run["loss"][0], rel=1e-5)
   for a, b in zip(ours["weights"], keras_run["weights"]):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

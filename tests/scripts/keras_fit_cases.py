@@ -363,6 +363,15 @@ def parity_case():
     history = tfdp.fit(model, x, y, model_dir=f"runs/again_{name}", **arguments)  # epochs=4
     again[name] = {"finished": finished, "loss": history.history["loss"],
                    "weights": model.get_weights()}
+  # Without callbacks that change it, the model is not saved again at the run's end.
+  from tfdp.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  saves, save = [], trainer_lib.Trainer.save
+  trainer_lib.Trainer.save = lambda self: (saves.append(self.global_step), save(self))[-1]
+  try:
+    tfdp.fit(compiled(True), x, y, **{**arguments, "epochs": 2}, model_dir="runs/saves")
+  finally:
+    trainer_lib.Trainer.save = save
+  again["saves_without_change"] = saves
   keras_again = reference_after_stop = compiled(in_scope=False)
   reference_after_stop.fit(x, y, callbacks=callbacks(), **arguments)
   keras_history = keras_again.fit(x, y, **{**arguments, "epochs": 1})
