@@ -467,7 +467,6 @@ def _check_saved_artifacts(task_class, task_config: TaskConfig, model_dir: str, 
   """A resume, an evaluation or a warm start must read its data as the run it continues did (a
   recommender's id mapping): the task compares, before TensorFlow starts and anything is
   written."""
-  import os  # pylint: disable=g-import-not-at-top
   if resume_from:
     context = (tasks.SavedRunUse("--mode=eval", "evaluate with the files it was trained with")
                if mode == "eval" else tasks.SavedRunUse(
@@ -475,13 +474,9 @@ def _check_saved_artifacts(task_class, task_config: TaskConfig, model_dir: str, 
                    f"{errors.terms().model_dir}"))
     task_class.check_saved_artifacts(task_config, model_dir, context)
   elif init:  # a fresh run: warm start from another run's weights (found by preflight)
-    folder = os.path.dirname(init)
-    if os.path.basename(folder) == outputs.CHECKPOINT_DIR:  # the run's folder holds its files
-      folder = os.path.dirname(folder)
-    task_class.check_saved_artifacts(
-        task_config, folder, tasks.SavedRunUse(f"warm start from task.init_checkpoint '{init}'",
-                                               "drop task.init_checkpoint to train from scratch",
-                                               warm_start=True))
+    task_class.check_saved_artifacts(task_config, warm_start.run_folder(init), tasks.SavedRunUse(
+        f"warm start from task.init_checkpoint '{init}'",
+        "drop task.init_checkpoint to train from scratch", warm_start=True))
 
 
 def _local_counts(source: data_lib.Source, cluster: cluster_lib.Cluster, config: ExperimentConfig,

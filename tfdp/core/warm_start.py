@@ -64,13 +64,18 @@ def trained_task(run_folder: str) -> str | None:
   return name if isinstance(name, str) else None
 
 
+def run_folder(checkpoint_path: str) -> str:
+  """The folder of the run a checkpoint prefix (found by find_init_checkpoint) belongs to: the
+  one holding its config.yaml and other files."""
+  folder = os.path.dirname(checkpoint_path)
+  return os.path.dirname(folder) if os.path.basename(folder) == outputs.CHECKPOINT_DIR else folder
+
+
 def say_raw_weights(checkpoint_path: str) -> None:
   """A run trained with trainer.ema_decay evaluated and exported the weights' moving average,
   but its checkpoint's model holds the raw weights, which a warm start restores: said (a probe
   found the raw ones taken silently)."""
-  folder = os.path.dirname(checkpoint_path)
-  if os.path.basename(folder) == outputs.CHECKPOINT_DIR:
-    folder = os.path.dirname(folder)
+  folder = run_folder(checkpoint_path)
   decay = _trained_setting(folder, "trainer", "ema_decay")
   if isinstance(decay, (int, float)) and decay > 0:
     from absl import logging  # pylint: disable=g-import-not-at-top

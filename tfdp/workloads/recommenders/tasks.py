@@ -173,8 +173,7 @@ class MatrixFactorizationTask(tasks.Task):
     import os  # pylint: disable=g-import-not-at-top
     if "{worker" not in data.path and not os.path.isfile(data.path):  # {worker}: checked on read
       raise DataError(f"{key}.path '{data.path}' is not a file{paths.looked_in(data.path)}; "
-                      "give a CSV/TFRecord file, or a "
-                      "path with {worker} for per-worker shards.")
+                      "give a CSV/TFRecord file, or a path with {worker} for per-worker shards.")
 
   @classmethod
   def validate(cls, config: TaskConfig) -> None:
