@@ -49,6 +49,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  cli.stay_off_pid_1()  # in a container without an init: SIGKILL must reach this process
   # First, before TensorFlow starts a thread: SIGTERM/Ctrl-C stop this process at any point
   # (MultiWorkerMirroredStrategy's own SIGTERM handler would swallow them).
   controller.StopRequest.install(PROG)

@@ -95,17 +95,24 @@ def test_slurm_script_runs_its_config_as_a_multi_worker_job(stem, config_file, n
 @pytest.mark.parametrize("stem", [stem for stem, _, _ in JOBS])
 def test_slurm_script_asks_srun_for_the_allocations_tasks_not_the_submitted_count(stem, tmp_path):
   """A requeued job that came back on fewer nodes or tasks keeps the submission's SLURM_NTASKS;
-  the script counts the allocation's tasks from SLURM_TASKS_PER_NODE instead."""
+  the script counts the allocation's tasks from SLURM_TASKS_PER_NODE instead. A job that named no
+  tasks runs one per node: on whole nodes (--exclusive) SLURM_TASKS_PER_NODE counts their CPUs
+  over --cpus-per-task ('8(x2)' on two 64-CPU nodes; seen on this Slurm: '2' for 8 CPUs over
+  -c 4), and the script started 16 workers where the job meant 2 (a review; seen failing with
+  the old count). srun is given --cpus-per-task, which Slurm 22.05-23.02 does not pass on."""
   (tmp_path / "srun").write_text('#!/bin/sh\necho "srun $*"\n')  # prints what it was asked
   (tmp_path / "srun").chmod(0o755)
-  env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_NTASKS": "99"}
-  for tasks_per_node, tasks in (("2(x3),1", 7), ("1(x4)", 4), ("3", 3)):
+  env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_CPUS_PER_TASK": "8"}
+  for named, tasks_per_node, layout in (
+      ("99", "2(x3),1", "--ntasks=7"), ("99", "1(x4)", "--ntasks=4"), ("99", "3", "--ntasks=3"),
+      ("", "8(x2)", "--ntasks=2 --ntasks-per-node=1")):
     proc = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch"), "--extra"],
-                          env={**env, "SLURM_TASKS_PER_NODE": tasks_per_node},
+                          env={**env, "SLURM_TASKS_PER_NODE": tasks_per_node, "SLURM_JOB_NUM_NODES":
+                               "2", **({"SLURM_NTASKS": named} if named else {})},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"srun --ntasks={tasks} --kill-on-bad-exit=1 tfdp-train "), \
-        proc.stdout
+    assert proc.stdout.startswith(f"srun {layout} --cpus-per-task=8 --kill-on-bad-exit=1 "
+                                  "tfdp-train "), proc.stdout
     assert proc.stdout.rstrip().endswith(" --extra"), proc.stdout
   outside = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch")], env=env,
                            capture_output=True, text=True, timeout=30)
@@ -150,11 +157,12 @@ def test_slurm_script_ends_with_the_first_failed_tasks_code_and_requeues_a_retry
   for tool in ("srun", "scontrol"):
     (tmp_path / tool).chmod(0o755)
   env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "42",
-         "SLURM_TASKS_PER_NODE": "1(x2)", **extra}
+         "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NUM_NODES": "2", **extra}
   proc = subprocess.run(["bash", str(CLUSTER_DIR / f"slurm_{stem}.sbatch")], env=env,
                         capture_output=True, text=True, timeout=30)
   assert proc.returncode == code, proc.stderr
-  assert proc.stdout.startswith("srun --ntasks=2 --kill-on-bad-exit=1 tfdp-train "), proc.stdout
+  assert proc.stdout.startswith("srun --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
+                                "tfdp-train "), proc.stdout
   # srun's stderr reaches the job's log whole, in order
   said = [line for line in proc.stderr.splitlines() if not line.startswith("tfdp: ")]
   assert said == ["a task line"] + [f"srun: error: node1: {line}" for line in lines], proc.stderr
@@ -180,6 +188,21 @@ def test_tfjob_restart_policy_names_the_codes_tfdp_exits_with(manifest):
   for code in (128 + signal.SIGTERM, errors.EXIT_RESTART_GROUP, errors.EXIT_PEER_STOPPED,
                errors.EXIT_PERMANENT):
     assert re.search(rf"\b{code}\b", policy_line), policy_line
+
+
+@pytest.mark.parametrize("manifest", sorted(CLUSTER_DIR.glob("tfjob_*.yaml")),
+                         ids=lambda p: p.name)
+def test_tfjob_mounts_a_shipped_claim_that_pods_on_many_nodes_can_share(manifest):
+  """A review: the TFJobs named a claim 'tfdp-shared' that nothing shipped (the pods stayed
+  Pending), and one made ReadWriteOnce holds the second node's pod at 'Multi-Attach error'.
+  Seen failing without configs/cluster/pvc_shared.yaml."""
+  job = next(d for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "TFJob")
+  pod = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+  claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]]
+  shipped = {d["metadata"]["name"]: d for f in CLUSTER_DIR.glob("*.yaml")
+             for d in yaml.safe_load_all(f.read_text()) if d["kind"] == "PersistentVolumeClaim"}
+  assert claims and all(c in shipped for c in claims), (claims, list(shipped))
+  assert all(shipped[c]["spec"]["accessModes"] == ["ReadWriteMany"] for c in claims)
 
 
 @pytest.mark.parametrize("stem", [stem for stem, _, _ in JOBS])

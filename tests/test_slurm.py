@@ -80,6 +80,21 @@ def cancel(job_id: str) -> None:
   subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
 
 
+def test_the_shipped_template_starts_one_task_on_a_whole_node(tmp_path):
+  """On a whole node (--exclusive: this Slurm's node declares 8 CPUs) with --cpus-per-task=4 and
+  no --ntasks, Slurm sets SLURM_TASKS_PER_NODE to 2 (CPUs over --cpus-per-task), and the template
+  started 2 workers where it means one a node (a review; seen failing with the old count: 2
+  configs printed). --print_config: each task prints the config and leaves."""
+  out = tmp_path / "job.out"
+  proc = subprocess.run(
+      ["sbatch", "--wait", "--nodes=1", "--exclusive", "--cpus-per-task=4", f"--output={out}",
+       "configs/cluster/slurm_cifar10_quick.sbatch", "--print_config"],
+      capture_output=True, text=True, timeout=300, env=slurm_env(), cwd=str(helpers.REPO))
+  log = out.read_text() if out.exists() else ""
+  assert proc.returncode == 0, proc.stderr + log[-3000:]
+  assert log.count("global_batch_size:") == 1, log[-3000:]
+
+
 @pytest.mark.skipif(not helpers.HAVE_CIFAR, reason=helpers.NO_CIFAR_REASON)
 def test_the_shipped_sbatch_template_runs_to_the_end_on_one_node(tmp_path):
   """configs/cluster/slurm_cifar10_quick.sbatch as shipped, its node count overridden to the

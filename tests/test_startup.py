@@ -1,8 +1,11 @@
 """Start-up: counted from the process's creation (imports count), and bounded when a peer never joins."""
+import shutil
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 import helpers
 from tfdp import errors
@@ -35,6 +38,31 @@ def test_a_worker_whose_peer_never_comes_back_names_it_and_exits_to_be_restarted
   assert f"worker 1 at 127.0.0.1:{ports[1]} (connection refused)" in lines[0], lines[0]
   assert "runtime.startup_timeout_seconds" in lines[0]
   assert time.monotonic() - started < 200
+
+
+def _can_unshare_pids() -> bool:
+  return shutil.which("unshare") is not None and subprocess.run(
+      ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
+      capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_pids(), reason="needs unshare --user --pid (as root here)")
+def test_a_worker_that_is_pid_1_of_its_container_still_ends_when_its_peer_never_comes(tmp_path):
+  """A Kubeflow pod's `command` makes tfdp-train PID 1, which the kernel shields from a signal
+  it has no handler for when sent from inside its PID namespace, SIGKILL included: the start-up
+  watcher's kill was dropped and the worker waited for its peer for ever (a review; unshare
+  --pid makes it PID 1 here). Seen failing without cli.stay_off_pid_1: still waiting at 90 s."""
+  ports = launcher.pick_free_ports(2)
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", ports)
+  command = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+             "--kill-child", sys.executable, helpers.TRAIN_APP, f"--model_dir={tmp_path / 'run'}",
+             "--mode=train", "--params_override=runtime.startup_timeout_seconds=5"]
+  proc = subprocess.run(command, capture_output=True, text=True, timeout=90, cwd=str(helpers.REPO),
+                        env=helpers.env(TF_CONFIG=configs[0]))
+  assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-2000:]  # as Kubeflow reads it
+  assert errors.is_retryable_exit_code(proc.returncode)
+  lines = helpers.error_lines(proc)
+  assert len(lines) == 1 and f"worker 1 at 127.0.0.1:{ports[1]}" in lines[0], proc.stderr[-2000:]
 
 
 def test_a_signal_while_a_peer_is_late_ends_the_worker_at_once(tmp_path):

@@ -29,6 +29,33 @@ def exit_now(code: int) -> None:
 
 prog = "tfdp"  # the running app's name, for one-line errors raised far from the app
 
+PASSED_ON_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def stay_off_pid_1() -> None:
+  """A container started without an init (a Kubeflow TFJob's `command`, `docker run` without
+  --init) makes this process PID 1, to which the kernel delivers no signal it has no handler
+  for, SIGKILL included (pid_namespaces(7)): the start-up watcher's kill left a worker whose
+  peer never came waiting for ever. As PID 1, forks: the child runs on; this process passes
+  signals on, reaps what is left to it, and leaves with the child's exit code (128+N when a
+  signal N killed it), as tini does. Call first, before any thread starts."""
+  if os.getpid() != 1:
+    return
+  import signal  # pylint: disable=g-import-not-at-top
+  child = os.fork()
+  if child == 0:
+    return
+  for name in PASSED_ON_SIGNALS:
+    signal.signal(getattr(signal, name), lambda number, _: os.kill(child, number))
+  while True:
+    try:
+      pid, status = os.wait()
+    except ChildProcessError:  # no child left (cannot happen before the child's own exit)
+      os._exit(1)
+    if pid == child:
+      code = os.waitstatus_to_exitcode(status)
+      os._exit(code if code >= 0 else 128 - code)
+
 
 def flags_parser(prog: str):  # pylint: disable=redefined-outer-name
   """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line."""
