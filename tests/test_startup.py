@@ -65,6 +65,22 @@ def test_a_worker_that_is_pid_1_of_its_container_still_ends_when_its_peer_never_
   assert len(lines) == 1 and f"worker 1 at 127.0.0.1:{ports[1]}" in lines[0], proc.stderr[-2000:]
 
 
+@pytest.mark.skipif(not _can_unshare_pids(), reason="needs unshare --user --pid (as root here)")
+def test_a_script_that_is_pid_1_is_told_the_start_up_deadline_cannot_stop_it():
+  """A user's script (tfdp.fit) cannot be forked off PID 1 as tfdp-train is: it is told, in one
+  warning, how to start it. Seen failing without the warning."""
+  configs = launcher.worker_tf_configs(2, "127.0.0.1", launcher.pick_free_ports(2))
+  script = ("import json, sys; from tfdp.distributed import cluster, startup\n"
+            "with startup.StartupDeadline(cluster.parse_tf_config(sys.argv[1]), 60): pass\n")
+  proc = subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork",
+                         "--mount-proc", sys.executable, "-c", script, configs[0]],
+                        capture_output=True, text=True, timeout=60, cwd=str(helpers.REPO),
+                        env=helpers.env())
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  said = [l for l in proc.stderr.splitlines() if "this worker is PID 1" in l]
+  assert len(said) == 1 and "docker run --init" in said[0], proc.stderr[-2000:]
+
+
 def test_a_signal_while_a_peer_is_late_ends_the_worker_at_once(tmp_path):
   """Worker 0 of 2 waits for worker 1, which never starts; the operator's SIGTERM must end it at
   once (143, one line), not when runtime.startup_timeout_seconds runs out. Seen failing before

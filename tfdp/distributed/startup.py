@@ -32,6 +32,12 @@ class StartupDeadline:
   def __enter__(self) -> "StartupDeadline":
     if self.seconds > 0 and self.cluster.is_multi_worker:
       from tfdp import cli  # pylint: disable=g-import-not-at-top
+      if os.getpid() == 1:  # tfdp-train forks off PID 1 (cli.stay_off_pid_1); a script cannot
+        from absl import logging  # pylint: disable=g-import-not-at-top
+        logging.warning("this worker is PID 1 of its container, which no SIGKILL from inside "
+                        "reaches: runtime.startup_timeout_seconds cannot stop it; start it under "
+                        "an init (docker run --init, tini, or a pod with shareProcessNamespace: "
+                        "true)")
       spec = json.dumps({"pid": os.getpid(), "seconds": self.seconds, "prog": cli.prog,
                          "tf_config": self.cluster.as_tf_config()})
       lifeline = isolation.lifeline_fd()  # the watcher sees the launcher end too
