@@ -69,6 +69,9 @@ def main(argv):
                         "--help.")
   cli.quiet_tensorflow()  # a TFRecord input starts TensorFlow
   try:
+    interactions.check_outputs(FLAGS.output, num_shards, FLAGS.input,  # before the input is read
+                               {"--user_vocabulary": FLAGS.user_vocabulary,
+                                "--item_vocabulary": FLAGS.item_vocabulary})
     frame = interactions.read_interactions(FLAGS.input, FLAGS.user_column, FLAGS.item_column,
                                            FLAGS.label_column, FLAGS.weight_column,
                                            path_option="--input")

@@ -46,7 +46,11 @@ def main(argv):
   start = time.time()
   try:
     text.check_vocab_size(FLAGS.vocab_size)  # before a large corpus is read
-    paths = text.find_text_files(FLAGS.input)
+    found = text.find_text_files(FLAGS.input)
+    paths = text.without_output(found, FLAGS.output)
+    if len(paths) < len(found):
+      print(f"{PROG}: note: left out {FLAGS.output}, the vocabulary an earlier run wrote there",
+            flush=True)
     texts = text.read_text_files(paths)
     if FLAGS.plays:
       texts = [speech for play in texts for speech in text.split_speeches(play)]

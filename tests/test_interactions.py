@@ -597,6 +597,22 @@ def test_the_splitter_refuses_one_column_for_two_roles(tmp_path, label, item):
                          "python apps/split_interactions.py --helpfull."),
     (["--user_column="], "--user_column is required; see python apps/split_interactions.py "
                          "--help."),
+    # A probe: each of these wrote over the input or another output with exit 0, or failed
+    # after the shards were written; now refused before anything is (seen failing: the old code).
+    (["--user_vocabulary={tmp}/in.csv"], "--user_vocabulary '{tmp}/in.csv' is the input, which "
+                                         "writing would replace; choose another path."),
+    (["--item_vocabulary={tmp}/c-0.csv"], "shard 0 and --item_vocabulary both name "
+                                          "'{tmp}/c-0.csv', which the second would replace; give "
+                                          "each its own path."),
+    (["--user_vocabulary={tmp}/v.txt", "--item_vocabulary={tmp}/v.txt"],
+     "--user_vocabulary and --item_vocabulary both name '{tmp}/v.txt', which the second would "
+     "replace; give each its own path."),
+    (["--item_vocabulary={tmp}"], "--item_vocabulary '{tmp}' is a folder; give the path of a file."),
+    (["--user_vocabulary={tmp}/in.csv/u.txt"], "--user_vocabulary '{tmp}/in.csv/u.txt' lies under "
+                                               "'{tmp}/in.csv', which is a file, not a folder; "
+                                               "choose another path."),
+    (["--weight_column=y"], "weight_column and label_column both name column 'y' of "
+                            "'{tmp}/in.csv'; give each its own column."),
 ])
 def test_app_errors_in_one_line(tmp_path, args, expected):
   (tmp_path / "in.csv").write_text("s,d,y\n1,2,3\n4,5,1\n")

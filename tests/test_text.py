@@ -538,6 +538,41 @@ def test_vocab_app_learns_a_vocabulary(tmp_path, tiny_vocab):
   assert not noise, proc.stderr  # TensorFlow's loading lines are hidden, as in every other app
 
 
+def test_vocab_app_leaves_out_its_own_vocabulary_and_refuses_to_replace_a_corpus_file(
+    tmp_path, tiny_vocab):
+  """A probe: --output inside the --input folder was read as text on the next run (more words,
+  another vocabulary), and --output naming a corpus file replaced it, exit 0. Seen failing with
+  the old app: 'from 4 file(s)' on the second run (61 tokens, not the corpus's own)."""
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for i, line in enumerate(TINY_CORPUS):
+    (corpus / f"{i}.txt").write_text(line, encoding="utf-8")
+  _, learned_here = tiny_vocab  # the same corpus and size through text.learn_vocabulary
+  for run in range(2):  # the second finds the first's vocabulary in the folder
+    proc = run_vocab(f"--input={corpus}", "--vocab_size=80", f"--output={corpus / 'vocab.txt'}")
+    assert proc.returncode == 0 and "from 3 file(s)" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert ("left out" in proc.stdout) == (run == 1), proc.stdout
+    assert (corpus / "vocab.txt").read_text(encoding="utf-8").splitlines() == learned_here
+  proc = run_vocab(f"--input={corpus}", "--vocab_size=80", f"--output={corpus / '0.txt'}")
+  assert proc.returncode == 2 and helpers.error_lines(proc) == [
+      f"tfdp-vocab: error: --output '{corpus / '0.txt'}' is one of the input files, which the "
+      "vocabulary would replace; write it outside the corpus."], proc.stderr[-2000:]
+  assert (corpus / "0.txt").read_text(encoding="utf-8") == TINY_CORPUS[0]
+
+
+def test_an_interrupted_vocabulary_leaves_no_file_behind(tmp_path, monkeypatch):
+  """A probe: Ctrl-C while the learner ran left an empty vocab.txt.partial (the check that the
+  output can be written, made before minutes of learning). Seen failing: the file was there."""
+  import keras_hub  # pylint: disable=g-import-not-at-top
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(keras_hub.tokenizers, "compute_word_piece_vocabulary", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    text.learn_vocabulary(["a b c"], 100, str(tmp_path / "vocab.txt"))
+  assert not list(tmp_path.iterdir())
+
+
 def test_vocab_app_plays_on_plain_text_says_it_has_no_speeches(tmp_path):
   (tmp_path / "notes.txt").write_text("plain words, no speaker lines", encoding="utf-8")
   proc = run_vocab(f"--input={tmp_path / 'notes.txt'}", "--plays", "--vocab_size=80",

@@ -226,6 +226,25 @@ def check_vocab_size(vocab_size: int) -> None:
                     "reserved tokens; use a few thousand.")
 
 
+def without_output(paths: list[str], output: str) -> list[str]:
+  """The corpus files `paths` less the vocabulary file `output` about to be written. One that an
+  earlier run wrote inside the corpus folder was read as text (a probe: 6657 words, not 6322),
+  and is left out; any other input file there would be replaced by the vocabulary (a probe:
+  exit 0, the corpus file gone), and is refused."""
+  kept = [p for p in paths if os.path.realpath(p) != os.path.realpath(output)]
+  if len(kept) == len(paths):
+    return paths
+  with open(output, encoding="utf-8", errors="replace") as f:
+    head = [f.readline().rstrip("\n") for _ in RESERVED_TOKENS]
+  if tuple(head) != RESERVED_TOKENS:
+    raise DataError(f"--output '{output}' is one of the input files, which the vocabulary would "
+                    "replace; write it outside the corpus.")
+  if not kept:
+    raise DataError(f"the input holds no text file besides the vocabulary '{output}'; point "
+                    "--input at the corpus.")
+  return kept
+
+
 def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bool = True
                      ) -> list[str]:
   """Learns a WordPiece vocabulary (reserved tokens first, [PAD] = 0) and writes it to `path`, one
@@ -249,8 +268,8 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
       raise DataError(f"vocabulary file '{path}' cannot be written ({e.strerror}); choose "
                       "another --output.") from None
   written(lambda f: None)  # before minutes of learning: --output a folder, read-only, ...
+  os.unlink(partial)  # an interrupted run leaves no empty .partial behind (a probe)
   if os.path.isdir(path):
-    os.unlink(partial)
     raise DataError(f"--output '{path}' is a folder; name the vocabulary file, e.g. "
                     f"{os.path.join(path, 'vocab.txt')}.")
   # Checked first: a mistake is answered before TensorFlow's seconds of loading, and its

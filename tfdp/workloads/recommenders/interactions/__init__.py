@@ -17,9 +17,9 @@ Modules: io (reading a worker's file), shards (splitting by user), ids (ids → 
 from tfdp.workloads.recommenders.interactions.io import (COLUMNS, CSV_SUFFIXES, SPLIT_COMMAND,
                                                          TFRECORD_SUFFIXES, check_not_empty,
                                                          read_interactions, resolve_shard_path)
-from tfdp.workloads.recommenders.interactions.shards import (ShardFile, split_by_user,
-                                                             stable_hash, user_shards,
-                                                             write_shards)
+from tfdp.workloads.recommenders.interactions.shards import (ShardFile, check_outputs,
+                                                             split_by_user, stable_hash,
+                                                             user_shards, write_shards)
 from tfdp.workloads.recommenders.interactions.ids import (IdMapping, build_vocabulary,
                                                           read_id_vocabulary)
 from tfdp.workloads.recommenders.interactions.ranking import (ranking_sums, ranking_sums_tf,
@@ -29,7 +29,7 @@ from tfdp.workloads.recommenders.interactions.planted import PlantedModel, plant
 __all__ = [
     "COLUMNS", "CSV_SUFFIXES", "SPLIT_COMMAND", "TFRECORD_SUFFIXES", "check_not_empty",
     "read_interactions", "resolve_shard_path",
-    "ShardFile", "split_by_user", "stable_hash", "user_shards", "write_shards",
+    "ShardFile", "check_outputs", "split_by_user", "stable_hash", "user_shards", "write_shards",
     "IdMapping", "build_vocabulary", "read_id_vocabulary",
     "ranking_sums", "ranking_sums_tf", "top_k_items",
     "PlantedModel", "planted_interactions",

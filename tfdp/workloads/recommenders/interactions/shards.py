@@ -107,6 +107,45 @@ class ShardFile:
   num_interactions: int
 
 
+def check_outputs(path: str, num_shards: int, read_from: str = "",
+                  others: dict[str, str] | None = None) -> None:
+  """Before anything is written: every shard `path` names, and each of `others` (what: path, e.g.
+  the vocabularies), can be written, and none replaces the input (`read_from`, a path or glob)
+  or another output. A vocabulary on the input's path replaced the data, exit 0; a folder where
+  a later file should go failed midway, the earlier files written (a probe)."""
+  if not _WORKER.search(path):
+    raise DataError(f"output path '{path}' has no {{worker}} placeholder; write e.g. "
+                    "/data/clicks-{worker}.csv so every worker gets its own file.")
+  if not path.lower().endswith(CSV_SUFFIXES):
+    raise DataError(f"output path '{path}' does not end in .csv; shards are written as CSV.")
+  inputs = ({os.path.realpath(p) for p in glob.glob(read_from)} | {os.path.realpath(read_from)}
+            if read_from else set())  # (a name with [ ] is no glob of itself)
+  targets = [(f"shard {shard}", resolve_shard_path(path, shard, num_shards))
+             for shard in range(num_shards)]
+  seen = {}
+  for what, target in targets + [(w, t) for w, t in (others or {}).items() if t]:
+    real = os.path.realpath(target)
+    if real in inputs and what.startswith("shard "):
+      raise DataError(f"output path '{path}' names the input '{target}' as a shard, which "
+                      "writing would replace (the rows of the other shards lost); choose an "
+                      "output path beside it, e.g. another folder.")
+    if real in inputs:
+      raise DataError(f"{what} '{target}' is the input, which writing would replace; choose "
+                      "another path.")
+    if real in seen:
+      raise DataError(f"{seen[real]} and {what} both name '{target}', which the second would "
+                      "replace; give each its own path.")
+    seen[real] = what
+    if os.path.isdir(target):
+      raise DataError(f"{what} '{target}' is a folder; give the path of a file.")
+    above = os.path.dirname(os.path.abspath(target))
+    while not os.path.exists(above):
+      above = os.path.dirname(above)
+    if not os.path.isdir(above):
+      raise DataError(f"{what} '{target}' lies under '{above}', which is a file, not a folder; "
+                      "choose another path.")
+
+
 def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None, seed: int = 0,
                  column_names: dict | None = None, read_from: str = "") -> list[ShardFile]:
   """Writes one CSV per worker (`path` has a `{worker}` placeholder), split by user.
@@ -117,19 +156,7 @@ def write_shards(frame: pd.DataFrame, path: str, num_shards: int, fractions=None
   train, nor over `read_from` (the input's path or glob), which a shard would replace.
   """
   path = os.fspath(path)
-  if not _WORKER.search(path):
-    raise DataError(f"output path '{path}' has no {{worker}} placeholder; write e.g. "
-                    "/data/clicks-{worker}.csv so every worker gets its own file.")
-  if not path.lower().endswith(CSV_SUFFIXES):
-    raise DataError(f"output path '{path}' does not end in .csv; shards are written as CSV.")
-  inputs = ({os.path.realpath(p) for p in glob.glob(read_from)} | {os.path.realpath(read_from)}
-            if read_from else set())  # (a name with [ ] is no glob of itself)
-  overwritten = [resolve_shard_path(path, shard, num_shards) for shard in range(num_shards)
-                 if os.path.realpath(resolve_shard_path(path, shard, num_shards)) in inputs]
-  if overwritten:
-    raise DataError(f"output path '{path}' names the input '{overwritten[0]}' as a shard, which "
-                    "writing would replace (the rows of the other shards lost); choose an "
-                    "output path beside it, e.g. another folder.")
+  check_outputs(path, num_shards, read_from)
   parts = split_by_user(frame, num_shards, fractions, seed)
   empty = [shard for shard, part in enumerate(parts) if part.empty]
   if empty:
