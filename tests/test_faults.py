@@ -53,7 +53,7 @@ def test_a_frozen_worker_stops_the_group_within_fifteen_seconds():
   os.kill(pids[1], signal.SIGSTOP)
   out, _ = proc.communicate(timeout=60)
   seconds = time.monotonic() - frozen_at
-  assert proc.returncode == 1, out
+  assert proc.returncode == 128 + signal.SIGKILL, out  # killed by the launcher: retryable
   assert seconds <= 15, (seconds, out)
   assert "worker 1 was frozen" in out, out
   assert not any(alive(pid) for pid in pids)

@@ -137,6 +137,18 @@ class GroupResult:
     return self.interrupted_by is None and self.frozen is None and all(
         code == 0 for code in self.returncodes)
 
+  def exit_code(self) -> int:
+    """The launcher's code for a group that failed for good: the blamed worker's own (128+N for
+    a signal N), so a scheduler that runs tfdp-launch tells a retryable end (a worker killed,
+    137; a lost peer, 203) from a permanent one as it would a worker's; a frozen worker, which
+    the launcher killed, 137; 1 where no worker is blamed. It was 1 for all (a probe)."""
+    if self.frozen is not None:
+      return 128 + signal.SIGKILL
+    code = None if self.first_failed is None else self.returncodes[self.first_failed]
+    if not code:
+      return 1
+    return 128 - code if code < 0 else code
+
   def failure_summary(self) -> str:
     """One line naming the failed worker and how it ended ('' if ok)."""
     if self.interrupted_by is not None:
@@ -553,4 +565,4 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     _log(f"{result.failure_summary()}{after}; stopped the other workers in "
          f"{result.stop_seconds or 0:.1f}s. {said}" +
          "".join(f"\n  [w{failed}] {line}" for line in tail))
-    return 1
+    return result.exit_code()
