@@ -8,16 +8,13 @@ reruns the same command.
 GPUs: every worker gets its own CUDA_VISIBLE_DEVICES (see tfdp/gpus.py); workers that all saw
 every GPU would each plan NCCL over all of them.
 
-Network exposure (checked against TensorFlow 2.21): the gRPC server that
-MultiWorkerMirroredStrategy starts listens on every interface no matter which host TF_CONFIG
-names. GrpcServer::Init in tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc hard-codes
-`AddListeningPort("0.0.0.0:" + port)`, which gRPC opens as dual-stack `[::]`; ServerDef's only
-related field, `port`, overrides the port but not the host, and the TF_GRPC_* environment
-variables tune client channels, not the listener. There is no supported way to bind to 127.0.0.1
-only. So a local group runs in a private network namespace (isolation.py: loopback only, nothing
-outside the group can connect) wherever the kernel allows it; elsewhere, and with allow_remote,
-the ports are reachable from the network while training runs. The launcher writes loopback
-addresses and refuses other hosts without allow_remote.
+Network exposure (TensorFlow 2.21): MultiWorkerMirroredStrategy's gRPC server listens on every
+interface whatever host TF_CONFIG names (GrpcServer::Init in grpc_server_lib.cc hard-codes
+`AddListeningPort("0.0.0.0:" + port)`, opened dual-stack; ServerDef's `port` and the TF_GRPC_*
+variables cannot bind it to 127.0.0.1 only). So a local group runs in a private network namespace
+(isolation.py: loopback only) wherever the kernel allows it; elsewhere, and with allow_remote, its
+ports are reachable while training runs. The launcher writes loopback addresses and refuses other
+hosts without allow_remote.
 """
 
 from __future__ import annotations
@@ -138,16 +135,12 @@ class GroupResult:
         code == 0 for code in self.returncodes)
 
   def exit_code(self) -> int:
-    """The launcher's code for a group that failed for good: the blamed worker's own (128+N for
-    a signal N), so a scheduler that runs tfdp-launch tells a retryable end (a worker killed,
-    137; a lost peer, 203) from a permanent one as it would a worker's; a frozen worker, which
-    the launcher killed, 137; 1 where no worker is blamed. It was 1 for all (a probe)."""
+    """The blamed worker's code (128+N for a signal N; 137 for a frozen one, which the launcher
+    killed), so a scheduler tells retryable from permanent; 1 where none is blamed."""
     if self.frozen is not None:
       return 128 + signal.SIGKILL
     code = None if self.first_failed is None else self.returncodes[self.first_failed]
-    if not code:
-      return 1
-    return 128 - code if code < 0 else code
+    return 1 if not code else 128 - code if code < 0 else code
 
   def failure_summary(self) -> str:
     """One line naming the failed worker and how it ended ('' if ok)."""
@@ -464,18 +457,16 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
            gpus_per_worker: int | str = gpus_lib.AUTO,
            allow_many_workers: bool = False, min_workers: int | None = None,
            slots_file: str | None = None) -> int:
-  """Runs the worker group, rerunning it up to `max_restarts` times.
-
-  Every rerun gets fresh ports (the old ones may linger in TIME_WAIT); the workers resume from
-  their checkpoint by themselves. Each worker gets `gpus_per_worker` GPUs (see run_group).
-
-  With `min_workers`, a rerun may have fewer workers, down to min_workers (elastic.py has the
-  rules, `slots_file` lists the slots that may start); one line per restart gives the size.
+  """Runs the worker group, rerunning it up to `max_restarts` times, each rerun with fresh ports
+  (the old may linger in TIME_WAIT); the workers resume from their checkpoint by themselves.
+  Each worker gets `gpus_per_worker` GPUs (see run_group). With `min_workers`, a rerun may have
+  fewer workers, down to min_workers (elastic.py's rules; `slots_file` lists those that may start).
 
   Returns:
     0 if a run succeeded; 128 + signal number if the launcher was interrupted; 2
-    (tfdp.errors.EXIT_PERMANENT) at once, without a restart, if a worker exited 2; 1 if the
-    last allowed run failed or < min_workers can start.
+    (tfdp.errors.EXIT_PERMANENT) at once, without a restart, if a worker exited 2; the blamed
+    worker's code (GroupResult.exit_code) if the last allowed run failed; 1 if < min_workers can
+    start.
 
   Raises:
     TfdpError: bad arguments, a non-loopback host without allow_remote, too few GPUs for the
