@@ -106,6 +106,32 @@ def test_sigterm_inside_a_long_loop_saves_within_seconds(tmp_path, workers):
   assert seconds < 25, (seconds, text[-3000:])
 
 
+def test_sigterm_to_pid_1_of_a_container_reaches_the_run_which_saves(tmp_path):
+  """As PID 1 of a container, tfdp-train forks and runs as its own child (cli.stay_off_pid_1);
+  Kubernetes's SIGTERM goes to PID 1, the parent, which must pass it on: the run saves and the
+  container exits 143. Seen failing with SIGTERM left out of the signals passed on (the parent
+  died, the kernel killed the run with it: no checkpoint)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  if not shutil.which("unshare") or subprocess.run(
+      ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
+      capture_output=True).returncode:
+    pytest.skip("needs unshare --user --pid (as root here)")
+  model_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+  proc = start(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+                "--kill-child", sys.executable, helpers.TRAIN_APP, f"--model_dir={model_dir}",
+                "--mode=train", f"--params_override={ONE_LONG_LOOP}"], log_path)
+  wait_for(log_path, TRACED, proc)
+  time.sleep(1)
+  first = psutil.Process(proc.pid).children()[0]  # PID 1 inside: tfdp-train's forwarding parent
+  assert len(first.children()) == 1, first.children()  # the run, its child
+  signalled = time.monotonic()
+  first.send_signal(signal.SIGTERM)
+  proc.wait(timeout=120)
+  text = log_path.read_text()
+  assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+  assert len(saved_steps(model_dir)) == 1 and time.monotonic() - signalled < 25, text[-3000:]
+
+
 STARTED = "cluster: worker"  # printed once MultiWorkerMirroredStrategy exists (and its handler)
 
 
