@@ -62,6 +62,10 @@ def main(argv):
   for name in ("input", "output", "user_column", "item_column"):
     if not getattr(FLAGS, name):
       cli.exit_with_error(PROG, f"--{name} is required; see {COMMAND} --help.")
+  if FLAGS.weight_column and FLAGS.weight_column == FLAGS.label_column:  # (training may read one
+    cli.exit_with_error(PROG, f"--weight_column and --label_column both name column "  # twice)
+                        f"'{FLAGS.label_column}'; a shard holds each column once: give each its "
+                        "own column, or leave --weight_column out.")
   fractions = parse_fractions(FLAGS.fractions)
   num_shards = FLAGS.num_shards or (len(fractions) if fractions else None)
   if num_shards is None:

@@ -367,9 +367,9 @@ def test_worker_0_leaving_right_after_a_start_up_exchange_leaves_every_peer_the_
   from tfdp.distributed import launch as launcher  # pylint: disable=g-import-not-at-top
   said = []
   for _ in range(2):
-    procs = []
-    for _ in range(3):  # load of their own: the lost answer needs a busy machine
-      configs = launcher.worker_tf_configs(2, "127.0.0.1", launcher.pick_free_ports(2))
+    procs, ports = [], launcher.pick_free_ports(6)  # at once: a pair started holds none yet
+    for pair in range(3):  # load of their own: the lost answer needs a busy machine
+      configs = launcher.worker_tf_configs(2, "127.0.0.1", ports[2 * pair:2 * pair + 2])
       procs += [subprocess.Popen([sys.executable, "-c", EXCHANGE_SCRIPT], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=str(helpers.REPO),
                                  env=helpers.env(TF_CONFIG=config)) for config in configs]

@@ -611,8 +611,9 @@ def test_the_splitter_refuses_one_column_for_two_roles(tmp_path, label, item):
     (["--user_vocabulary={tmp}/in.csv/u.txt"], "--user_vocabulary '{tmp}/in.csv/u.txt' lies under "
                                                "'{tmp}/in.csv', which is a file, not a folder; "
                                                "choose another path."),
-    (["--weight_column=y"], "weight_column and label_column both name column 'y' of "
-                            "'{tmp}/in.csv'; give each its own column."),
+    (["--weight_column=y"], "--weight_column and --label_column both name column 'y'; a shard "
+                            "holds each column once: give each its own column, or leave "
+                            "--weight_column out."),
 ])
 def test_app_errors_in_one_line(tmp_path, args, expected):
   (tmp_path / "in.csv").write_text("s,d,y\n1,2,3\n4,5,1\n")

@@ -81,13 +81,17 @@ def cancel(job_id: str) -> None:
 
 
 def test_the_shipped_template_starts_one_task_on_a_whole_node(tmp_path):
-  """On a whole node (--exclusive: this Slurm's node declares 8 CPUs) with --cpus-per-task=4 and
-  no --ntasks, Slurm sets SLURM_TASKS_PER_NODE to 2 (CPUs over --cpus-per-task), and the template
-  started 2 workers where it means one a node (a review; seen failing with the old count: 2
-  configs printed). --print_config: each task prints the config and leaves."""
+  """On a whole node (--exclusive) with --cpus-per-task half its CPUs and no --ntasks, Slurm sets
+  SLURM_TASKS_PER_NODE to 2 (CPUs over --cpus-per-task), and the template started 2 workers
+  where it means one a node (a review; seen failing with the old count on the 8-CPU node, -c 4:
+  2 configs printed). --print_config: each task prints the config and leaves."""
+  cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
+                            timeout=20).stdout.split()[0].rstrip("+"))
+  assert cpus >= 2, cpus  # else a whole node holds one task of any size: no test
   out = tmp_path / "job.out"
   proc = subprocess.run(
-      ["sbatch", "--wait", "--nodes=1", "--exclusive", "--cpus-per-task=4", f"--output={out}",
+      ["sbatch", "--wait", "--nodes=1", "--exclusive", f"--cpus-per-task={cpus // 2}",
+       f"--output={out}",
        "configs/cluster/slurm_cifar10_quick.sbatch", "--print_config"],
       capture_output=True, text=True, timeout=300, env=slurm_env(), cwd=str(helpers.REPO))
   log = out.read_text() if out.exists() else ""

@@ -45,8 +45,13 @@ def stay_off_pid_1() -> None:
   child = os.fork()
   if child == 0:
     return
+  def pass_on(number, _):
+    try:
+      os.kill(child, number)
+    except ProcessLookupError:  # reaped a moment ago: its code is on its way out
+      pass
   for name in PASSED_ON_SIGNALS:
-    signal.signal(getattr(signal, name), lambda number, _: os.kill(child, number))
+    signal.signal(getattr(signal, name), pass_on)
   while True:
     try:
       pid, status = os.wait()

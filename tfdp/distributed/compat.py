@@ -159,8 +159,8 @@ def exchange_between_workers(rank: int, num_workers: int, value: str,
     if rank:
       ctx.set_config_key_value(f"tfdp/{topic}/heard/{rank}", "")
     else:
-      for i in range(1, num_workers):
-        ctx.get_config_key_value(f"tfdp/{topic}/heard/{i}", timeout_in_ms=timeout_ms)
+      for i in range(1, num_workers):  # an answer's way, not a peer's work: seconds at most
+        ctx.get_config_key_value(f"tfdp/{topic}/heard/{i}", timeout_in_ms=min(timeout_ms, 10000))
   except tf.errors.OpError:  # every value is read: a peer's own answer lost is no loss here
     pass
   return values

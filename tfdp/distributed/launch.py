@@ -465,8 +465,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
   Returns:
     0 if a run succeeded; 128 + signal number if the launcher was interrupted; 2
     (tfdp.errors.EXIT_PERMANENT) at once, without a restart, if a worker exited 2; the blamed
-    worker's code (GroupResult.exit_code) if the last allowed run failed; 1 if < min_workers can
-    start.
+    worker's code (GroupResult.exit_code) if the run failed without max_restarts; 1 if the last
+    allowed restart failed or < min_workers can start.
 
   Raises:
     TfdpError: bad arguments, a non-loopback host without allow_remote, too few GPUs for the
@@ -556,4 +556,5 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
     _log(f"{result.failure_summary()}{after}; stopped the other workers in "
          f"{result.stop_seconds or 0:.1f}s. {said}" +
          "".join(f"\n  [w{failed}] {line}" for line in tail))
-    return result.exit_code()
+    # Restarts spent: 1 (a retryable code, restarted for ever); else the scheduler decides.
+    return 1 if max_restarts else result.exit_code()

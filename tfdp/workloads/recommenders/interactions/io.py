@@ -104,8 +104,7 @@ def read_interactions(path: str, user_column: str, item_column: str, label_colum
                       f"column that holds the {role} ids.")
   for role, name in (("label", label_column), ("weight", weight_column), ("item", item_column)):
     other = ("user" if name == user_column
-             else "item" if role != "item" and name == item_column
-             else "label" if role == "weight" and name == label_column else "")
+             else "item" if role != "item" and name == item_column else "")
     if name and other:  # the ids read as ratings (or as the other id): a silent wrong model
       raise DataError(f"{prefix}{role}_column and {other}_column both name column '{name}' of "
                       f"'{path}'; give each its own column.")
