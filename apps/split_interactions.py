@@ -101,17 +101,8 @@ def main(argv):
   cli.exit_now(0)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """As cli.flags_parser, with a help command that exists (this app has no console script)."""
-  cli.prog = PROG
-  try:
-    return FLAGS(argv)
-  except flags.Error as error:
-    cli.exit_with_error(PROG, f"{error}; see {COMMAND} --helpfull.")
-
-
-def run():
-  app.run(main, flags_parser=parse_flags)
+def run():  # the help command named is one that exists (this app has no console script)
+  app.run(main, flags_parser=cli.flags_parser(PROG, COMMAND))
 
 
 if __name__ == "__main__":

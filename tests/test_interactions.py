@@ -597,6 +597,9 @@ def test_the_splitter_refuses_one_column_for_two_roles(tmp_path, label, item):
                          "python apps/split_interactions.py --helpfull."),
     (["--user_column="], "--user_column is required; see python apps/split_interactions.py "
                          "--help."),
+    # absl's own words, unlike every other app's (a probe)
+    (["--user_colum=s"], "Unknown command line flag 'user_colum' (did you mean --user_column?); "
+                         "see python apps/split_interactions.py --helpfull."),
     # A probe: each of these wrote over the input or another output with exit 0, or failed
     # after the shards were written; now refused before anything is (seen failing: the old code).
     (["--user_vocabulary={tmp}/in.csv"], "--user_vocabulary '{tmp}/in.csv' is the input, which "

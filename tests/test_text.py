@@ -679,7 +679,9 @@ def test_an_unwritable_vocab_output_is_refused_before_learning(tmp_path):
   Seen failing: TensorFlow loaded (True), and the folder case's IsADirectoryError line."""
   (tmp_path / "file").write_text("a file where a folder is wanted")
   (tmp_path / "folder").mkdir()
-  for output, said in ((tmp_path / "file" / "v.txt", "cannot be written (File exists)"),
+  for output, said in ((tmp_path / "file" / "v.txt",  # it said "(File exists)" (a probe)
+                        f"cannot be written (it lies under '{tmp_path / 'file'}', a file, not a "
+                        "folder)"),
                        (tmp_path / "folder", "is a folder; name the vocabulary file")):
     code = ("import sys; from tfdp.workloads.text import inputs\n"
             f"try: inputs.learn_vocabulary(['a b c'], 100, {str(output)!r})\n"

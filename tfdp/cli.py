@@ -62,9 +62,11 @@ def stay_off_pid_1() -> None:
       os._exit(code if code >= 0 else 128 - code)
 
 
-def flags_parser(prog: str):  # pylint: disable=redefined-outer-name
-  """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line."""
+def flags_parser(prog: str, command: str = ""):  # pylint: disable=redefined-outer-name
+  """absl prints usage and a traceback-like two lines on a bad flag; tfdp prints one line, which
+  points at `command --helpfull` (default: prog, the console script)."""
   globals()["prog"] = prog
+  command = command or prog
 
   def parse(argv: list[str]) -> list[str]:
     try:
@@ -73,9 +75,9 @@ def flags_parser(prog: str):  # pylint: disable=redefined-outer-name
       said = re.sub(r"\. Did you mean: (.+) \?$",  # absl's "'x'. Did you mean: a, b ?"
                     lambda m: " (did you mean --" + m.group(1).replace(", ", ", --") + "?)",
                     str(error))
-      exit_with_error(prog, f"{said}; see {prog} --helpfull.")
+      exit_with_error(prog, f"{said}; see {command} --helpfull.")
     except flags.Error as error:
-      exit_with_error(prog, f"{error}; see {prog} --helpfull.")
+      exit_with_error(prog, f"{error}; see {command} --helpfull.")
   return parse
 
 

@@ -265,7 +265,12 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
     except OSError as e:
       with contextlib.suppress(OSError):  # a disk that filled up leaves no half file behind
         os.unlink(partial)
-      raise DataError(f"vocabulary file '{path}' cannot be written ({e.strerror}); choose "
+      above = folder
+      while not os.path.exists(above):
+        above = os.path.dirname(above)
+      why = (f"it lies under '{above}', a file, not a folder" if not os.path.isdir(above)
+             else e.strerror)  # makedirs said "File exists" (a probe)
+      raise DataError(f"vocabulary file '{path}' cannot be written ({why}); choose "
                       "another --output.") from None
   written(lambda f: None)  # before minutes of learning: --output a folder, read-only, ...
   os.unlink(partial)  # an interrupted run leaves no empty .partial behind (a probe)
