@@ -254,6 +254,25 @@ def test_csv_errors_count_physical_lines(tmp_path, compressed):
       "number; fix or remove that row.")
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_csv_that_is_not_utf8_names_its_line_and_the_fix(tmp_path, compressed):
+  """A probe: "can't decode byte 0xe9 in position 0 ...; fix that line", naming no line (pandas's
+  position is in a block, not the file). Seen failing with the old message."""
+  content = "uid,iid,rating\n1,2,4\n3,4,5\n5,6,1 caf\xe9\n".encode("latin1")
+  path = tmp_path / ("r.csv.gz" if compressed else "r.csv")
+  if compressed:
+    with gzip.open(path, "wb") as f:
+      f.write(content)
+  else:
+    path.write_bytes(content)
+  with pytest.raises(DataError) as excinfo:
+    interactions.read_interactions(path, "uid", "iid", "rating")
+  said = one_line_error(excinfo)
+  assert said.startswith(f"interactions file '{path}' is not UTF-8 (line 4: byte 0xe9); "), said
+  assert said.endswith(f"iconv -f latin1 -t UTF-8 {path} > {path}.tmp && mv {path}.tmp {path}"
+                       if not compressed else "convert its text to UTF-8."), said
+
+
 def test_csv_errors_count_a_quoted_line_break_as_a_line(tmp_path):
   path = tmp_path / "r.csv"
   path.write_text('uid,iid,note,rating\n1,2,"two\nlines",4\n1,3,x,\n')

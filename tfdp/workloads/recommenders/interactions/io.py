@@ -154,14 +154,18 @@ def _csv_rows(path: str):
   return row_name
 
 
-def _open_text(path: str):
+def _open_bytes(path: str):
   lower = path.lower()
   if lower.endswith(".zip"):  # pandas reads the one file in it
     archive = zipfile.ZipFile(path)
-    return io.TextIOWrapper(archive.open(archive.namelist()[0]), encoding="utf-8", newline="")
+    return archive.open(archive.namelist()[0])
   opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(lower)[1],
                                                                       open)
-  return opener(path, "rt", encoding="utf-8", newline="")
+  return opener(path, "rb")
+
+
+def _open_text(path: str):
+  return io.TextIOWrapper(_open_bytes(path), encoding="utf-8", newline="")
 
 
 def _csv_line(path: str, index: int) -> int | None:
@@ -218,6 +222,22 @@ def _check_columns(available: list, columns: dict, where: str, path: str = "") -
                       f"{role}_column to one of them.")
 
 
+def _not_utf8(path: str, where: str) -> str:
+  with _open_bytes(path) as f:
+    raw = f.read()
+  try:
+    raw.decode("utf-8")
+    return f"{where} is not UTF-8; convert its text to UTF-8."
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    said = f"{where} is not UTF-8 (line {line}: byte 0x{raw[e.start]:02x})"
+  if not path.lower().endswith(".csv"):
+    return f"{said}; convert its text to UTF-8."
+  q = shlex.quote(path)  # latin1 decodes any bytes: the command never fails
+  return (f"{said}; convert it (latin1 is a guess: put its real encoding after -f): iconv -f "
+          f"latin1 -t UTF-8 {q} > {q}.tmp && mv {q}.tmp {q}")
+
+
 def _read_csv(path: str, columns: dict, where: str) -> dict | None:
   try:
     header = list(pd.read_csv(path, nrows=0).columns)
@@ -227,7 +247,9 @@ def _read_csv(path: str, columns: dict, where: str) -> dict | None:
     frame = pd.read_csv(path, low_memory=False)
   except pd.errors.EmptyDataError:
     return None  # a zero-byte file
-  except (pd.errors.ParserError, UnicodeDecodeError) as e:
+  except UnicodeDecodeError:  # pandas names neither line nor fix (a probe)
+    raise DataError(_not_utf8(path, where)) from None
+  except pd.errors.ParserError as e:
     raise DataError(f"{where} cannot be read as CSV: {str(e).strip().splitlines()[0]}; fix that "
                     "line.") from None
   except OSError as e:
