@@ -237,16 +237,20 @@ def test_string_ids_say_ids_are_integers_and_how_to_map_them(tmp_path):
   assert read["user"].tolist() == [0, 1] and read["item"].tolist() == [0, 1]
 
 
+def write_file(path, content: bytes) -> None:
+  """`content` in `path`, gzipped where the name ends in .gz."""
+  if path.name.endswith(".gz"):
+    with gzip.open(path, "wb") as f:
+      f.write(content)
+  else:
+    path.write_bytes(content)
+
+
 @pytest.mark.parametrize("compressed", [False, True])
 def test_csv_errors_count_physical_lines(tmp_path, compressed):
   # Once "row 2 (line 3)" here: pandas skips blank lines, and the line was counted from rows.
-  content = "\nuid,iid,rating\n1,2,4\n\n   \n\"1\",3,5\n1,4,\n"
   path = tmp_path / ("r.csv.gz" if compressed else "r.csv")
-  if compressed:
-    with gzip.open(path, "wt") as f:
-      f.write(content)
-  else:
-    path.write_text(content)
+  write_file(path, "\nuid,iid,rating\n1,2,4\n\n   \n\"1\",3,5\n1,4,\n".encode())
   with pytest.raises(DataError) as excinfo:
     interactions.read_interactions(path, "uid", "iid", "rating")
   assert one_line_error(excinfo) == (
@@ -258,13 +262,8 @@ def test_csv_errors_count_physical_lines(tmp_path, compressed):
 def test_a_csv_that_is_not_utf8_names_its_line_and_the_fix(tmp_path, compressed):
   """A probe: "can't decode byte 0xe9 in position 0 ...; fix that line", naming no line (pandas's
   position is in a block, not the file). Seen failing with the old message."""
-  content = "uid,iid,rating\n1,2,4\n3,4,5\n5,6,1 caf\xe9\n".encode("latin1")
   path = tmp_path / ("r.csv.gz" if compressed else "r.csv")
-  if compressed:
-    with gzip.open(path, "wb") as f:
-      f.write(content)
-  else:
-    path.write_bytes(content)
+  write_file(path, "uid,iid,rating\n1,2,4\n3,4,5\n5,6,1 caf\xe9\n".encode("latin1"))
   with pytest.raises(DataError) as excinfo:
     interactions.read_interactions(path, "uid", "iid", "rating")
   said = one_line_error(excinfo)
