@@ -196,7 +196,14 @@ def test_the_smallest_accumulation_keeps_the_per_replica_batch_or_lowers_it_to_f
   assert resume.smallest_accumulation(256, 8, 64) == 1  # more replicas: 32 each
   assert resume.smallest_accumulation(96, 16, 8) == 1  # 6 each fits under 8
   assert resume.smallest_accumulation(48, 2, 20) == 2  # 24 does not fit; 12 does
-  assert resume.smallest_accumulation(256, 3, 64) is None
+  assert resume.smallest_accumulation(256, 3, 64) == 2  # 43 rows, 2 of them padding
+  # An even split at any count was preferred (a review): 53 micro-steps of 1 row, 5 of 25.
+  # Seen failing on the old rule (53, 5).
+  assert resume.smallest_accumulation(106, 2, 27) == 2  # 27 rows, 2 of padding a step
+  assert resume.smallest_accumulation(250, 2, 50) == 3  # 42 rows, 2 of padding
+  # File shards cannot split unevenly: the fewest even micro-steps that fit, where any do.
+  assert resume.smallest_accumulation(106, 2, 27, even=True) == 53
+  assert resume.smallest_accumulation(256, 3, 64, even=True) == 2  # none even: refused later
 
 
 def test_file_shards_changed_mid_epoch_are_refused_at_the_epoch_end_they_are_not():

@@ -235,6 +235,17 @@ def test_the_data_order_refusal_names_the_callers_own_setting():
       resume.check_resume(was, now, "/tmp/run", "/tmp/run/checkpoints/ckpt-3")
 
 
+def test_another_epoch_length_names_the_worker_count_under_file_shards():
+  """A review: under shard_policy file an epoch's steps follow the worker count (files of 200,
+  50, 50 and 100 examples, batch 64: 13 steps on 4 workers, 8 on 2), and the refusal blamed the
+  data or the batch, neither changed. Seen failing on the old wording."""
+  from tfdp.core import resume  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import OutputError  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  with pytest.raises(OutputError, match="steps_per_epoch was 13, now 8 .*the worker count too"):
+    resume.check_resume({"steps_per_epoch": 13}, {"steps_per_epoch": 8}, "/tmp/run")
+
+
 def test_a_longer_resume_under_lookahead_is_refused_as_under_a_decaying_schedule():
   """A review: lookahead's pull decays with step / total_steps (optim.Lookahead), so a resume
   with other epochs under a constant schedule trained another run than the one it continued;

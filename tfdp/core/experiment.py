@@ -59,7 +59,9 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
       model_dir, evaluating=mode == "eval")
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
-    split = _batch_split(config, model_dir, prior, replicas, cluster, None, say=False)
+    policy = config.task.train_data.shard_policy  # auto is resolved once the data is planned
+    split = _batch_split(config, model_dir, prior, replicas, cluster,
+                         policy if policy in resume.FILE_SHARDED else None, say=False)
     data_lib.check_batch_divides(_with_accumulation(config, split), replicas)
   return (outputs.prepare_model_dir(model_dir) if cluster.is_chief else model_dir), prior, init
 

@@ -22,7 +22,10 @@ RUN_RECORD = "run.json"  # beside the checkpoints: --start_over moves both aside
 # another order. (gradient_accumulation_steps is recorded but not compared: the recorded run
 # re-solves it for another group, resume_batch_split.)
 RESUME_FIELDS = {"global_batch_size": "trainer.global_batch_size",
-                 "steps_per_epoch": "the training data or trainer.global_batch_size",
+                 # file shards: an epoch's steps follow the largest worker's files (a review)
+                 "steps_per_epoch": "the training data or trainer.global_batch_size; under "
+                                    "shard_policy file or off, the worker count too: resume on "
+                                    "the run's",
                  "epoch_steps": "trainer.steps_per_epoch (its warmup/decay epochs, metrics rows)",
                  "examples_per_epoch": "task.train_data",
                  "data_order_seed": "trainer.seed",
@@ -281,15 +284,17 @@ class BatchSplit:
             f"{self.per_replica_batch}{uneven}, global batch {self.global_batch} kept")
 
 
-def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: int) -> int | None:
-  """The fewest micro-steps that split `global_batch` evenly over `replicas` with a per-replica
-  batch no larger than `per_replica_limit` (its memory budget); None when no even split exists
-  (resume_batch_split then splits it unevenly, padded)."""
-  for accumulation in range(1, global_batch // replicas + 1):
-    if (global_batch % (replicas * accumulation) == 0
-        and global_batch // (replicas * accumulation) <= per_replica_limit):
-      return accumulation
-  return None
+def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: int,
+                          even: bool = False) -> int:
+  """The fewest micro-steps over `replicas` whose per-replica share of `global_batch` (padded
+  where it does not split evenly) is no larger than `per_replica_limit` (its memory budget). An
+  even split was preferred at any count: 106 from 4 replicas resumed on 2 ran 53 micro-steps of
+  1 row where 2 of 27 fit (a review); a padded step counts each example once all the same.
+  `even`: file shards, which cannot split unevenly, take the fewest even ones where any fits."""
+  fits = [a for a in range(1, global_batch + 1)
+          if -(-global_batch // (replicas * a)) <= per_replica_limit]
+  evens = [a for a in fits if global_batch % (replicas * a) == 0] if even else []
+  return (evens or fits)[0]
 
 
 def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas: int,
@@ -323,12 +328,8 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
   limit = max([int(s["per_replica_batch"]) for s in splits if "per_replica_batch" in s]
               or [int(record.get("per_replica_batch")
                       or batch // (was_replicas * was_accumulation))])
-  if replicas == was_replicas:
-    accumulation = was_accumulation
-  else:
-    accumulation = smallest_accumulation(batch, replicas, limit)
-  if accumulation is None:  # no even split: the fewest micro-steps whose padded share fits
-    accumulation = next(a for a in range(1, batch + 1) if -(-batch // (replicas * a)) <= limit)
+  accumulation = (was_accumulation if replicas == was_replicas
+                  else smallest_accumulation(batch, replicas, limit, sharding in FILE_SHARDED))
   return BatchSplit(batch, workers, replicas, accumulation, was_workers, was_replicas,
                     was_accumulation)
 
