@@ -5,6 +5,7 @@ Everything else asks here, so moving a module never silently breaks a path.
 from __future__ import annotations
 
 import os
+import shlex
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this file: tfdp/paths.py
 CONFIGS = os.path.join(REPO_ROOT, "configs")
@@ -29,6 +30,23 @@ def find_config(path: str) -> str:
   candidate = os.path.join(CONFIGS, os.path.relpath(path, "configs")
                            if path.startswith("configs") else path)
   return candidate if os.path.exists(candidate) else path
+
+
+def nearest_existing(path: str) -> str:
+  """`path`, or its nearest folder above that exists: where a file to be written there meets
+  the file system (a file in that place means none can be made below it)."""
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
+
+
+def utf8_conversion(path: str) -> str:
+  """The command that converts a file to UTF-8, for an error line. iconv needs the source
+  encoding (-f): without it, "illegal input sequence"; latin1 decodes any bytes, so it never
+  fails."""
+  q = shlex.quote(path)
+  return (f"(latin1 is a guess: put its real encoding after -f): iconv -f latin1 -t UTF-8 {q} > "
+          f"{q}.tmp && mv {q}.tmp {q}")
 
 
 def looked_in(path: str) -> str:

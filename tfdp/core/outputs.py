@@ -19,6 +19,7 @@ from absl import logging
 
 from tfdp.core import locks
 from tfdp import errors
+from tfdp import paths
 from tfdp.errors import OutputError
 
 CONFIG_FILE = "config.yaml"
@@ -51,9 +52,7 @@ def prepare_model_dir(model_dir: str) -> str:
   if os.path.isdir(model_dir):
     check_model_dir_owner(model_dir)
     locks.check_not_in_use(model_dir)
-  existing = model_dir
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
+  existing = paths.nearest_existing(model_dir)
   if not os.path.isdir(existing):
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created: '{existing}' "
                       "is a file; choose a folder path.")

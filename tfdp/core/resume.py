@@ -291,10 +291,10 @@ def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: i
   even split was preferred at any count: 106 from 4 replicas resumed on 2 ran 53 micro-steps of
   1 row where 2 of 27 fit (a review); a padded step counts each example once all the same.
   `even`: file shards, which cannot split unevenly, take the fewest even ones where any fits."""
-  fits = [a for a in range(1, global_batch + 1)
-          if -(-global_batch // (replicas * a)) <= per_replica_limit]
-  evens = [a for a in fits if global_batch % (replicas * a) == 0] if even else []
-  return (evens or fits)[0]
+  fewest = next(a for a in range(1, global_batch + 1)  # every count above it fits too
+                if -(-global_batch // (replicas * a)) <= per_replica_limit)
+  return next((a for a in range(fewest, global_batch + 1) if global_batch % (replicas * a) == 0),
+              fewest) if even else fewest
 
 
 def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas: int,

@@ -14,7 +14,6 @@ import glob
 import math
 import os
 import re
-import shlex
 
 from absl import logging
 
@@ -48,11 +47,8 @@ def read_text_file(path: str) -> str:
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    # iconv needs the source encoding (-f); latin1 decodes any bytes, so the command never fails.
-    q = shlex.quote(path)
     raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start}); remove it, or convert it "
-                    "(latin1 is a guess: put its real encoding after -f): iconv -f latin1 -t "
-                    f"UTF-8 {q} > {q}.tmp && mv {q}.tmp {q}") from None
+                    f"{paths.utf8_conversion(path)}") from None
 
 
 def _is_text_file(name: str) -> bool:
@@ -265,9 +261,7 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
     except OSError as e:
       with contextlib.suppress(OSError):  # a disk that filled up leaves no half file behind
         os.unlink(partial)
-      above = folder
-      while not os.path.exists(above):
-        above = os.path.dirname(above)
+      above = paths.nearest_existing(folder)
       why = (f"it lies under '{above}', a file, not a folder" if not os.path.isdir(above)
              else e.strerror)  # makedirs said "File exists" (a probe)
       raise DataError(f"vocabulary file '{path}' cannot be written ({why}); choose "

@@ -17,6 +17,7 @@ import zipfile
 import numpy as np
 import pandas as pd
 
+from tfdp import paths
 from tfdp.errors import DataError
 
 COLUMNS = ("user", "item", "label", "weight")
@@ -233,9 +234,7 @@ def _not_utf8(path: str, where: str) -> str:
     said = f"{where} is not UTF-8 (line {line}: byte 0x{raw[e.start]:02x})"
   if not path.lower().endswith(".csv"):
     return f"{said}; convert its text to UTF-8."
-  q = shlex.quote(path)  # latin1 decodes any bytes: the command never fails
-  return (f"{said}; convert it (latin1 is a guess: put its real encoding after -f): iconv -f "
-          f"latin1 -t UTF-8 {q} > {q}.tmp && mv {q}.tmp {q}")
+  return f"{said}; convert it {paths.utf8_conversion(path)}"
 
 
 def _read_csv(path: str, columns: dict, where: str) -> dict | None:

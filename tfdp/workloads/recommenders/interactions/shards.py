@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tfdp import paths
 from tfdp.errors import DataError
 from tfdp.workloads.recommenders.interactions.io import (_WORKER, COLUMNS, CSV_SUFFIXES,
                                                          resolve_shard_path)
@@ -125,22 +126,19 @@ def check_outputs(path: str, num_shards: int, read_from: str = "",
   seen = {}
   for what, target in targets + [(w, t) for w, t in (others or {}).items() if t]:
     real = os.path.realpath(target)
-    if real in inputs and what.startswith("shard "):
-      raise DataError(f"output path '{path}' names the input '{target}' as a shard, which "
-                      "writing would replace (the rows of the other shards lost); choose an "
-                      "output path beside it, e.g. another folder.")
     if real in inputs:
-      raise DataError(f"{what} '{target}' is the input, which writing would replace; choose "
-                      "another path.")
+      raise DataError(
+          f"output path '{path}' names the input '{target}' as a shard, which writing would "
+          "replace (the rows of the other shards lost); choose an output path beside it, e.g. "
+          "another folder." if what.startswith("shard ") else
+          f"{what} '{target}' is the input, which writing would replace; choose another path.")
     if real in seen:
       raise DataError(f"{seen[real]} and {what} both name '{target}', which the second would "
                       "replace; give each its own path.")
     seen[real] = what
     if os.path.isdir(target):
       raise DataError(f"{what} '{target}' is a folder; give the path of a file.")
-    above = os.path.dirname(os.path.abspath(target))
-    while not os.path.exists(above):
-      above = os.path.dirname(above)
+    above = paths.nearest_existing(os.path.dirname(os.path.abspath(target)))
     if not os.path.isdir(above):
       raise DataError(f"{what} '{target}' lies under '{above}', which is a file, not a folder; "
                       "choose another path.")
