@@ -324,6 +324,18 @@ def test_resolve_precedence():
     cluster_lib.resolve_cluster({"TF_CONFIG": "{"})
 
 
+def test_a_group_may_resize_only_under_min_workers_below_num_workers():
+  """tfdp-launch --min_workers tells each worker its group's bounds (elastic.Membership.env);
+  `auto` then shards elements, which resume on any count."""
+  worker = dict(TF_CONFIG=_tf_config(task={"type": "worker", "index": 1}))
+  assert not cluster_lib.resolve_cluster(worker).may_resize
+  assert cluster_lib.resolve_cluster(dict(worker, TFDP_MIN_WORKERS="1",
+                                          TFDP_MAX_WORKERS="2")).may_resize
+  assert not cluster_lib.resolve_cluster(dict(worker, TFDP_MIN_WORKERS="2",
+                                              TFDP_MAX_WORKERS="2")).may_resize  # stops instead
+  assert not cluster_lib.group_may_resize({"TFDP_MIN_WORKERS": "x", "TFDP_MAX_WORKERS": "2"})
+
+
 def test_a_blank_tf_config_is_a_single_process_for_tensorflow_too():
   """TensorFlow's own cluster resolvers (MirroredStrategy's too) json-parse TF_CONFIG when it is
   set, blank or not: a blank one crashed tfdp.make_strategy with a JSONDecodeError traceback."""

@@ -118,6 +118,24 @@ def test_data_sharding_gives_every_worker_a_slice_of_the_same_global_batch(recor
     assert real_rows(one, 2 * start, 2 * stop) == batch_two
 
 
+@pytest.mark.parametrize("recorded, may_resize, expected", [
+    (None, False, "file"),   # TF's AUTO rule: a file for every pipeline
+    (None, True, "data"),    # tfdp-launch --min_workers: the group may resume on another count
+    ("data", False, "data"), ("off", False, "data"),  # a resume reads the run's one order
+    ("file", False, "file"), ("file", True, "file"),  # ... or its files (refused mid-epoch)
+])
+def test_auto_shards_elements_where_the_worker_count_may_change(records, recorded, may_resize,
+                                                                 expected):
+  """`auto` picked file shards under the elastic launcher: a shrink in the middle of an epoch
+  was then refused (exit 2) and the launcher stopped (tests/test_elastic_launch.py runs it).
+  Seen failing on the old rule: file for every row."""
+  source = data_lib.make_source(data_config(source="tfrecord", path=records))
+  assert data_lib.resolve_shard_policy("auto", source, 2, recorded, may_resize) == expected
+  assert data_lib.resolve_shard_policy("file", source, 2, "data", True) == "file"  # as asked
+  assert data_lib.resolve_shard_policy("auto", source, 5, None, False) == "data"  # 4 files
+  assert data_lib.resolve_shard_policy("auto", source, 1, recorded, may_resize) == "off"
+
+
 def test_file_policy_needs_a_file_per_worker(records):
   data = data_config(source="tfrecord", path=records, shard_policy="file")
   with pytest.raises(DataError, match="file.*5 workers.*shard_policy data"):

@@ -95,6 +95,25 @@ def test_four_workers_resume_on_two_with_accumulation_two_as_if_never_stopped(un
   assert kept["global_batch_size"] == 16 and kept["sharding"] == "data"
 
 
+def test_one_process_resumes_on_two_workers_in_its_one_order_under_auto(tmp_path):
+  """A run of one process read one order (sharding off); resumed mid-epoch on two workers
+  whose data has a file each, `auto` once picked file shards there, and the resume was refused
+  (the files go to the workers differently). It now keeps the run's order: element shards.
+  Seen failing with the recorded sharding not passed on (experiment.build)."""
+  records = helpers.write_tfrecords(tmp_path / "records", [60, 60])  # 120 examples, 2 files
+  auto = ELASTIC.replace("task.train_data.source=synthetic", "task.train_data.source=tfrecord,"
+                         f"task.train_data.path={records},task.train_data.cache=false").replace(
+                             "task.train_data.shard_policy=data", "task.train_data.shard_policy=auto")
+  model_dir = tmp_path / "run"
+  probe(model_dir, f"{auto},runtime.cpu_replicas=2,trainer.max_steps=6", tmp_path / "first")
+  assert record(model_dir)["sharding"] == "off"
+  resumed, output = probe(model_dir, f"{auto},runtime.cpu_replicas=2,trainer.max_steps=8",
+                          tmp_path / "out", launcher_workers=2)
+  assert resumed["info"]["step"] == 8, output[-3000:]
+  assert "resumed at step 6 on 2 workers (was 1 worker with 2 replicas)" in output, output[-3000:]
+  assert record(model_dir)["sharding"] == "data"
+
+
 def test_four_replicas_resume_on_one_with_accumulation_four(uninterrupted, tmp_path):
   model_dir = tmp_path / "run"
   probe(model_dir, job(4, 6), tmp_path / "first")  # the same config as the run it is compared to
@@ -214,6 +233,17 @@ def test_file_shards_changed_mid_epoch_are_refused_at_the_epoch_end_they_are_not
                      r"end, step 8\), or pass --start_over"):
     resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 6)
   assert resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 8).accumulation == 2
+  # A run finished there by trainer.max_steps trains nothing: not refused (it was; a review).
+  assert resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 6, max_steps=6).workers == 2
+  with pytest.raises(OutputError, match="in the middle of an epoch"):  # 6 steps to go
+    resume.resume_batch_split(kept, "run", 16, 2, 2, "file", 6, max_steps=12)
+  # ... nor for its epochs, which under file shards are the largest worker's (9 steps, now 8).
+  fewer = {**kept, "steps_per_epoch": 9, "epoch_steps": 9}
+  resume.check_resume(fewer, {**fewer, "steps_per_epoch": 8, "epoch_steps": 8}, "run",
+                      "run/checkpoints/ckpt-6", max_steps=6)
+  with pytest.raises(OutputError, match="steps_per_epoch was 9, now 8"):
+    resume.check_resume(fewer, {**fewer, "steps_per_epoch": 8, "epoch_steps": 8}, "run",
+                        "run/checkpoints/ckpt-6", max_steps=12)
 
 
 def test_fewer_workers_than_shards_without_a_mapping_is_refused_naming_the_key(tmp_path):

@@ -117,7 +117,8 @@ FLAKY_WORKER = """
       (out / "slots").write_text("0\\n1\\n2\\n")
       sys.exit(3)
     if restart == "3":
-      print("done", slot, os.environ["TFDP_WORKER_INDEX"], size, flush=True)
+      print("done", slot, os.environ["TFDP_WORKER_INDEX"], size, os.environ["TFDP_MIN_WORKERS"],
+            os.environ["TFDP_MAX_WORKERS"], flush=True)
       sys.exit(0)
     time.sleep(60)
 """
@@ -137,7 +138,7 @@ def test_group_shrinks_past_a_worker_that_fails_twice_and_grows_back(tmp_path):
       "tfdp-launch: restart 3 of 3: 3 workers (was 2; worker slot 2 is back; worker slot 0 "
       "exited with code 3)."], proc.stderr
   assert sorted(proc.stdout.splitlines()) == [
-      "[w0] done 0 0 3", "[w1] done 1 1 3", "[w2] done 2 2 3"]
+      "[w0] done 0 0 3 2 3", "[w1] done 1 1 3 2 3", "[w2] done 2 2 3 2 3"]
   assert len(_pids(tmp_path)) == 3 + 3 + 2 + 3
   _assert_all_gone(_pids(tmp_path))
 
@@ -244,12 +245,15 @@ def test_bad_elastic_flags_are_one_line_exit_2(tmp_path, args, words):
   assert lines[0].startswith("tfdp-launch: error: ") and words in lines[0]
 
 
-# ---- real training: 3 workers, slot 2 crashes after the first checkpoint, then at every start;
-# the job finishes on 2 from that checkpoint (a global batch of 12 splits over 3 and over 2).
-# --mode=train and no export: nothing here reads an evaluation or an exported model.
+# ---- real training: 3 workers, slot 2 crashes after the first checkpoint (step 8 of an epoch's
+# 20), then at every start; the job finishes on 2 from that checkpoint (a global batch of 12
+# splits over 3 and over 2). Three files, one per worker: `auto` once chose file shards here,
+# which cannot resume on another count in the middle of an epoch, so the shrink was refused
+# (exit 2) and the launcher stopped. --mode=train and no export: nothing here reads an
+# evaluation or an exported model.
 JOB = ("task.model.name=small_cnn,task.model.kwargs.filters=4,"
-       "task.train_data.source=synthetic,task.train_data.num_examples=240,"
-       "task.train_data.image_size=8,task.train_data.num_classes=4,"
+       "task.train_data.source=tfrecord,task.train_data.path={records},task.train_data.cache=false,"
+       "task.train_data.num_classes=4,"
        "trainer.global_batch_size=12,trainer.epochs=2,trainer.steps_per_loop=4,"
        "trainer.checkpoint_every_steps=8,trainer.export_model=false,runtime.intra_op_threads=1,"
        "runtime.inter_op_threads=1")
@@ -274,10 +278,11 @@ CRASHING_SLOT = """
 
 def test_training_shrinks_from_three_workers_to_two_and_finishes_exactly(tmp_path):
   model_dir = tmp_path / "run"
+  records = helpers.write_tfrecords(tmp_path / "records", [80, 80, 80])
   proc = _launch("--num_workers=3", "--min_workers=2", "--max_restarts=3", "--",
                  sys.executable, "-c", textwrap.dedent(CRASHING_SLOT), str(model_dir),
                  helpers.TRAIN_APP, f"--model_dir={model_dir}", "--mode=train",
-                 f"--params_override={JOB}",
+                 f"--params_override={JOB.format(records=records)}",
                  timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   restarts = [line for line in proc.stderr.splitlines() if " restart " in line]
@@ -288,6 +293,7 @@ def test_training_shrinks_from_three_workers_to_two_and_finishes_exactly(tmp_pat
   assert "all 2 workers finished after 2 restarts" in proc.stderr
   # the two survivors resumed the three-worker run from its checkpoint, not from scratch
   assert "[w1] cluster: worker 1 of 2 (TF_CONFIG)" in proc.stdout, proc.stdout[-4000:]
+  assert "shard_policy auto → data, not file: the group may resize" in proc.stdout
   assert re.search(r"\[w0\] .*resumed from .*ckpt-\d+ at step [1-9]", proc.stdout)
   metrics = pd.read_csv(model_dir / "metrics.csv")
   assert metrics["epoch"].tolist() == [1, 2], metrics

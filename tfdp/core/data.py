@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from absl import logging
 
 from tfdp.core import local_shards
+from tfdp.core import padding
 from tfdp.errors import ConfigError, DataError, terms
 
 if TYPE_CHECKING:  # annotations only: core.task imports this module, and config imports core.task
@@ -99,8 +100,12 @@ def make_source(data: DataConfig) -> Source:
 # ---- sharding and batching -------------------------------------------------------------------
 
 
-def resolve_shard_policy(policy: str, source: Source, num_pipelines: int) -> str:
-  """TF's AUTO rule made explicit: shard files when every pipeline gets one, else elements.
+def resolve_shard_policy(policy: str, source: Source, num_pipelines: int,
+                         recorded: str | None = None, may_resize: bool = False) -> str:
+  """TF's AUTO rule made explicit: shard files when every pipeline gets one, else elements;
+  elements also where the group may change size (`may_resize`: tfdp-launch --min_workers) or a
+  resumed run read elements (`recorded`: its sharding): they are one order on any worker count,
+  whereas file shards cannot resume on another count mid-epoch (the launcher could not shrink).
   A source that holds only this worker's own data (a {worker} path) is `local`."""
   if source.kind == "local" or policy == "local":
     if source.kind != "local":
@@ -111,6 +116,11 @@ def resolve_shard_policy(policy: str, source: Source, num_pipelines: int) -> str
     return "off"
   num_files = len(source.file_counts)
   if policy == "auto":
+    if num_files >= num_pipelines and (recorded in ("off", "data") or
+                                       (recorded is None and may_resize)):
+      logging.info("data: shard_policy auto → data, not file: %s", "the run read one order of "
+                   "elements" if recorded else "the group may resize (tfdp-launch --min_workers)")
+      return "data"
     return "file" if num_files >= num_pipelines else "data"
   if policy == "file" and num_files < num_pipelines:
     raise DataError(f"shard_policy 'file' needs at least one file per worker, but the source has "
@@ -244,13 +254,14 @@ class InputPlan:
 
 def plan_input(source: Source, data: DataConfig, global_batch: int, num_replicas: int,
                num_pipelines: int, batch_key: str = "trainer.global_batch_size",
-               accumulation_steps: int = 1, local_counts: list | None = None) -> InputPlan:
+               accumulation_steps: int = 1, local_counts: list | None = None,
+               policy: str | None = None) -> InputPlan:
   """Decides once how one split is batched and sharded; the trainer takes its global batch and
   steps per epoch from the plan that shaped the batches. `local_counts`: every worker's
   (shard indices, examples per shard) of a local source (exchanged between workers), so all
   agree on each shard's rows per step and the steps per epoch instead of hanging in a
-  collective."""
-  policy = resolve_shard_policy(data.shard_policy, source, num_pipelines)
+  collective. `policy`: resolve_shard_policy's answer where the caller decided it (a resume)."""
+  policy = policy or resolve_shard_policy(data.shard_policy, source, num_pipelines)
   replicas_per_pipeline = num_replicas // num_pipelines
   if policy == "local":
     per_worker = local_counts or [(list(source.shards), list(source.file_counts))]
@@ -299,66 +310,6 @@ def shuffle_buffer(source: Source, data: DataConfig) -> int:
     return data.shuffle_buffer
   whole = data.cache and source.num_examples * math.prod(source.image_shape) <= SHUFFLE_WHOLE_BYTES
   return max(source.num_examples if whole else 10000, 1)
-
-
-def _zeros_batch(spec, batch: int):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not spec.shape.is_fully_defined():
-    raise DataError(f"examples must have fixed shapes to be batched, got {spec}; "
-                    f"{terms().fixed_shapes_fix}.")
-  shape = [batch, *spec.shape]
-  if spec.dtype == tf.string:
-    return tf.fill(shape, "")
-  return tf.zeros(shape, spec.dtype)
-
-
-def _fill_with_own_rows(batch: dict, size: int) -> dict:
-  """A short batch of r real rows → `size` rows: row i is real row i mod r, weight 0 past r. When
-  r divides the per-replica batch, each replica's batch statistics (BatchNorm's mean and biased
-  variance) are those of the real rows alone."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  real = tf.shape(batch["weight"])[0]
-
-  def filled():
-    position = tf.range(size)
-    rows = tf.nest.map_structure(lambda x: tf.gather(x, position % real), batch)
-    return {**rows, "weight": tf.where(position < real, rows["weight"],
-                                       tf.zeros_like(rows["weight"]))}
-
-  # A full batch passes as it is (no copy); static shapes either way.
-  return tf.cond(real == size, lambda: tf.nest.map_structure(
-      lambda x: tf.ensure_shape(x, [size, *x.shape[1:]]), batch), filled)
-
-
-def _spread_over_slots(batch: dict, slots: int, per_slot: int) -> dict:
-  """An uneven split's step of m real rows → `slots` per-replica batches of `per_slot` rows: slot
-  t holds the next floor or ceil of m / slots real rows, then weight-0 copies of them (of the
-  step's rows, for a slot with none)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  real = tf.shape(batch["weight"])[0]
-  position = tf.range(slots * per_slot)
-  slot, row = position // per_slot, position % per_slot
-  base, extra = real // slots, real % slots
-  count = base + tf.cast(slot < extra, tf.int32)
-  offset = slot * base + tf.minimum(slot, extra)
-  index = tf.where(count > 0, offset + row % tf.maximum(count, 1), row % real)
-  rows = tf.nest.map_structure(lambda x: tf.gather(x, index), batch)
-  return {**rows, "weight": tf.where(row < count, rows["weight"], tf.zeros_like(rows["weight"]))}
-
-
-def _then_copies_of_last(batches, copies: int, zeros: dict):
-  """`batches`, then `copies` weight-0 copies of its last batch (a scan carries it)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  flagged = batches.map(lambda b: (b, False)).concatenate(
-      tf.data.Dataset.from_tensors((zeros, True)).repeat(copies))
-
-  def step(last, flagged_batch):
-    batch, is_copy = flagged_batch
-    out = tf.cond(is_copy, lambda: {**last, "weight": tf.zeros_like(last["weight"])},
-                  lambda: batch)
-    return out, out
-
-  return flagged.scan(zeros, step)
 
 
 _EPOCH_STRIDE = 1000003  # one seed's epochs never reach the next seed's
@@ -438,7 +389,7 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
     real = plan.counts[pipeline] if policy != "local" else source.num_examples
     spec = base.enumerate().map(
         lambda i, ex: prepare({**ex, "index": i}, tf.constant(0, tf.int64))).element_spec
-    zeros = tf.nest.map_structure(lambda s: _zeros_batch(s, size), spec)
+    zeros = tf.nest.map_structure(lambda s: padding.zeros_batch(s, size), spec)
     if plan.uneven_global_batch:  # this pipeline's share of each step's block, not a shard
       first_position, share = plan.block_share(pipeline)
       whole_steps, last_block = divmod(source.num_examples, plan.global_batch)
@@ -460,10 +411,10 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
               ex["index"] % global_batch < first_position + share))
       ds = ds.map(lambda ex: prepare(ex, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=data.deterministic).batch(share)
-      ds = ds.map(lambda b: _spread_over_slots(
+      ds = ds.map(lambda b: padding.spread_over_slots(
           b, plan.replicas_per_pipeline * plan.accumulation_steps, plan.per_replica_batch))
       if plan.steps_per_epoch > real_steps:
-        ds = _then_copies_of_last(ds, plan.steps_per_epoch - real_steps, zeros)
+        ds = padding.then_copies_of_last(ds, plan.steps_per_epoch - real_steps, zeros)
       return ds.skip(skip // size - first)
 
     def one_epoch(epoch, skip: int):
@@ -484,9 +435,9 @@ def make_dataset_fn(plan: InputPlan, data: DataConfig, task, *, training: bool, 
       ds = ds.take(real).skip(first).map(lambda ex: prepare(ex, epoch),
                                          num_parallel_calls=tf.data.AUTOTUNE,
                                          deterministic=data.deterministic)
-      ds = ds.batch(size).map(lambda b: _fill_with_own_rows(b, size))
+      ds = ds.batch(size).map(lambda b: padding.fill_with_own_rows(b, size))
       if padded_len > real_end:
-        ds = _then_copies_of_last(ds, (padded_len - real_end) // size, zeros)
+        ds = padding.then_copies_of_last(ds, (padded_len - real_end) // size, zeros)
       return ds.skip((skip - first) // size)
 
     first_epoch, end = (start_epoch, epochs) if training else (0, 1)
@@ -512,8 +463,8 @@ def _local_steps(plan: InputPlan, pipeline: int, step_rows: int, prepare, data: 
   source, shards = plan.source, plan.pipeline_shards[pipeline]
   spec = source.read([0]).map(lambda ex: prepare({**ex, "index": tf.constant(0, tf.int64)},
                                                  tf.constant(0, tf.int64))).element_spec
-  zeros = tf.nest.map_structure(lambda s: _zeros_batch(s, step_rows), spec)
-  empty = tf.nest.map_structure(lambda s: _zeros_batch(s, 0), spec)
+  zeros = tf.nest.map_structure(lambda s: padding.zeros_batch(s, step_rows), spec)
+  empty = tf.nest.map_structure(lambda s: padding.zeros_batch(s, 0), spec)
 
   def shard_steps(file: int, shard: int, epoch):
     count, rows = source.file_counts[file], plan.shard_batches[shard]
@@ -530,7 +481,8 @@ def _local_steps(plan: InputPlan, pipeline: int, step_rows: int, prepare, data: 
         plan.steps_per_epoch - real_steps))
 
   def fill(last, batch):
-    out = tf.cond(tf.shape(batch["weight"])[0] > 0, lambda: _fill_with_own_rows(batch, step_rows),
+    out = tf.cond(tf.shape(batch["weight"])[0] > 0,
+                  lambda: padding.fill_with_own_rows(batch, step_rows),
                   lambda: {**last, "weight": tf.zeros_like(last["weight"])})
     return out, out
 

@@ -225,9 +225,10 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
   train_plan = eval_plan = eval_dataset = split = None
   if mode != "eval":
     train_source = train_source or tasks.built_source(task, data_cfg.train_data)
+    sharding = data_lib.resolve_shard_policy(  # a resume reads as its run did, on any count
+        data_cfg.train_data.shard_policy, train_source, num_pipelines,
+        (prior.record or {}).get("sharding"), cluster.may_resize)
     if prior.record:  # before the plan: on a resume the recorded run decides the accumulation
-      sharding = data_lib.resolve_shard_policy(data_cfg.train_data.shard_policy, train_source,
-                                               num_pipelines)
       split = _batch_split(config, model_dir, prior, replicas, cluster, sharding)
       config = _with_accumulation(config, split)  # config.yaml records what trains
     train_plan = data_lib.plan_input(train_source, data_cfg.train_data,
@@ -235,7 +236,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                                      accumulation_steps=(split.accumulation if split else
                                                          trainer_cfg.gradient_accumulation_steps),
                                      local_counts=_local_counts(train_source, cluster, config,
-                                                                "train_counts"))
+                                                                "train_counts"), policy=sharding)
     data_lib.log_plan("train", train_plan)
     if train_plan.policy == "local":  # a resume reads the run's shards, however mapped
       local_shards.check_resumed_shards(prior.record,
@@ -261,7 +262,8 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
                 if train_plan else None)
   if run_record and prior.record:  # no record: a run from before records, resumed as it is
     # before anything is written: a refused resume leaves model_dir as it was
-    resume.check_resume(prior.record, run_record, model_dir, prior.checkpoint)
+    resume.check_resume(prior.record, run_record, model_dir, prior.checkpoint,
+                        trainer_cfg.max_steps)
     _check_precision_kept(prior.record, run_record, plan, model_dir)
   write_plan = outputs.write_plan(model_dir, cluster.is_chief, cluster.rank)
   if cluster.is_chief:  # every input is checked: the run's folder may now exist
@@ -440,7 +442,8 @@ def _batch_split(config: ExperimentConfig, model_dir: str, prior: resume.Prior, 
   config_accumulation = config.trainer.gradient_accumulation_steps
   split = resume.resume_batch_split(prior.record, model_dir, config.trainer.global_batch_size,
                                      replicas, max(cluster.num_workers, 1), sharding,
-                                     outputs.checkpoint_step(prior.checkpoint))
+                                     outputs.checkpoint_step(prior.checkpoint),
+                                     config.trainer.max_steps)
   if (split and sharding and sharding not in data_lib.UNEVEN_POLICIES
       and split.global_batch % (split.replicas * split.accumulation)):
     raise OutputError(

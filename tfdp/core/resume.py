@@ -127,16 +127,21 @@ def _check_no_outputs_without_checkpoint(model_dir: str) -> None:
         f"{errors.terms().model_dir}.")
 
 
-def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | None = None
-                 ) -> None:
+def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | None = None,
+                 max_steps: int = 0) -> None:
   """Refuses a resume whose config gives the restored step another meaning. A longer or shorter
   run is a continuation only when the learning-rate schedule does not decay over its length.
   `current` may hold only some fields (config_decided_fields, before the data is planned);
-  `checkpoint`: the one restored, whose step says whether the data order may change."""
+  `checkpoint`: the one restored, whose step says whether the data order may change. A run that
+  trainer.max_steps had finished trains nothing: the data position means nothing (a re-run on
+  another worker count of file shards, whose epochs are the largest worker's files)."""
+  step = checkpoint_step(checkpoint) if checkpoint else None
+  finished = bool(step) and 0 < max_steps <= step
   changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
              for field, key in RESUME_FIELDS.items()
-             if field in record and field in current and record[field] != current[field]]
-  if not changed and checkpoint:
+             if field in record and field in current and record[field] != current[field]
+             and not (finished and field in ("steps_per_epoch", "epoch_steps"))]
+  if not changed and checkpoint and not finished:
     _check_order_kept(record, current, model_dir, checkpoint_step(checkpoint))
   decays = (f"the '{current.get('schedule')}' learning-rate schedule"
             if current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES else
@@ -298,13 +303,14 @@ def smallest_accumulation(global_batch: int, replicas: int, per_replica_limit: i
 
 
 def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas: int,
-                       workers: int, sharding: str | None, step: int | None) -> BatchSplit | None:
+                       workers: int, sharding: str | None, step: int | None,
+                       max_steps: int = 0) -> BatchSplit | None:
   """On a resume, the recorded run decides the split: its global batch stays, its per-replica
   batch stays (or shrinks to the largest even share, never above any it used), and
   gradient_accumulation_steps makes up the difference. Refuses, in one line, a group that
   cannot take the run's data as it was read: a worker-count change of file shards in the
-  middle of an epoch (data each worker reads alone: local_shards.check_resumed_shards). None:
-  an old record."""
+  middle of an epoch (data each worker reads alone: local_shards.check_resumed_shards), unless
+  the run had finished there (`max_steps`: nothing trains). None: an old record."""
   history = record.get("history") or []
   batch = int(record.get("global_batch_size", global_batch))
   if not history or "gradient_accumulation_steps" not in record or batch != global_batch:
@@ -317,13 +323,14 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
     was_sharding = record.get("sharding", record.get("shard_policy"))
     steps_per_epoch = int(record.get("steps_per_epoch") or 0)
     if (steps_per_epoch and step is not None and step % steps_per_epoch
-        and {was_sharding, sharding} & set(FILE_SHARDED)):
+        and {was_sharding, sharding} & set(FILE_SHARDED) and not 0 < max_steps <= step):
       end = (step // steps_per_epoch + 1) * steps_per_epoch
       raise OutputError(
           f"{started} with file shards, stopped at step {step} in the middle of an epoch; its "
           f"files go to {workers} worker(s) differently, so the rest of the epoch would repeat "
-          f"some examples and skip others. Resume on {was_workers} workers (a change is fine from "
-          f"the epoch's end, step {end}), or {errors.terms().start_over}.")
+          f"some examples and skip others. Resume on {was_workers} "
+          f"worker{'s' * (was_workers != 1)} (a change is fine from the epoch's end, step {end}), "
+          f"or {errors.terms().start_over}.")
   splits = record.get("batch_history") or []
   limit = max([int(s["per_replica_batch"]) for s in splits if "per_replica_batch" in s]
               or [int(record.get("per_replica_batch")

@@ -43,6 +43,8 @@ class Cluster:
     cluster: The cluster spec, e.g. {"worker": ["host0:2222", "host1:2222"]}.
     source: "none", "TF_CONFIG" or "slurm": where the description came from.
     rpc_layer: Protocol the servers use ("grpc" unless TF_CONFIG says else).
+    may_resize: A restart may run this group on another worker count (tfdp-launch
+      --min_workers below --num_workers: TFDP_MIN_WORKERS, TFDP_MAX_WORKERS).
   """
 
   task_type: str = ""
@@ -52,6 +54,7 @@ class Cluster:
       default_factory=dict, hash=False)
   source: str = "none"
   rpc_layer: str = "grpc"
+  may_resize: bool = False
 
   @property
   def num_workers(self) -> int:
@@ -310,6 +313,12 @@ def group_restart(env: Mapping[str, str] = os.environ) -> tuple[str, int] | None
   return None
 
 
+def group_may_resize(env: Mapping[str, str] = os.environ) -> bool:
+  """tfdp-launch --min_workers says how far the group may shrink (and grow back)."""
+  counts = [env.get(name, "").strip() for name in ("TFDP_MIN_WORKERS", "TFDP_MAX_WORKERS")]
+  return all(c.isdigit() for c in counts) and int(counts[0]) < int(counts[1])
+
+
 def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
   """TF_CONFIG wins if set (under a multi-task srun only if it agrees with srun's layout), else
   Slurm under a multi-task srun, else single.
@@ -325,7 +334,7 @@ def resolve_cluster(env: Mapping[str, str] = os.environ) -> Cluster:
     if cluster.task_type in _TRAINING_TASK_TYPES:  # an evaluator is refused later, on its own
       slurm.check_tf_config_place(env, f"{cluster.task_type} {cluster.task_index}", cluster.rank,
                                   cluster.num_workers)
-    return cluster
+    return dataclasses.replace(cluster, may_resize=group_may_resize(env))
   if slurm.running_under_srun(env):
     cluster = from_slurm(env)
     if env is os.environ:

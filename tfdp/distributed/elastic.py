@@ -97,6 +97,11 @@ class Membership:
     if len(self.slots) < self.min_workers:
       raise TfdpError(self.too_few_line(restarting=False))
 
+  def env(self) -> dict[str, str]:
+    """What a worker is told of the group's bounds: it may run on another count after a restart
+    (cluster.group_may_resize), which `auto` file shards could not resume on mid-epoch."""
+    return {"TFDP_MIN_WORKERS": str(self.min_workers), "TFDP_MAX_WORKERS": str(self.num_workers)}
+
   def _read_file(self) -> set[int]:
     try:
       with open(self.slots_file, encoding="utf-8") as file:

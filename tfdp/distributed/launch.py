@@ -5,8 +5,7 @@ soon as one worker fails (an all-reduce peer would otherwise block until its gRP
 optionally reruns the group; the training app resumes from its own checkpoint, the launcher only
 reruns the same command.
 
-GPUs: every worker gets its own CUDA_VISIBLE_DEVICES (see tfdp/gpus.py); workers that all saw
-every GPU would each plan NCCL over all of them.
+GPUs: each worker its own CUDA_VISIBLE_DEVICES (gpus.py), or each would plan NCCL over all.
 
 Network exposure (TensorFlow 2.21): MultiWorkerMirroredStrategy's gRPC server listens on every
 interface whatever host TF_CONFIG names (GrpcServer::Init in grpc_server_lib.cc hard-codes
@@ -502,7 +501,8 @@ def launch(command: Sequence[str], num_workers: int, max_restarts: int = 0,
   while True:
     slots = members.slots if members else tuple(range(num_workers))
     # A restarted group resumes: tfdp-train ignores --start_over when this is above 0.
-    group_env = dict(os.environ if env is None else env, TFDP_RESTART_COUNT=str(restarts))
+    group_env = dict(os.environ if env is None else env, TFDP_RESTART_COUNT=str(restarts),
+                     **(members.env() if members else {}))
     result = run_group(command, len(slots), host=host, env=group_env,
                        stop_grace_seconds=stop_grace_seconds, output=output,
                        gpus_per_worker=gpus_per_worker, private_network=not allow_remote,
