@@ -189,6 +189,26 @@ def test_apps_exit_with_the_errors_own_code(monkeypatch, capsys, kind, code):
   assert capsys.readouterr().err.startswith("tfdp-train: error: ")
 
 
+def test_the_error_line_is_one_write_the_signal_watcher_cannot_split(monkeypatch):
+  """The watcher thread's 'SIGTERM (not training)' line (the launcher stopping a worker as it
+  fails) landed between print's two writes, the message and its newline: one line of two errors
+  (a probe). Seen failing on print (2 writes)."""
+  writes = []
+
+  class Recording:
+    def write(self, text):
+      writes.append(text)
+
+    def flush(self):
+      pass
+
+  monkeypatch.setattr(sys, "stderr", Recording())
+  monkeypatch.setattr(cli, "exit_now", lambda c: (_ for _ in ()).throw(SystemExit(c)))
+  with pytest.raises(SystemExit):
+    cli.exit_with_error("tfdp-train", errors.DataError("the message"))
+  assert writes == ["tfdp-train: error: the message\n"]
+
+
 def test_the_peer_loss_errors_raise_the_restart_error():
   """Where the code says "the group must restart", it raises the retryable error."""
   for module in ("tfdp/core/run_errors.py", "tfdp/distributed/compat.py"):

@@ -7,6 +7,7 @@ import sys
 
 from absl import flags
 
+from tfdp import logs
 from tfdp import paths
 
 
@@ -15,7 +16,9 @@ def exit_with_error(prog: str, message, code: int | None = None) -> None:
   """One line, and the exit code a scheduler acts on: the error's own (tfdp.errors), else 2."""
   if code is None:
     code = getattr(message, "exit_code", None) or 2
-  print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+  # one write under the signal watcher's lock: its SIGTERM line (the launcher stopping this
+  # worker as it fails) once landed inside this one, before its newline (a probe)
+  logs.write_stderr_line(f"{prog}: error: {' '.join(str(message).split())}")
   exit_now(code)
 
 
