@@ -628,6 +628,26 @@ def test_a_bad_vocab_size_is_refused_before_tensorflow_loads(tmp_path):
   assert not (tmp_path / "v.txt").exists()
 
 
+def test_a_vocabulary_too_small_for_the_texts_characters_is_refused(tmp_path):
+  """--vocab_size 6 wrote the 5 reserved tokens and '!' (exit 0): every word [UNK]. The learner's
+  first tokens are the characters, each twice (x, ##x): the smallest size that holds them all is
+  learned as such, one below is refused before learning. Seen failing on the old code (no
+  error, a vocabulary of 21 tokens)."""
+  characters = sorted(set("".join(TINY_CORPUS).lower()) - {" "})
+  needed = len(text.RESERVED_TOKENS) + 2 * len(characters)
+  with pytest.raises(DataError) as raised:
+    text.learn_vocabulary(TINY_CORPUS, needed - 1, str(tmp_path / "small.txt"))
+  assert one_line_error(raised) == (
+      f"vocab_size {needed - 1} cannot hold the {len(characters)} characters the text uses, each "
+      "as a word's start and inside a word (##x), beside the 5 reserved tokens (words with the "
+      f"others would be [UNK]); use at least {needed}, a few thousand to learn word pieces.")
+  assert not list(tmp_path.iterdir())
+  text.learn_vocabulary(TINY_CORPUS, needed, str(tmp_path / "enough.txt"))
+  tokenizer = text.load_tokenizer(str(tmp_path / "enough.txt"))
+  tokens = [tokenizer.id_to_token(int(i)) for line in TINY_CORPUS for i in tokenizer.tokenize(line)]
+  assert len(tokens) > len(" ".join(TINY_CORPUS).split()) and "[UNK]" not in tokens
+
+
 @pytest.mark.parametrize("make_input, words", [
     (lambda tmp: tmp / "empty", "holds no .txt/.md files"),
     (lambda tmp: tmp / "nowhere", "neither a folder nor a glob"),

@@ -222,6 +222,24 @@ def check_vocab_size(vocab_size: int) -> None:
                     "reserved tokens; use a few thousand.")
 
 
+def check_vocab_holds_characters(texts: list[str], vocab_size: int, lowercase: bool) -> None:
+  """The learner's first tokens are the text's characters, each twice (`x` starting a word, `##x`
+  inside one); a smaller vocabulary left some out, and every word with one became [UNK] (a
+  probe: --vocab_size 6 wrote the reserved tokens and '!'). Counted as keras_hub's learner splits
+  (whitespace apart, NFKC case folding where it lowercases)."""
+  import unicodedata  # pylint: disable=g-import-not-at-top
+  characters = set()
+  for t in texts:
+    characters.update(unicodedata.normalize("NFKC", t).casefold() if lowercase else t)
+  count = len({c for c in characters if not c.isspace()})
+  needed = len(RESERVED_TOKENS) + 2 * count
+  if vocab_size < needed:
+    raise DataError(f"vocab_size {vocab_size} cannot hold the {count} characters the text uses, "
+                    f"each as a word's start and inside a word (##x), beside the "
+                    f"{len(RESERVED_TOKENS)} reserved tokens (words with the others would be "
+                    f"[UNK]); use at least {needed}, a few thousand to learn word pieces.")
+
+
 def without_output(paths: list[str], output: str) -> list[str]:
   """The corpus files `paths` less the vocabulary file `output` about to be written. One that an
   earlier run wrote inside the corpus folder was read as text (a probe: 6657 words, not 6322),
@@ -251,6 +269,7 @@ def learn_vocabulary(texts: list[str], vocab_size: int, path: str, lowercase: bo
   texts = [t for t in texts if t.strip()]
   if not texts:
     raise DataError(f"no text to learn a vocabulary for '{path}' from; the input files are empty.")
+  check_vocab_holds_characters(texts, vocab_size, lowercase)
   folder = os.path.dirname(os.path.abspath(path))
   partial = path + ".partial"
   def written(write) -> None:
