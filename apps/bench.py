@@ -23,7 +23,7 @@ import apps
 from tfdp import bench
 from tfdp import cli
 from tfdp import paths
-from tfdp.errors import TfdpError
+from tfdp.errors import ConfigError, TfdpError
 
 PROG = bench.PROG
 DEFAULTS = bench.BenchOptions()
@@ -61,7 +61,7 @@ flags.DEFINE_integer("pack_tensors", DEFAULTS.pack_tensors, "allreduce: tensors 
 flags.DEFINE_integer("pack_tensor_bytes", DEFAULTS.pack_tensor_bytes, "allreduce: bytes of each.")
 flags.DEFINE_string("bytes_per_pack", _csv(DEFAULTS.bytes_per_pack),
                     "allreduce: bytes_per_pack values to compare (0: one pack).")
-flags.DEFINE_integer("tcp_bytes", DEFAULTS.tcp_bytes, "allreduce: bytes pushed through loopback TCP.")
+flags.DEFINE_integer("tcp_bytes", DEFAULTS.tcp_bytes, "allreduce: bytes pushed through loopback TCP (in whole 4 MiB chunks, at least one).")
 flags.DEFINE_enum("hosts", DEFAULTS.hosts, bench.HOSTS_CHOICES, "allreduce: workers on "
                   "127.0.0.1 (loopback), or each on its own host of a cluster in a box (box: "
                   "network namespaces on one bridge; needs user namespaces or root).")
@@ -79,6 +79,10 @@ def main(argv):
   if len(argv) > 1:
     cli.exit_with_error(PROG, f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
   try:
+    if FLAGS["models"].present and FLAGS.config_file:  # it was dropped without a word (a probe)
+      raise ConfigError(
+          "--models names the grid's models, and a --config_file job trains its config's model; "
+          "drop --models, or choose the model with --params_override=task.model.name=NAME.")
     opts = bench.BenchOptions(
         output_dir=FLAGS.output_dir, models=bench.parse_name_list(FLAGS.models),
         replicas=bench.parse_int_list(FLAGS.replicas, "replicas"),

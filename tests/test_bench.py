@@ -148,6 +148,11 @@ def test_input_pipeline_rate_is_compared_with_the_training_rate(tmp_path):
     (["--mode=tta", "--targets=0.5,1"], ["--targets", "between 0 and 1"]),
     (["--mode=tta", "--runs=tfdp,keras"], ["--runs", "keras_tutorial"]),
     (["--mode=tta", "--config_file=configs/shakespeare_mlm.yaml"], ["masked_lm", "--runs=tfdp"]),
+    # A probe: --models was dropped without a word, the config's model timed (the old code: 0).
+    (["--config_file=configs/cifar10_quick.yaml", "--models=resnet56", "--nobaseline"],
+     ["--models", "--config_file", "task.model.name"]),
+    (["--timeout_seconds=nan"], ["--timeout_seconds", "30 days"]),  # a traceback, exit 1
+    (["--timeout_seconds=inf"], ["--timeout_seconds"]),
 ])
 def test_mistakes_print_one_line_and_exit_2(tmp_path, args, words):
   proc = run_bench(tmp_path / "out", *args, timeout=120)
@@ -156,6 +161,32 @@ def test_mistakes_print_one_line_and_exit_2(tmp_path, args, words):
   lines = [l for l in proc.stderr.splitlines() if l.startswith("tfdp-bench:")]
   assert len(lines) == 1 and all(w in lines[0] for w in words), proc.stderr[-2000:]
   assert not list(tmp_path.glob("**/*.csv"))
+
+
+def test_what_a_cell_prints_is_what_it_ran(tmp_path):
+  """A probe: an override that changes the grid's replicas (or model) printed the grid's values
+  ('replicas 2') beside a CSV row saying 1, and per_replica_batch was floor(10 / 3) = 3 where
+  the engine pads each replica to 4. Seen failing on the old code: 'replicas 2', 3."""
+  proc = run_bench(tmp_path, "--mode=throughput", "--nobaseline", "--replicas=2",
+                   "--global_batch_sizes=10", *QUICK[:-1],
+                   f"--params_override={TINY},runtime.cpu_replicas=3")
+  frame = read_outputs(tmp_path, proc, "throughput", ["model", "replicas", "per_replica_batch"])
+  assert frame[["model", "replicas", "global_batch", "per_replica_batch"]].values.tolist() == [
+      ["small_cnn", 3, 10, 4]]
+  assert "tfdp-bench: small_cnn batch 10 replicas 3: " in proc.stdout, proc.stdout
+
+
+def test_a_stopped_worker_group_exits_with_the_signals_code(monkeypatch):
+  """A probe: SIGINT to a --mode=scaling run exited 2 (a bad input, never retried) where
+  throughput's exits 130. Seen failing: exit_code 2."""
+  import signal  # pylint: disable=g-import-not-at-top
+  from tfdp.bench import processes  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed import launch  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(launch, "run_group", lambda *a, **k: launch.GroupResult(
+      [None], [0], [0], interrupted_by=signal.SIGINT))
+  with pytest.raises(bench.BenchError) as raised:
+    processes.run_worker_group({"kind": "train"}, 1, "scaling small_cnn on 1 worker(s)", 60)
+  assert raised.value.exit_code == 130 and "launcher got SIGINT" in str(raised.value)
 
 
 def test_allreduce_sizes_and_loopback_tcp():

@@ -68,7 +68,7 @@ def throughput(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                  "vs_keras_fit": res["examples_per_sec"] / base if base else math.nan,
                  "peak_rss_mb": res["peak_rss_mb"], **utilization(res), "load_avg_1m": load,
                  **info})
-    progress(f"{model} batch {batch} replicas {replicas}: {res['examples_per_sec']:.1f} "
+    progress(f"{_cell_name(res)}: {res['examples_per_sec']:.1f} "
              f"{res['unit']}/s, "
              f"input wait {res['input_wait_fraction']:.2f}, MFU {rows[-1]['mfu']:.3f}")
   return rows
@@ -89,7 +89,12 @@ def _row_head(res: dict) -> dict:
   return {"model": res["model"], "data": res["data"], "image_size": res["image_size"],
           "strategy": res["strategy"], "replicas": res["replicas"],
           "workers": res.get("num_workers", 1), "global_batch": res["global_batch"],
-          "per_replica_batch": res["global_batch"] // res["replicas"]}
+          "per_replica_batch": -(-res["global_batch"] // res["replicas"])}  # padded: ceil
+
+
+def _cell_name(res: dict) -> str:
+  """As the row says what ran: a --params_override may change the grid's model or replicas."""
+  return f"{res['model']} batch {res['global_batch']} replicas {res['replicas']}"
 
 
 def _timing(res: dict) -> dict:
@@ -132,7 +137,8 @@ def scaling(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
     rows.append({**_row_head(chief), **_timing(chief),
                  "slowest_worker_step_ms": max(w["step_ms"] for w in per_worker),
                  "peak_rss_mb": chief["peak_rss_mb"], "load_avg_1m": load, **info})
-    progress(f"{model} on {n} worker(s): {chief['examples_per_sec']:.1f} {chief['unit']}/s")
+    progress(f"{chief['model']} on {n} worker(s): {chief['examples_per_sec']:.1f} "
+             f"{chief['unit']}/s")
   for row in rows:
     single = next(r["examples_per_sec"] for r in rows if r["model"] == row["model"] and r["workers"] == 1)
     row["speedup"] = row["examples_per_sec"] / single
@@ -266,7 +272,7 @@ def input_rate(opts: BenchOptions, model_dir: str, info: dict) -> list[dict]:
                  "train_examples_per_sec": res["examples_per_sec"],
                  "pipeline_over_train": res["pipeline_examples_per_sec"] / res["examples_per_sec"],
                  "peak_rss_mb": res["peak_rss_mb"], "load_avg_1m": load, **info})
-    progress(f"{model} batch {batch} replicas {replicas}: pipeline "
+    progress(f"{_cell_name(res)}: pipeline "
              f"{res['pipeline_examples_per_sec']:.0f} {res['unit']}/s, training "
              f"{res['examples_per_sec']:.1f}")
   return rows

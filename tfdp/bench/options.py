@@ -18,6 +18,9 @@ HOSTS_CHOICES = ("loopback", "box")  # allreduce's workers: processes on 127.0.0
 LINK_RATE = re.compile(r"^[1-9][0-9]*(kbit|mbit|gbit)$")  # tc's units
 
 
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+
+
 class BenchError(TfdpError):
   """A measurement could not run; the message names which one and why."""
 
@@ -88,7 +91,8 @@ def check_options(mode: str, opts: BenchOptions) -> None:
     opts.config_files = opts.config_files or [paths.default_job()]  # tfdp-train's rule
   if opts.config_files:
     opts.config_files = [paths.find_config(f) for f in opts.config_files]
-    opts.models = [config_lib.load_config(opts.config_files).task.model.name]
+    opts.models = [config_lib.load_config(opts.config_files,  # the name a cell reports
+                                          list(opts.params_override)).task.model.name]
   if opts.config_files and opts.baseline and mode == "throughput":
     raise ConfigError("--baseline times the --models x --data grid in plain Keras, not a "
                       "--config_file job; add --nobaseline.")
@@ -98,6 +102,9 @@ def check_options(mode: str, opts: BenchOptions) -> None:
                "pack_tensors", "pack_tensor_bytes", "tcp_bytes", "timeout_seconds"):
     if getattr(opts, flag) <= 0:
       raise ConfigError(f"--{flag} is {getattr(opts, flag)}; it must be > 0.")
+  if not opts.timeout_seconds <= MAX_TIMEOUT_SECONDS:  # nan, inf: a traceback (a probe)
+    raise ConfigError(f"--timeout_seconds is {opts.timeout_seconds}; use a number of seconds up "
+                      f"to {MAX_TIMEOUT_SECONDS:.0f} (30 days).")
   if opts.warmup_steps < 0:
     raise ConfigError(f"--warmup_steps is {opts.warmup_steps}; it must be >= 0.")
   for flag in ("replicas", "global_batch_sizes"):

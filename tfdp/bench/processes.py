@@ -135,8 +135,10 @@ def run_worker_group(spec: dict, num_workers: int, what: str, timeout: float) ->
   if timed_out.is_set():
     raise BenchError(f"{what} did not finish in {timeout:.0f}s; raise --timeout_seconds or "
                      "use fewer --steps.")
-  if result.interrupted_by is not None:
-    raise BenchError(f"{what}: {result.failure_summary()}.")
+  if result.interrupted_by is not None:  # a stop, retryable as every tfdp stop (not 2: bad input)
+    stopped = BenchError(f"{what}: {result.failure_summary()}.")
+    stopped.exit_code = 128 + result.interrupted_by
+    raise stopped
   if not result.ok:
     failed = result.first_failed if result.first_failed is not None else 0
     tail = "\n".join(result.last_lines[failed]) if result.last_lines else ""
