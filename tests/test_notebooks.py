@@ -145,6 +145,40 @@ def test_launch_notebook_refuses_bad_sizes_and_unreadable_results_in_one_line(tm
     tfdp.launch_notebook(train_fn, num_workers=1, env=env)
 
 
+def test_launch_notebook_runs_train_fn_as_the_kernel_would(tmp_path, monkeypatch):
+  """A probe: a module on a path the kernel added (sys.path.append) was a worker traceback; a
+  value of a class defined in the notebook could not come back (plain pickle); sys.exit(3) in
+  train_fn said 'exited with code 1' after a traceback, sys.exit(0) was a failure, and os._exit(0)
+  said the result 'cannot be read back (FileNotFoundError ...)'. Each seen failing so."""
+  import tfdp  # pylint: disable=g-import-not-at-top
+  (tmp_path / "kernels_own.py").write_text("def train_fn(x):\n  return x * 2\n")
+  monkeypatch.syspath_prepend(str(tmp_path))  # as a notebook's sys.path.append
+  import kernels_own  # pylint: disable=g-import-not-at-top,import-error
+  assert tfdp.launch_notebook(kernels_own.train_fn, num_workers=1, args=(21,),
+                              env=helpers.env()) == [42]
+
+  def returns_its_own_class():
+    import dataclasses  # pylint: disable=g-import-not-at-top
+
+    @dataclasses.dataclass
+    class Result:
+      accuracy: float
+    return Result(0.9)
+  assert [r.accuracy for r in tfdp.launch_notebook(returns_its_own_class, num_workers=1,
+                                                   env=helpers.env())] == [0.9]
+
+  def exits(code):
+    import sys as sys_  # pylint: disable=g-import-not-at-top
+    sys_.exit(code)
+  assert tfdp.launch_notebook(exits, num_workers=1, args=(0,), env=helpers.env()) == [None]
+  with pytest.raises(tfdp.TfdpError, match=r"worker 0 exited with code 3.*train_fn called "
+                                           r"sys.exit\(3\)"):
+    tfdp.launch_notebook(exits, num_workers=1, args=(3,), env=helpers.env())
+  with pytest.raises(tfdp.TfdpError, match=r"^launch_notebook: worker 0 exited with code 0 before "
+                                           r"train_fn returned"):
+    tfdp.launch_notebook(os._exit, num_workers=1, args=(0,), env=helpers.env())
+
+
 class _InterruptOnce(io.StringIO):
   """The launcher's output: the first line that says `mark` is Ctrl-C in the notebook (SIGINT to
   this process, the launcher, which stops its workers with SIGTERM)."""

@@ -9,6 +9,7 @@ something picklable (metrics, a DataFrame: not the trainer or the model).
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import stat
@@ -21,6 +22,7 @@ from tfdp import paths
 from tfdp.errors import Preempted, TfdpError
 
 PAYLOAD = "payload.pkl"
+SYS_PATH = "sys_path.json"  # the kernel's import path: a sys.path.append there reaches workers
 
 
 def _result_path(folder: str, index: int) -> str:
@@ -82,6 +84,8 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
     check_private_folder(folder)
     with open(os.path.join(folder, PAYLOAD), "wb") as f:
       f.write(payload)
+    with open(os.path.join(folder, SYS_PATH), "w", encoding="utf-8") as f:
+      json.dump(sys.path, f)
     command = [sys.executable, "-m", "tfdp.notebook", folder]
     result = launch_lib.run_group(command, num_workers, env=worker_env, output=output,
                                   private_network=not allow_remote)
@@ -96,6 +100,9 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
       try:
         with open(_result_path(folder, index), "rb") as f:
           returned.append(pickle.load(f))
+      except FileNotFoundError:  # it said "cannot be read back (FileNotFoundError ...)" (a probe)
+        raise TfdpError(f"launch_notebook: worker {index} exited with code 0 before train_fn "
+                        "returned (an os._exit in it?); return from train_fn instead.") from None
       except Exception as error:  # pylint: disable=broad-except  (unpickling runs any code)
         raise TfdpError(
             f"launch_notebook: worker {index}'s return value cannot be read back here "
@@ -116,11 +123,22 @@ def worker_main(folder: str) -> None:
     cli.exit_with_error("launch_notebook worker", error, code=1)
   logs.start_tensorflow()
   try:
+    with open(os.path.join(folder, SYS_PATH), encoding="utf-8") as f:
+      kernel_path = json.load(f)  # before unpickling: train_fn may come from a module there
+    sys.path[:] = kernel_path + [p for p in sys.path if p not in kernel_path]
     with open(os.path.join(folder, PAYLOAD), "rb") as f:
       train_fn, args, kwargs = pickle.load(f)
-    value = train_fn(*args, **kwargs)
     try:
-      data = pickle.dumps(value)
+      value = train_fn(*args, **kwargs)
+    except SystemExit as stop:  # a script's sys.exit(): 0 ends it, another code is its failure
+      if stop.code not in (None, 0):  # (it was a traceback, and sys.exit(3) said code 1)
+        code = stop.code if isinstance(stop.code, int) and 0 < stop.code < 256 else 1
+        cli.exit_with_error("launch_notebook worker", f"train_fn called sys.exit({stop.code!r})",
+                            code=code)
+      value = None
+    import cloudpickle  # pylint: disable=g-import-not-at-top
+    try:  # by value, as train_fn came: a class defined in the notebook comes back (a probe)
+      data = cloudpickle.dumps(value)
     except Exception as error:  # pylint: disable=broad-except
       raise TfdpError(f"train_fn returned a value that cannot be sent back "
                       f"({type(error).__name__}: {error}); return plain values such as the "

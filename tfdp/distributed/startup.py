@@ -87,13 +87,17 @@ def watch_startup(spec_json: str) -> None:
   import select  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   spec = json.loads(spec_json)
-  end, said, unread = time.monotonic() + spec["seconds"], "", b""
+  started = time.monotonic()
+  end, said, unread = started + spec["seconds"], "", b""
+  note_at = started + min(FIRST_NOTE_SECONDS, spec["seconds"] / 2)
+  cluster = parse_tf_config(json.dumps(spec["tf_config"]))
   lifeline = [fd for fd in [isolation.lifeline_fd()] if fd is not None]
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, _raise_stopped)
   try:
     while (left := end - time.monotonic()) > 0:
-      ready = select.select([sys.stdin, *lifeline], [], [], left)[0]
+      ready = select.select([sys.stdin, *lifeline], [], [],
+                            max(min(left, note_at - time.monotonic()), 0))[0]
       if lifeline and lifeline[0] in ready and not os.read(lifeline[0], 1):
         raise _Stopped("the launcher ended during start-up")
       if sys.stdin in ready:
@@ -102,31 +106,44 @@ def watch_startup(spec_json: str) -> None:
           return  # the strategy was made (or the worker died): nothing to do
         *lines, unread = (unread + chunk).split(b"\n")
         said = lines[-1].decode() if lines else said
+      elif time.monotonic() >= note_at:  # silence for minutes read as a hang (a probe: a
+        note_at += NOTE_EVERY_SECONDS  # notebook's peer that returned early, 600 s of nothing)
+        _write_line(f"{spec['prog']}: worker {cluster.rank} has waited "
+                    f"{time.monotonic() - started:.0f}s for the cluster to assemble "
+                    f"(runtime.startup_timeout_seconds: {spec['seconds']:g}): "
+                    f"{_waiting_for(cluster, said)}")
   except _Stopped as stopped:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if select.select([sys.stdin], [], [], STOP_GRACE_SECONDS)[0]:
       return  # the worker left (or got past its start-up) by itself
-    _stop_worker(spec, f"worker {parse_tf_config(json.dumps(spec['tf_config'])).rank}: {stopped}, "
-                 "which TensorFlow's start-up holds; stopping this worker (SIGKILL): nothing is "
-                 "trained yet")
+    _stop_worker(spec, f"worker {cluster.rank}: {stopped}, which TensorFlow's start-up holds; "
+                 "stopping this worker (SIGKILL): nothing is trained yet")
     return
-  cluster = parse_tf_config(json.dumps(spec["tf_config"]))
-  silent = [] if said else unanswered_peers(cluster)
-  who = said or ("no answer from " + ", ".join(silent) if silent else
-                 "every other worker's port answers, so one of them is stuck in its own start-up")
   _stop_worker(spec, f"worker {cluster.rank}: the cluster did not assemble in "
-               f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): {who}; stopping this "
-               "worker (SIGKILL) so that the group restarts")
+               f"{spec['seconds']:.0f}s (runtime.startup_timeout_seconds): "
+               f"{_waiting_for(cluster, said)}; stopping this worker (SIGKILL) so that the group "
+               "restarts")
 
 
 STOP_GRACE_SECONDS = 2.0
+FIRST_NOTE_SECONDS, NOTE_EVERY_SECONDS = 60.0, 60.0  # "still waiting" lines (half a short wait)
+
+
+def _waiting_for(cluster: Cluster, said: str) -> str:
+  """What the start-up waits for: the rendezvous's words, else the peers whose ports are shut."""
+  silent = [] if said else unanswered_peers(cluster)
+  return said or ("no answer from " + ", ".join(silent) if silent else
+                  "every other worker's port answers, so one of them is stuck in its own start-up")
+
+
+def _write_line(line: str) -> None:
+  try:  # one unbuffered write, newline included, done before a kill: the shell's "Killed"
+    os.write(sys.stderr.fileno(), (line + "\n").encode())  # (or a launcher's next line) starts
+  except (OSError, ValueError):  # a line
+    pass  # no stderr to say it on: a kill still restarts the group
 
 
 def _stop_worker(spec: dict, said: str) -> None:
-  line = f"{spec['prog']}: error: {said}\n"
-  try:  # one unbuffered write, newline included, done before the kill: the shell's "Killed"
-    os.write(sys.stderr.fileno(), line.encode())  # (or a launcher's next line) starts a line
-  except (OSError, ValueError):
-    pass  # no stderr to say it on: the kill still restarts the group
+  _write_line(f"{spec['prog']}: error: {said}")
   os.kill(spec["pid"], signal.SIGKILL)
