@@ -10,6 +10,7 @@ import pytest
 
 import helpers
 from tfdp import bench
+from tfdp.errors import ConfigError
 
 BENCH_APP = str(helpers.REPO / "apps" / "bench.py")
 TINY = ("task.train_data.image_size=8,task.train_data.num_examples=128,"
@@ -187,6 +188,16 @@ def test_a_stopped_worker_group_exits_with_the_signals_code(monkeypatch):
   with pytest.raises(bench.BenchError) as raised:
     processes.run_worker_group({"kind": "train"}, 1, "scaling small_cnn on 1 worker(s)", 60)
   assert raised.value.exit_code == 130 and "launcher got SIGINT" in str(raised.value)
+
+
+def test_an_output_dir_that_is_a_file_is_said_so(tmp_path):
+  """A probe: 'is not writable (File exists)'. Seen failing so."""
+  from tfdp.bench import run as bench_run  # pylint: disable=g-import-not-at-top
+  (tmp_path / "afile").write_text("")
+  for path in (tmp_path / "afile", tmp_path / "afile" / "below"):
+    with pytest.raises(ConfigError, match=rf"--output_dir '{path}' is not writable "
+                       rf"\('{tmp_path / 'afile'}' is a file, not a folder\)"):
+      bench_run.prepare_output_dir(str(path))
 
 
 def test_allreduce_sizes_and_loopback_tcp():

@@ -7,6 +7,7 @@ import signal
 import tempfile
 import threading
 
+from tfdp import paths
 from tfdp.bench import modes
 from tfdp.bench import report
 from tfdp.bench.options import MODES, BenchError, BenchOptions, check_options
@@ -24,7 +25,10 @@ def prepare_output_dir(path: str) -> str:
     with tempfile.NamedTemporaryFile(dir=path, prefix=".tfdp-bench-"):
       pass
   except OSError as e:
-    raise ConfigError(f"--output_dir '{path}' is not writable ({e.strerror}); choose another folder.") from None
+    above = paths.nearest_existing(path)  # makedirs said "File exists" for a file (a probe)
+    why = (f"'{above}' is a file, not a folder" if not os.path.isdir(above) else e.strerror)
+    raise ConfigError(f"--output_dir '{path}' is not writable ({why}); choose another "
+                      "folder.") from None
   return path
 
 

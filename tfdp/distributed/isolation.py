@@ -282,7 +282,8 @@ def open_network(num_workers: int, ports: Sequence[int],
   where = f"{num_workers} worker{'s' if num_workers != 1 else ''} on ports " + ",".join(
       map(str, ports))
   if not private:
-    _log(f"{where}; network: every interface (--allow_remote: reachable from the network).")
+    _log(f"{where}; network: every interface (--allow_remote, or allow_remote=True in "
+         "launch_notebook: reachable from the network).")
     return None
   network = PrivateNetwork()
   if network.start():
@@ -291,7 +292,7 @@ def open_network(num_workers: int, ports: Sequence[int],
   _log(f"warning: no private network namespace here ({network.failure}); the workers' "
        "TensorFlow ports listen on every interface without authentication: any local user or "
        "host that reaches them can read and write files as you. Firewall them, or pass "
-       "--allow_remote to accept this.")
+       "--allow_remote (allow_remote=True in launch_notebook) to accept this.")
   _log(f"{where}; network: every interface (not isolated).")
   return None
 
