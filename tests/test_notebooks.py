@@ -132,6 +132,14 @@ def test_launch_notebook_refuses_bad_sizes_and_unreadable_results_in_one_line(tm
   for bad in (0, "x"):
     with pytest.raises(tfdp.TfdpError, match=r"^launch_notebook: num_workers must be a whole "):
       tfdp.launch_notebook(lambda: 1, num_workers=bad)
+  # A probe: args=5 was a TypeError's words, args="ab" ran train_fn("a", "b"), and a train_fn
+  # that is no function started the workers first (seen so on the old code).
+  for bad, words in ((dict(args=5), "args must be a tuple"), (dict(args="ab"), "args=(5,)"),
+                     (dict(kwargs=[1]), "kwargs a dict")):
+    with pytest.raises(tfdp.TfdpError, match=rf"^launch_notebook: .*{re.escape(words)}"):
+      tfdp.launch_notebook(lambda *a, **k: 1, num_workers=1, **bad)
+  with pytest.raises(tfdp.TfdpError, match=r"^launch_notebook: train_fn is not a function \(int 1\)"):
+    tfdp.launch_notebook(1, num_workers=1)
   (tmp_path / "workers_only.py").write_text("class Thing:\n  pass\n")
 
   def train_fn():

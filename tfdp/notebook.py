@@ -67,6 +67,14 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
   import cloudpickle  # pylint: disable=g-import-not-at-top
   from tfdp import in_process  # pylint: disable=g-import-not-at-top
   num_workers = in_process.whole_number("num_workers", num_workers, caller="launch_notebook")
+  if not callable(train_fn):  # before workers start and import TensorFlow (a probe)
+    raise TfdpError(f"launch_notebook: train_fn is not a function ({type(train_fn).__name__} "
+                    f"{train_fn!r:.40}); "
+                    "pass the function itself, e.g. launch_notebook(train_fn), not train_fn().")
+  if not isinstance(args, (tuple, list)) or not isinstance(kwargs, (dict, type(None))):
+    raise TfdpError(  # args=5 said "'int' object is not iterable"; args="ab" ran train_fn("a", "b")
+        f"launch_notebook: args must be a tuple and kwargs a dict, got args={args!r:.60} and "
+        f"kwargs={kwargs!r:.60}; e.g. args=(5,) for train_fn(5).")
   try:
     payload = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
   except Exception as error:  # pylint: disable=broad-except
