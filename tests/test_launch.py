@@ -265,6 +265,9 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
   assert sorted(p.name for p in tmp_path.glob("term-*")) == ["term-0",
                                                              "term-1"]
   assert "launcher got SIGTERM" in err
+  # said when the stop begins, not only after the grace (a probe: 30 s of silence after Ctrl-C)
+  assert ("tfdp-launch: got SIGTERM: stopping the workers (SIGKILL after 5s; at once on a second "
+          "signal)") in err, err
   _assert_all_gone(worker_pids)
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 
@@ -161,6 +162,7 @@ def test_launch_notebook_runs_train_fn_as_the_kernel_would(tmp_path, monkeypatch
   import tfdp  # pylint: disable=g-import-not-at-top
   (tmp_path / "kernels_own.py").write_text("def train_fn(x):\n  return x * 2\n")
   monkeypatch.syspath_prepend(str(tmp_path))  # as a notebook's sys.path.append
+  monkeypatch.setattr(sys, "path", [*sys.path, tmp_path / "a_path"])  # no str: import skips it
   import kernels_own  # pylint: disable=g-import-not-at-top,import-error
   assert tfdp.launch_notebook(kernels_own.train_fn, num_workers=1, args=(21,),
                               env=helpers.env()) == [42]

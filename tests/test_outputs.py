@@ -255,22 +255,27 @@ def test_a_killed_writers_temp_file_is_removed_at_the_next_start(tmp_path):
     locks.release_model_dir(str(tmp_path))
 
 
-@pytest.mark.parametrize("step, total, last_row_epoch, written", [
-    (40, 40, 4, True),  # a finished run killed before its last row: written on the next start
-    (16, 32, 1, True),  # an epoch's checkpoint whose row was lost
-    (20, 32, 2, False),  # a stop inside an epoch: its row comes when the epoch ends
-    (47, 32, 5, False),  # a shortened run: its checkpoint is past the new end (a probe)
-    (30, 30, 3, True),  # max_steps ending inside an epoch: the run's last row
+@pytest.mark.parametrize("step, total, last_row_epoch, last_row_step, written", [
+    (40, 40, 4, 32, True),  # a finished run killed before its last row: written on the next start
+    (16, 32, 1, 8, True),  # an epoch's checkpoint whose row was lost
+    (20, 32, 2, 16, False),  # a stop inside an epoch: its row comes when the epoch ends
+    (47, 32, 5, 40, False),  # a shortened run: its checkpoint is past the new end (a probe)
+    (30, 30, 3, 24, True),  # max_steps ending inside an epoch: the run's last row
+    # A run of 9-step epochs (file shards on 2 workers) finished by max_steps at 18, re-run on
+    # one process (8-step epochs): its row for step 18 is there; an "epoch 3" row at step 18 was
+    # written (a review; seen failing on the old controller.py).
+    (18, 18, 2, 18, False),
 ])
 def test_a_lost_metrics_row_is_written_only_for_an_epoch_or_a_run_that_ended(
-    monkeypatch, step, total, last_row_epoch, written):
+    monkeypatch, step, total, last_row_epoch, last_row_step, written):
   """A probe stopped a run mid-epoch 6 (checkpoint at step 47 of 8-step epochs) and re-ran it
   with epochs=4: an 'epoch 6' row at step 47 was written for an epoch never completed. Seen
   failing on the old controller.py: (47, 32) written."""
   import types  # pylint: disable=g-import-not-at-top
   from tfdp.core import controller as controller_lib  # pylint: disable=g-import-not-at-top
   appended = []
-  monkeypatch.setattr(outputs, "last_metrics_row", lambda plan: {"epoch": last_row_epoch})
+  monkeypatch.setattr(outputs, "last_metrics_row", lambda plan: {"epoch": last_row_epoch,
+                                                                 "step": last_row_step})
   monkeypatch.setattr(outputs, "append_metrics", lambda plan, row, last: appended.append(row))
   monkeypatch.setattr(controller_lib, "memory_mb", lambda: {})
   controller = controller_lib.Controller.__new__(controller_lib.Controller)

@@ -93,7 +93,7 @@ def launch_notebook(train_fn, num_workers: int = 2, args: tuple = (), kwargs: di
     with open(os.path.join(folder, PAYLOAD), "wb") as f:
       f.write(payload)
     with open(os.path.join(folder, SYS_PATH), "w", encoding="utf-8") as f:
-      json.dump(sys.path, f)
+      json.dump([p for p in sys.path if isinstance(p, str)], f)  # as import reads it
     command = [sys.executable, "-m", "tfdp.notebook", folder]
     result = launch_lib.run_group(command, num_workers, env=worker_env, output=output,
                                   private_network=not allow_remote)

@@ -38,6 +38,9 @@ def _stop_when_the_launcher_ends() -> None:
   isolation.watch_lifeline(lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
+AFTER_TRAINING_SECONDS = 2.0  # a signal after training waits this long for the run's own end
+
+
 class StopRequest:
   """SIGTERM (preemption, `kill`, the launcher stopping a group) or a first Ctrl-C asks for a
   checkpoint and a clean exit within a step: the signal sets the trainer's stop flag, read by
@@ -60,6 +63,7 @@ class StopRequest:
     self.signum = 0  # the first signal
     self._asked = errors.StopSignals()
     self._trainer = None  # set while training: the stop flag to raise
+    self._trained = False  # a run's training ended: the process is on its way out
     self._save = True  # runtime.checkpoint_on_preemption
     self._lock = threading.Lock()
     self._previous = {}
@@ -114,7 +118,11 @@ class StopRequest:
           previous(signum, None)
         return
       # Not training (start-up, export): nothing to save, so leave now, even while the main
-      # thread waits inside TensorFlow.
+      # thread waits inside TensorFlow. After training, the main thread first gets a moment to
+      # say its own end: a worker stopped by its peer's stop flag lost its line ("stopped at
+      # step 48 on a peer's SIGTERM") to the launcher's SIGTERM, sent as the peer exited.
+      if self._trained and not twice:
+        time.sleep(AFTER_TRAINING_SECONDS)
       phase = "interrupted" if twice else ("not training" if trainer is None
                                            else "checkpoint_on_preemption is off")
       kept = ("nothing is lost: re-run to start, or to resume the run's last checkpoint"
@@ -132,7 +140,7 @@ class StopRequest:
 
   def end_training(self) -> None:
     with self._lock:
-      self._trainer = None
+      self._trainer, self._trained = None, True
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
@@ -363,8 +371,10 @@ class Controller:
       return  # a fresh run, or a stop inside an epoch: its row comes when the epoch ends (a
       # shortened run's too: its checkpoint is past the new end, an epoch never completed)
     epoch = -(-step // steps_per_epoch) - 1  # the epoch that ended at `step`
-    if int(outputs.last_metrics_row(self.trainer.write_plan).get("epoch", 0)) != epoch:
-      return  # the row is there (or more than one is missing: not a lost last row)
+    last = outputs.last_metrics_row(self.trainer.write_plan)
+    if int(last.get("epoch", 0)) != epoch or int(last.get("step", -1)) == step:
+      return  # the row is there (or more than one is missing: not a lost last row); by its step
+      # too: a finished run re-run on another count of file shards has other epochs (a review)
     logging.warning("metrics.csv has no row for epoch %d, whose checkpoint (step %d) was saved "
                     "before the process ended: writing it now, evaluated on that checkpoint, "
                     "without train_* values", epoch + 1, step)

@@ -227,7 +227,7 @@ def _build_checked(config: ExperimentConfig, model_dir: str, mode: str,
     train_source = train_source or tasks.built_source(task, data_cfg.train_data)
     sharding = data_lib.resolve_shard_policy(  # a resume reads as its run did, on any count
         data_cfg.train_data.shard_policy, train_source, num_pipelines,
-        (prior.record or {}).get("sharding"), cluster.may_resize)
+        (prior.record or {}).get("sharding"), cluster.may_resize and prior.checkpoint is None)
     if prior.record:  # before the plan: on a resume the recorded run decides the accumulation
       split = _batch_split(config, model_dir, prior, replicas, cluster, sharding)
       config = _with_accumulation(config, split)  # config.yaml records what trains

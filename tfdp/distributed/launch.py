@@ -144,13 +144,11 @@ class GroupResult:
   def failure_summary(self) -> str:
     """One line naming the failed worker and how it ended ('' if ok)."""
     if self.interrupted_by is not None:
-      return (f"launcher got {signal.Signals(self.interrupted_by).name}; "
-              "stopped all workers")
+      return f"launcher got {signal.Signals(self.interrupted_by).name}; stopped all workers"
     if self.first_failed is None:
       return ""
     if self.frozen is not None:
-      return (f"worker {self.frozen} was frozen (stopped for "
-              f"{FROZEN_WORKER_SECONDS:.0f}s or more)")
+      return f"worker {self.frozen} was frozen (stopped for {FROZEN_WORKER_SECONDS:.0f}s or more)"
     code = self.returncodes[self.first_failed]
     return f"worker {self.first_failed} {describe_returncode(code)}"
 
@@ -391,8 +389,10 @@ def _supervise(workers: list[_Worker], ports: list[int],
       _flush(output)
       now = time.monotonic()
       if stop_request.signals:
-        if result.interrupted_by is None:
+        if result.interrupted_by is None:  # said at once: a worker may take the grace to save
           result.interrupted_by = stop_request.signals[0]
+          _log(f"got {signal.Signals(result.interrupted_by).name}: stopping the workers (SIGKILL "
+               f"after {stop_grace_seconds:g}s; at once on a second signal)")
         begin_stop(now, stop_grace_seconds)
         if len(stop_request.signals) > 1 and not killed:
           kill_at = now  # Asked twice: do not wait for the grace period.

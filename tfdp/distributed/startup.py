@@ -107,11 +107,12 @@ def watch_startup(spec_json: str) -> None:
         *lines, unread = (unread + chunk).split(b"\n")
         said = lines[-1].decode() if lines else said
       elif time.monotonic() >= note_at:  # silence for minutes read as a hang (a probe: a
-        note_at += NOTE_EVERY_SECONDS  # notebook's peer that returned early, 600 s of nothing)
-        _write_line(f"{spec['prog']}: worker {cluster.rank} has waited "
-                    f"{time.monotonic() - started:.0f}s for the cluster to assemble "
-                    f"(runtime.startup_timeout_seconds: {spec['seconds']:g}): "
-                    f"{_waiting_for(cluster, said)}")
+        note_at = time.monotonic() + NOTE_EVERY_SECONDS  # notebook's 600 s of nothing)
+        if end - time.monotonic() > min(NOTE_EVERY_SECONDS, spec["seconds"]) / 4:  # not beside
+          _write_line(f"{spec['prog']}: worker {cluster.rank} has waited "  # the error's line
+                      f"{time.monotonic() - started:.0f}s for the cluster to assemble "
+                      f"(runtime.startup_timeout_seconds: {spec['seconds']:g}): "
+                      f"{_waiting_for(cluster, said)}")
   except _Stopped as stopped:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -222,16 +222,47 @@ def check_vocab_size(vocab_size: int) -> None:
                     "reserved tokens; use a few thousand.")
 
 
+# keras_hub's learner (tensorflow_text's): words longer than this are dropped, and only this many
+# of the most common characters are kept (wordpiece_tokenizer_learner_lib.learn's defaults)
+LEARNER_MAX_WORD, LEARNER_MAX_CHARACTERS = 50, 1000
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def learner_characters(texts: list[str], lowercase: bool) -> int:
+  """How many characters keras_hub's learner takes from `texts`, split as its pretokenize
+  splits them (ASCII whitespace and the Cc/Cf characters apart; punctuation and CJK characters
+  words of their own; then case folding), in words of up to LEARNER_MAX_WORD characters, at
+  most LEARNER_MAX_CHARACTERS: a BOM or a soft hyphen is no character of a word, a no-break
+  space is (a review)."""
+  import re  # pylint: disable=g-import-not-at-top
+  import unicodedata  # pylint: disable=g-import-not-at-top
+  text = "\n".join(texts)
+  distinct = set(text)
+  apart = {c for c in distinct if c in " \t\n\f\r" or unicodedata.category(c) in ("Cc", "Cf")}
+  alone = {c for c in distinct - apart
+           if (c.isascii() and not c.isalnum()) or unicodedata.category(c).startswith("P")
+           or any(low <= ord(c) <= high for low, high in _CJK)}
+  def of(characters):
+    return "".join(re.escape(c) for c in sorted(characters))
+  chunks = re.split(f"[{of(apart)}]+", text) if apart else [text]
+  words = set()
+  for chunk in chunks:
+    words.update(re.split(f"([{of(alone)}])", chunk) if alone else [chunk])
+  if lowercase:  # tensorflow_text's case_fold_utf8: NFKC case folding, word by word
+    words = {unicodedata.normalize("NFKC", w).casefold() for w in words}
+  characters = set()
+  for word in words:
+    if len(word) <= LEARNER_MAX_WORD:
+      characters.update(word)
+  return min(len(characters), LEARNER_MAX_CHARACTERS)
+
+
 def check_vocab_holds_characters(texts: list[str], vocab_size: int, lowercase: bool) -> None:
   """The learner's first tokens are the text's characters, each twice (`x` starting a word, `##x`
   inside one); a smaller vocabulary left some out, and every word with one became [UNK] (a
-  probe: --vocab_size 6 wrote the reserved tokens and '!'). Counted as keras_hub's learner splits
-  (whitespace apart, NFKC case folding where it lowercases)."""
-  import unicodedata  # pylint: disable=g-import-not-at-top
-  characters = set()
-  for t in texts:
-    characters.update(unicodedata.normalize("NFKC", t).casefold() if lowercase else t)
-  count = len({c for c in characters if not c.isspace()})
+  probe: --vocab_size 6 wrote the reserved tokens and '!')."""
+  count = learner_characters(texts, lowercase)
   needed = len(RESERVED_TOKENS) + 2 * count
   if vocab_size < needed:
     raise DataError(f"vocab_size {vocab_size} cannot hold the {count} characters the text uses, "
