@@ -13,6 +13,8 @@ import glob
 import json
 import os
 
+from absl import logging
+
 from tfdp.core import class_folders
 from tfdp.core import task as tasks
 from tfdp.workloads.text import inputs as text
@@ -54,6 +56,7 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
   keep = {"all": lambda n: True, "train": lambda n: n not in data.holdout,
           "holdout": lambda n: n in data.holdout}[data.split]
   documents, document_labels, read_from, contents, read_paths = [], [], set(), [], []
+  no_speeches = []  # files of text that give no speeches: dropped from speech and passage units
   for path, name, label in zip(paths, names, labels):
     if not keep(name):
       continue
@@ -70,6 +73,8 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
       pieces = [content]
     documents.extend(pieces)
     document_labels.extend([label] * len(pieces))
+    if not pieces and content.strip():
+      no_speeches.append(path)
   if not any(c.strip() for c in contents):  # else one [CLS] [SEP] sequence, trained as data
     blank = "; its files are empty or blank" if contents else ""
     raise DataError(f"split '{data.split}' of '{data.path}' holds no text (holdout "
@@ -81,6 +86,12 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
     which = f"class '{classes[silent[0]]}' holds" if classes != [""] else "its files hold"
     raise DataError(f"'{data.path}': {which} no speeches (**NAME** lines of a play), which "
                     f"text_unit '{data.text_unit}' reads; set text_unit: document for plain text.")
+  if no_speeches:  # in a class that has speeches elsewhere: dropped without a word (a probe)
+    shown = ", ".join(no_speeches[:3]) + (f" and {len(no_speeches) - 3} more"
+                                          if len(no_speeches) > 3 else "")
+    logging.warning("'%s': %d file(s) hold text but no speeches (**NAME** lines of a play), which "
+                    "text_unit '%s' reads, and give no examples: %s; text_unit: document reads "
+                    "every file whole", data.path, len(no_speeches), data.text_unit, shown)
   text.warn_empty(f"'{data.path}'", contents, read_paths,
                   "each trained as an empty document" if data.text_unit == "document"
                   else "read as no text")
@@ -271,6 +282,8 @@ class MaskedLMTask(_BertTask):
     special = text.special_token_ids(tokenizer)  # a vocabulary's own ([CLS] 101 in BERT's)
     sequences = np.stack(list(text.pack_tokens(ids, length, special["[CLS]"], special["[SEP]"])
                               .as_numpy_iterator()))
+    text.check_unknown_share(sequences, special, data.path, vocab_path(self.config),
+                             self.config.text.lowercase)
     read = lambda files: tf.data.Dataset.from_tensor_slices({"token_ids": sequences})
     return data_lib.Source([len(sequences)], read, "text")
 
@@ -357,6 +370,8 @@ class TextClassificationTask(_BertTask):
     sequences, labels = text.classification_sequences(
         tokenized.as_numpy_iterator(), labels, self.config.text.sequence_length,
         whole=data.text_unit == "passage", cls_id=special["[CLS]"], sep_id=special["[SEP]"])
+    text.check_unknown_share(sequences, special, data.path, vocab_path(self.config),
+                             self.config.text.lowercase)
     read = lambda files: tf.data.Dataset.from_tensor_slices(
         {"token_ids": sequences, "label": labels})
     source = data_lib.Source([len(sequences)], read, "text", num_classes=len(classes),
