@@ -251,10 +251,11 @@ def learner_characters(texts: list[str], lowercase: bool) -> int:
            or any(low <= ord(c) <= high for low, high in _CJK)}
   def of(characters):
     return "".join(re.escape(c) for c in sorted(characters))
-  chunks = re.split(f"[{of(apart)}]+", text) if apart else [text]
-  words = set()
-  for chunk in chunks:
-    words.update(re.split(f"([{of(alone)}])", chunk) if alone else [chunk])
+  if apart:  # one pass each over the text (a split per word took 5 s for the 38 plays)
+    text = re.sub(f"[{of(apart)}]", "\0", text)  # NUL: no text file holds one (read_text_file)
+  if alone:
+    text = re.sub(f"([{of(alone)}])", "\0\\1\0", text)
+  words = set(text.split("\0"))
   if lowercase:  # tensorflow_text's case_fold_utf8: NFKC case folding, word by word
     words = {unicodedata.normalize("NFKC", w).casefold() for w in words}
   characters = set()
