@@ -266,7 +266,7 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(tmp_path):
                                                              "term-1"]
   assert "launcher got SIGTERM" in err
   # said when the stop begins, not only after the grace (a probe: 30 s of silence after Ctrl-C)
-  assert ("tfdp-launch: got SIGTERM: stopping the workers (SIGKILL after 5s; at once on a second "
+  assert ("tfdp-launch: got SIGTERM: stopping the workers (SIGKILL after 5s, at once on a second "
           "signal)") in err, err
   _assert_all_gone(worker_pids)
 

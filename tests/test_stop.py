@@ -278,30 +278,56 @@ def test_one_ctrl_c_delivered_twice_saves_and_a_second_press_exits_at_once():
   assert "SIGINT (interrupted): exiting now" in proc.stderr, proc.stderr[-2000:]
 
 
+# A process whose run has just trained (tfdp-train's signal thread installed), then the script's
+# own ending: what a signal does between a run's training and the process's exit.
+AFTER_TRAINING = """
+import os, signal, time
+from tfdp import cli
+from tfdp.core import controller
+
+class Trainer:
+  def request_stop(self, flag=True):
+    pass
+
+stop = controller.StopRequest.install("tfdp-train")
+stop.start_training(Trainer(), True)
+stop.end_training()  # the stop's checkpoint is saved; the run leaves
+"""
+
+
+def _after_training(ending: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", AFTER_TRAINING + textwrap.dedent(ending)],
+                        capture_output=True, text=True, timeout=60, env=helpers.env(),
+                        cwd=str(helpers.REPO))
+
+
 def test_a_signal_just_after_training_leaves_the_run_its_own_last_line():
   """CI's flake (twice): worker 0, stopped by its peer's stop flag, had saved and was about to
   say "stopped at step 48 on a peer's SIGTERM" when the launcher's SIGTERM (sent as the peer
   exited 143) came: the signal thread said "SIGTERM (not training)" and exited first. After
   training it now gives the main thread AFTER_TRAINING_SECONDS. Seen failing on the old
   controller: exit 143, the signal thread's line."""
-  script = textwrap.dedent("""
-      import os, signal, time
-      from tfdp import cli
-      from tfdp.core import controller
-
-      class Trainer:
-        def request_stop(self, flag=True):
-          pass
-
-      stop = controller.StopRequest.install("tfdp-train")
-      stop.start_training(Trainer(), True)
-      stop.end_training()  # the stop's checkpoint is saved; the run leaves
+  proc = _after_training("""
       os.kill(os.getpid(), signal.SIGTERM)  # the launcher stops the group
       time.sleep(0.3)  # the error's way up the stack
       cli.exit_with_error("tfdp-train", "stopped at step 48 on a peer's SIGTERM", code=204)
   """)
-  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=60, env=helpers.env(), cwd=str(helpers.REPO))
   assert proc.returncode == 204, proc.stderr[-2000:]
   assert helpers.error_lines(proc) == [
       "tfdp-train: error: stopped at step 48 on a peer's SIGTERM"], proc.stderr[-2000:]
+
+
+def test_a_second_ctrl_c_just_after_training_exits_at_once():
+  """A review: the wait after training slept in the signal thread, so a second Ctrl-C waited
+  too and was said as 'not training'. Seen failing on the sleeping version: that line."""
+  proc = _after_training("""
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1.2)  # more than StopSignals' one-request window
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(5)
+  """)
+  assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-2000:]
+  # the second press, taken at once: "interrupted" (the sleeping wait said "not training")
+  assert helpers.error_lines(proc) == [
+      "tfdp-train: error: SIGINT (interrupted): exiting now; nothing is lost: re-run to start, "
+      "or to resume the run's last checkpoint"], proc.stderr[-2000:]

@@ -9,6 +9,7 @@ import pytest
 import helpers
 from tfdp import logs
 from tfdp.workloads.text import inputs as text
+from tfdp.workloads.text import learner
 from tfdp.errors import ConfigError, DataError
 
 SHAKESPEARE = helpers.REPO.parent / "shared" / "text" / "shakespeare"
@@ -231,6 +232,9 @@ def test_a_stage_direction_that_opens_a_line_keeps_the_speech_after_it(tmp_path)
           "How is it.\n_Burthen _\\[dispersedly, within_\nThe watch-dogs bark!\n")
   assert text.split_speeches(play) == ["A little more than kin.",
                                        "How is it. The watch-dogs bark!"]  # the Tempest's kept
+  # a direction with a mark inside its first line still spans lines (a review)
+  assert text.split_speeches("**A**\n_Enter KING, _and_ Attendants,\nwith others_\nspoken\n"
+                             ) == ["spoken"]
   (tmp_path / "bom.md").write_bytes("\ufeff**HAMLET**\nTo be.\n\n**OPHELIA**\nGood my lord.\n"
                                     .encode("utf-8"))
   assert text.split_speeches(text.read_text_file(str(tmp_path / "bom.md"))) == [
@@ -249,8 +253,10 @@ def test_text_the_vocabulary_does_not_cover_is_said_or_refused(caplog, unknown, 
   special = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
   row = [2] + [1] * unknown + [9] * (10 - unknown) + [3, 0, 0]  # 10 tokens, [PAD]s apart
   sequences = np.asarray([row, row])
+  with pytest.raises(DataError, match=r"the text of corpus/ gives no tokens"):
+    text.check_unknown_share(np.asarray([[2, 3, 0]]), special, "corpus/", "v.txt", True)
   if said == "every":
-    with pytest.raises(DataError, match=r"every token of 'corpus/' is \[UNK\] under the "
+    with pytest.raises(DataError, match=r"every token of corpus/ is \[UNK\] under the "
                                         r"vocabulary 'v.txt'.*task.text.lowercase \(True\)"):
       text.check_unknown_share(sequences, special, "corpus/", "v.txt", True)
     return
@@ -276,8 +282,8 @@ def test_a_play_folder_says_which_files_give_no_speeches_and_cut_documents_are_s
   assert len(documents) == 3
   assert (f"1 file(s) hold text but no speeches (**NAME** lines of a play), which text_unit "
           f"'speech' reads, and give no examples: {tmp_path / 'notes.txt'}") in caplog.text
-  assert ("1 of 2 document(s) are longer than sequence_length - 2 = 10 tokens (up to 45) and "
-          "keep only their first 10") in caplog.text, caplog.text
+  assert ("1 of 2 example(s) are longer than sequence_length - 2 = 10 tokens (up to 45) and "
+          "keep only their first 10; raise task.text.sequence_length") in caplog.text, caplog.text
 
 
 def small_corpus(root):
@@ -712,6 +718,7 @@ def test_a_vocabulary_too_small_for_the_texts_characters_is_refused(tmp_path):
     ["a\u00a0b ba ab"],  # a no-break space stays in its word (and folds to a space)
     ["ab " + "c" * 56 + " ba"],  # a word longer than 50: dropped
     ["a,b; ab!", "中文字 ab"], ["Ab BA ab"],  # punctuation and CJK alone; case
+    ["ǰ a", "ΐ a"], ["a\u034fb \u3164 \ufe0fa"],  # folding recomposes; ignorables dropped
 ])
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_the_characters_counted_are_those_the_learner_takes(texts, lowercase):
@@ -724,7 +731,7 @@ def test_the_characters_counted_are_those_the_learner_takes(texts, lowercase):
       tf.data.Dataset.from_tensor_slices(texts), 200, lowercase=lowercase,
       reserved_tokens=list(text.RESERVED_TOKENS))
   learned = {token for token in vocab[len(text.RESERVED_TOKENS):] if len(token) == 1}
-  assert text.learner_characters(texts, lowercase) == len(learned), sorted(learned)
+  assert learner.learner_characters(texts, lowercase) == len(learned), sorted(learned)
 
 
 @pytest.mark.parametrize("make_input, words", [

@@ -120,18 +120,23 @@ class StopRequest:
       # Not training (start-up, export): nothing to save, so leave now, even while the main
       # thread waits inside TensorFlow. After training, the main thread first gets a moment to
       # say its own end: a worker stopped by its peer's stop flag lost its line ("stopped at
-      # step 48 on a peer's SIGTERM") to the launcher's SIGTERM, sent as the peer exited.
+      # step 48 on a peer's SIGTERM") to the launcher's SIGTERM, sent as the peer exited. A
+      # timer waits, not this thread: a second Ctrl-C still exits at once (a review).
       if self._trained and not twice:
-        time.sleep(AFTER_TRAINING_SECONDS)
-      phase = "interrupted" if twice else ("not training" if trainer is None
-                                           else "checkpoint_on_preemption is off")
-      kept = ("nothing is lost: re-run to start, or to resume the run's last checkpoint"
-              if trainer is None else "the last checkpoint is kept, re-run to resume")
-      # through logs: while TensorFlow imports, fd 2 is a capture that os._exit would lose
-      logs.write_stderr_line(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): "
-                             f"exiting now; {kept}")
-      os._exit(128 + signum)  # pylint: disable=protected-access
+        threading.Timer(AFTER_TRAINING_SECONDS, self._exit_now, (signum, False, None)).start()
+        return
+      self._exit_now(signum, twice, trainer)
     trainer.request_stop()
+
+  def _exit_now(self, signum: int, twice: bool, trainer) -> None:
+    phase = "interrupted" if twice else ("not training" if trainer is None
+                                         else "checkpoint_on_preemption is off")
+    kept = ("nothing is lost: re-run to start, or to resume the run's last checkpoint"
+            if trainer is None else "the last checkpoint is kept, re-run to resume")
+    # through logs: while TensorFlow imports, fd 2 is a capture that os._exit would lose
+    logs.write_stderr_line(f"{self.prog}: error: {signal.Signals(signum).name} ({phase}): "
+                           f"exiting now; {kept}")
+    os._exit(128 + signum)  # pylint: disable=protected-access
 
   def start_training(self, trainer, save: bool) -> None:
     with self._lock:

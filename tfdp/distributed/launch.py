@@ -212,8 +212,7 @@ def _start_workers(command: Sequence[str], tf_configs: Sequence[str],
   workers: list[_Worker] = []
   lifeline_fd, lifeline = isolation.lifeline()
   base_env = dict(base_env, **{isolation.LIFELINE_VAR: lifeline})
-  # Python workers would block-buffer a pipe; unbuffered keeps lines prompt.
-  base_env.setdefault("PYTHONUNBUFFERED", "1")
+  base_env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe is block-buffered: lines come promptly
   try:
     for index, tf_config in enumerate(tf_configs):
       worker_env = dict(base_env, TF_CONFIG=tf_config, TFDP_WORKER_INDEX=str(index),
@@ -391,8 +390,9 @@ def _supervise(workers: list[_Worker], ports: list[int],
       if stop_request.signals:
         if result.interrupted_by is None:  # said at once: a worker may take the grace to save
           result.interrupted_by = stop_request.signals[0]
-          _log(f"got {signal.Signals(result.interrupted_by).name}: stopping the workers (SIGKILL "
-               f"after {stop_grace_seconds:g}s; at once on a second signal)")
+          if stop_started is None:  # (a stop begun for a failure has its own, shorter, grace)
+            _log(f"got {signal.Signals(result.interrupted_by).name}: stopping the workers "
+                 f"(SIGKILL after {stop_grace_seconds:g}s, at once on a second signal)")
         begin_stop(now, stop_grace_seconds)
         if len(stop_request.signals) > 1 and not killed:
           kill_at = now  # Asked twice: do not wait for the grace period.

@@ -19,6 +19,7 @@ from absl import logging
 
 from tfdp import logs
 from tfdp.core import class_folders
+from tfdp.workloads.text import learner
 from tfdp import paths
 from tfdp.errors import ConfigError, DataError
 
@@ -44,10 +45,12 @@ def read_text_file(path: str) -> str:
   if b"\0" in raw:
     raise DataError(f"text file '{path}' is binary (it holds a NUL byte); remove it or convert it "
                     "to UTF-8 text.")
+  bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
   try:
     return raw.decode("utf-8-sig")  # a leading BOM (Notepad's) is no text: it hid [PAD], **NAME**
   except UnicodeDecodeError as e:
-    raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start}); remove it, or convert it "
+    raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start + bom}); remove it, or "
+                    f"convert it "
                     f"{paths.utf8_conversion(path)}") from None
 
 
@@ -151,15 +154,15 @@ def split_speeches(markdown_text: str) -> list[str]:
       continue
     mark = _direction_opens(line)
     if mark:
-      closes = line.find(mark, 1)
       if len(line) > 1 and line.endswith(mark):  # the line is a direction
         continue
-      if closes < 0:  # it spans lines
+      marks = [m.start() for m in re.finditer(rf"(?<!\\){re.escape(mark)}", line)]
+      if len(marks) % 2:  # one left open (`_Enter KING, _and_ Attendants,`): it spans lines
         direction_end = mark
         continue
       # closed inside the line: the speech goes on after it (`_Aside_ A little more than kin.`
       # lost the line, and every line after it up to one ending in `_`: a probe)
-      line = line[closes + 1:].strip()
+      line = line[marks[1] + 1:].strip()
     if current is not None:
       current.append(_MARKDOWN_ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub(" ", line)))
   finish()
@@ -228,48 +231,11 @@ def check_vocab_size(vocab_size: int) -> None:
                     "reserved tokens; use a few thousand.")
 
 
-# keras_hub's learner (tensorflow_text's): words longer than this are dropped, and only this many
-# of the most common characters are kept (wordpiece_tokenizer_learner_lib.learn's defaults)
-LEARNER_MAX_WORD, LEARNER_MAX_CHARACTERS = 50, 1000
-_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-
-
-def learner_characters(texts: list[str], lowercase: bool) -> int:
-  """How many characters keras_hub's learner takes from `texts`, split as its pretokenize
-  splits them (ASCII whitespace and the Cc/Cf characters apart; punctuation and CJK characters
-  words of their own; then case folding), in words of up to LEARNER_MAX_WORD characters, at
-  most LEARNER_MAX_CHARACTERS: a BOM or a soft hyphen is no character of a word, a no-break
-  space is (a review)."""
-  import re  # pylint: disable=g-import-not-at-top
-  import unicodedata  # pylint: disable=g-import-not-at-top
-  text = "\n".join(texts)
-  distinct = set(text)
-  apart = {c for c in distinct if c in " \t\n\f\r" or unicodedata.category(c) in ("Cc", "Cf")}
-  alone = {c for c in distinct - apart
-           if (c.isascii() and not c.isalnum()) or unicodedata.category(c).startswith("P")
-           or any(low <= ord(c) <= high for low, high in _CJK)}
-  def of(characters):
-    return "".join(re.escape(c) for c in sorted(characters))
-  if apart:  # one pass each over the text (a split per word took 5 s for the 38 plays)
-    text = re.sub(f"[{of(apart)}]", "\0", text)  # NUL: no text file holds one (read_text_file)
-  if alone:
-    text = re.sub(f"([{of(alone)}])", "\0\\1\0", text)
-  words = set(text.split("\0"))
-  if lowercase:  # tensorflow_text's case_fold_utf8: NFKC case folding, word by word
-    words = {unicodedata.normalize("NFKC", w).casefold() for w in words}
-  characters = set()
-  for word in words:
-    if len(word) <= LEARNER_MAX_WORD:
-      characters.update(word)
-  return min(len(characters), LEARNER_MAX_CHARACTERS)
-
-
 def check_vocab_holds_characters(texts: list[str], vocab_size: int, lowercase: bool) -> None:
   """The learner's first tokens are the text's characters, each twice (`x` starting a word, `##x`
   inside one); a smaller vocabulary left some out, and every word with one became [UNK] (a
   probe: --vocab_size 6 wrote the reserved tokens and '!')."""
-  count = learner_characters(texts, lowercase)
+  count = learner.learner_characters(texts, lowercase)
   needed = len(RESERVED_TOKENS) + 2 * count
   if vocab_size < needed:
     raise DataError(f"vocab_size {vocab_size} cannot hold the {count} characters the text uses, "
@@ -390,11 +356,14 @@ def check_unknown_share(sequences, special: dict[str, int], where: str, vocab: s
   share = float((sequences == special["[UNK]"]).sum()) / count if count else 0.0
   learn = (f"learn a vocabulary for this text (`{VOCAB_COMMAND}`) and set task.text.vocab_path, "
            f"or check task.text.lowercase ({lowercase}) against how '{vocab}' was learned")
-  if count and share == 1.0:
-    raise DataError(f"every token of '{where}' is [UNK] under the vocabulary '{vocab}': nothing "
+  if not count:  # zero-width spaces alone pass the blank-text check and tokenize to nothing
+    raise DataError(f"the text of {where} gives no tokens, only [CLS] [SEP] rows; check its "
+                    "files.")
+  if share == 1.0:
+    raise DataError(f"every token of {where} is [UNK] under the vocabulary '{vocab}': nothing "
                     f"would be learned; {learn}.")
   if share > UNKNOWN_WARN_SHARE:
-    logging.warning("%.1f%% of the tokens of '%s' are [UNK] under the vocabulary '%s' (words with "
+    logging.warning("%.1f%% of the tokens of %s are [UNK] under the vocabulary '%s' (words with "
                     "a character or piece it lacks); %s", 100 * share, where, vocab, learn)
 
 
@@ -492,9 +461,10 @@ def classification_sequences(token_ids, labels, sequence_length: int, whole: boo
     row[1:1 + len(piece)] = piece
     row[1 + len(piece)] = sep_id
   if cut:  # said: it trained on ~30 of a document's 300 words without a word (a probe)
-    logging.info("text: %d of %d document(s) are longer than sequence_length - 2 = %d tokens (up "
-                 "to %d) and keep only their first %d; text_unit passage reads every token",
-                 len(cut), len(pieces), body, max(cut), body)
+    logging.info("text: %d of %d example(s) are longer than sequence_length - 2 = %d tokens (up "
+                 "to %d) and keep only their first %d; raise task.text.sequence_length to keep "
+                 "more (text_unit passage reads every token)", len(cut), len(pieces), body,
+                 max(cut), body)
   return sequences, np.asarray(piece_labels, np.int64)
 
 

@@ -98,6 +98,12 @@ def read_documents(data: DataConfig) -> tuple[list[str], list[int], list[str]]:
   return documents, document_labels, classes
 
 
+def split_words(data: DataConfig) -> str:
+  """A split in words, for messages: training and evaluation may read one path."""
+  held = f", holdout {list(data.holdout)}" if data.holdout and data.split != "all" else ""
+  return f"'{data.path}' (split {data.split}{held})"
+
+
 def _check_text_task(config: TaskConfig) -> None:
   checks.check_positive("task.text.sequence_length", config.text.sequence_length)
   checks.check_positive("task.text.max_predictions", config.text.max_predictions, allow_zero=True)
@@ -282,7 +288,7 @@ class MaskedLMTask(_BertTask):
     special = text.special_token_ids(tokenizer)  # a vocabulary's own ([CLS] 101 in BERT's)
     sequences = np.stack(list(text.pack_tokens(ids, length, special["[CLS]"], special["[SEP]"])
                               .as_numpy_iterator()))
-    text.check_unknown_share(sequences, special, data.path, vocab_path(self.config),
+    text.check_unknown_share(sequences, special, split_words(data), vocab_path(self.config),
                              self.config.text.lowercase)
     read = lambda files: tf.data.Dataset.from_tensor_slices({"token_ids": sequences})
     return data_lib.Source([len(sequences)], read, "text")
@@ -370,7 +376,7 @@ class TextClassificationTask(_BertTask):
     sequences, labels = text.classification_sequences(
         tokenized.as_numpy_iterator(), labels, self.config.text.sequence_length,
         whole=data.text_unit == "passage", cls_id=special["[CLS]"], sep_id=special["[SEP]"])
-    text.check_unknown_share(sequences, special, data.path, vocab_path(self.config),
+    text.check_unknown_share(sequences, special, split_words(data), vocab_path(self.config),
                              self.config.text.lowercase)
     read = lambda files: tf.data.Dataset.from_tensor_slices(
         {"token_ids": sequences, "label": labels})
