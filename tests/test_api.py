@@ -315,6 +315,52 @@ def test_ctrl_c_in_fit_says_where_to_resume_and_a_finished_run_reports_ints(note
   assert out["count_types"] == [ints, ints]
 
 
+def test_fit_with_no_epochs_returns_what_model_fit_returns(tmp_path):
+  """model.fit(epochs=0) calls its callbacks' train begin and end and returns an empty History;
+  tfdp.fit refused it ("epochs must be a whole number >= 1"; a left-alone item, seen so)."""
+  code = textwrap.dedent("""
+      import json, os, numpy as np, keras, tensorflow as tf, tfdp
+      strategy = tfdp.make_strategy()
+      x = np.random.default_rng(0).normal(size=(100, 8)).astype("float32")
+      y = (x[:, 0] > 0).astype("int32")
+      def build():
+        with strategy.scope():
+          model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+          model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+      class Calls(keras.callbacks.Callback):
+        def __init__(self):
+          super().__init__()
+          self.calls = []
+        def on_train_begin(self, logs=None):
+          self.calls.append("begin")
+        def on_train_end(self, logs=None):
+          self.calls.append("end")
+      said = {}
+      for name, data in (("arrays", dict(x=x, y=y, batch_size=16)),
+                         ("dataset", dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(10)))):
+        for fit in ("keras", "tfdp"):
+          model, calls = build(), Calls()
+          weights = model.get_weights()
+          history = (model.fit(epochs=0, verbose=0, callbacks=[calls], **data) if fit == "keras"
+                     else tfdp.fit(model, epochs=0, verbose=0, callbacks=[calls],
+                                   model_dir="run", **data))
+          said[f"{name} {fit}"] = [history.history, history.epoch, history.params, calls.calls,
+                                   all((a == b).all() for a, b in zip(weights, model.get_weights())),
+                                   model.history is history]
+      said["no run"] = not os.path.exists("run")
+      print(json.dumps(said))
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=helpers.env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  said = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name, steps in (("arrays", 7), ("dataset", 10)):
+    assert said[f"{name} tfdp"] == said[f"{name} keras"] == [
+        {}, [], {"verbose": 0, "epochs": 0, "steps": steps}, ["begin", "end"], True, True], said
+  assert said["no run"]
+
+
 def test_fit_without_a_strategy_says_it_trains_on_one_device(tmp_path):
   """A model built with no tfdp.make_strategy() trained on TensorFlow's default strategy, one
   device, with nothing said but the verbose start-up line (a probe)."""

@@ -307,7 +307,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
   tfdp_runs/<name>/previous-<time>/), as `model.fit` would train again; a restarted worker
   group (tfdp-launch --max_restarts) still resumes it."""
   whole = in_process.whole_number
-  epochs = whole("epochs", epochs)
+  epochs = whole("epochs", epochs, minimum=0)  # 0: nothing trains, as in model.fit
   validation_freq = (tuple(whole("validation_freq's epochs", epoch) for epoch in validation_freq)
                      if isinstance(validation_freq, (list, tuple))  # Keras: an int or a list
                      else whole("validation_freq", validation_freq))
@@ -362,6 +362,9 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   strategy, trained, users_model = _strategy_and_clone(model, given_strategy)
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
+  if epochs == 0:  # refused before (a review): model.fit trains nothing and returns its History
+    return _no_epochs(users_model or trained, callbacks, x, batch_size, steps_per_epoch, verbose,
+                      validation_freq)
   inputs = inputs_lib.make_inputs(
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
@@ -516,6 +519,28 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, ve
                     "batch_size": inputs.global_batch}
   history.final = {k: v for k, v in result.items() if k != "trainer"}
   history.model_dir = model_dir
+  return history
+
+
+def _no_epochs(model, callbacks, x, batch_size, steps_per_epoch, verbose, validation_freq):
+  """model.fit(epochs=0): its callbacks' train begin and end, and an empty History with Keras's
+  params (steps: ceil(examples / batch), or a dataset's known cardinality). No run is made."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = steps_per_epoch
+  if steps is None and isinstance(x, tf.data.Dataset):
+    steps = int(x.cardinality()) if int(x.cardinality()) >= 0 else None
+  elif steps is None and x is not None:
+    first = keras.tree.flatten(x)[0]
+    steps = -(-len(first) // (batch_size or 32)) if hasattr(first, "__len__") else None
+  hooks = callbacks_lib.KerasCallbacks(callbacks, model, 0, steps, verbose, None, validation_freq)
+  hooks.train_begin()
+  hooks.train_end({})
+  history = hooks.history
+  history.set_model(model)
+  model.history = history
+  history.params = {"verbose": verbose, "epochs": 0, "steps": steps}
+  history.final, history.model_dir = {}, None
   return history
 
 
