@@ -526,13 +526,13 @@ def _no_epochs(model, callbacks, x, batch_size, steps_per_epoch, verbose, valida
   """model.fit(epochs=0): its callbacks' train begin and end, and an empty History with Keras's
   params (steps: ceil(examples / batch), or a dataset's known cardinality). No run is made."""
   import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   steps = steps_per_epoch
-  if steps is None and isinstance(x, tf.data.Dataset):
+  if steps is None and hasattr(x, "cardinality"):  # a tf.data.Dataset
     steps = int(x.cardinality()) if int(x.cardinality()) >= 0 else None
   elif steps is None and x is not None:
     first = keras.tree.flatten(x)[0]
-    steps = -(-len(first) // (batch_size or 32)) if hasattr(first, "__len__") else None
+    steps = (-(-len(first) // (batch_size or inputs_lib.DEFAULT_BATCH_SIZE))
+             if hasattr(first, "__len__") else None)
   hooks = callbacks_lib.KerasCallbacks(callbacks, model, 0, steps, verbose, None, validation_freq)
   hooks.train_begin()
   hooks.train_end({})

@@ -19,7 +19,7 @@ from absl import logging
 
 from tfdp.core import local_shards
 from tfdp.core import padding
-from tfdp.errors import ConfigError, DataError, terms
+from tfdp.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # annotations only: core.task imports this module, and config imports core.task
   from tfdp.config.schema import DataConfig, ExperimentConfig
@@ -116,12 +116,13 @@ def resolve_shard_policy(policy: str, source: Source, num_pipelines: int,
     return "off"
   num_files = len(source.file_counts)
   if policy == "auto":
-    if num_files >= num_pipelines and (recorded in ("off", "data") or
-                                       (recorded is None and may_resize)):
+    if num_files < num_pipelines:
+      return "data"
+    if recorded in ("off", "data") or (recorded is None and may_resize):
       logging.info("data: shard_policy auto → data, not file: %s", "the run read one order of "
                    "elements" if recorded else "the group may resize (tfdp-launch --min_workers)")
       return "data"
-    return "file" if num_files >= num_pipelines else "data"
+    return "file"
   if policy == "file" and num_files < num_pipelines:
     raise DataError(f"shard_policy 'file' needs at least one file per worker, but the source has "
                     f"{num_files} file(s) for {num_pipelines} workers; use shard_policy data or auto.")

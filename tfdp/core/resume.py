@@ -136,13 +136,13 @@ def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | 
   trainer.max_steps had finished trains nothing: the data position means nothing (a re-run on
   another worker count of file shards, whose epochs are the largest worker's files)."""
   step = checkpoint_step(checkpoint) if checkpoint else None
-  finished = bool(step) and 0 < max_steps <= step
+  finished = finished_by_max_steps(step, max_steps)
   changed = [f"{field} was {record[field]}, now {current[field]} ({key})"
              for field, key in RESUME_FIELDS.items()
              if field in record and field in current and record[field] != current[field]
              and not (finished and field in ("steps_per_epoch", "epoch_steps"))]
   if not changed and checkpoint and not finished:
-    _check_order_kept(record, current, model_dir, checkpoint_step(checkpoint))
+    _check_order_kept(record, current, model_dir, step)
   decays = (f"the '{current.get('schedule')}' learning-rate schedule"
             if current.get("schedule") in LENGTH_DEPENDENT_SCHEDULES else
             "trainer.lookahead_every_steps, whose pull" if current.get("lookahead_every_steps")
@@ -159,6 +159,12 @@ def check_resume(record: dict, current: dict, model_dir: str, checkpoint: str | 
         "schedule; restore the earlier value (a run trained with a constant schedule from its "
         "start may train longer; switching to one now jumps its learning rate), "
         f"{errors.terms().start_over}, or use a new {errors.terms().model_dir}.")
+
+
+def finished_by_max_steps(step: int | None, max_steps: int) -> bool:
+  """The restored step is the run's last (trainer.max_steps): nothing trains on a re-run, so
+  the data position (file shards on another worker count) means nothing."""
+  return bool(step) and 0 < max_steps <= step
 
 
 def data_order(plan, data) -> dict:
@@ -323,7 +329,8 @@ def resume_batch_split(record: dict, model_dir: str, global_batch: int, replicas
     was_sharding = record.get("sharding", record.get("shard_policy"))
     steps_per_epoch = int(record.get("steps_per_epoch") or 0)
     if (steps_per_epoch and step is not None and step % steps_per_epoch
-        and {was_sharding, sharding} & set(FILE_SHARDED) and not 0 < max_steps <= step):
+        and {was_sharding, sharding} & set(FILE_SHARDED)
+        and not finished_by_max_steps(step, max_steps)):
       end = (step // steps_per_epoch + 1) * steps_per_epoch
       raise OutputError(
           f"{started} with file shards, stopped at step {step} in the middle of an epoch; its "

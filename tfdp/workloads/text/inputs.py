@@ -50,8 +50,7 @@ def read_text_file(path: str) -> str:
     return raw.decode("utf-8-sig")  # a leading BOM (Notepad's) is no text: it hid [PAD], **NAME**
   except UnicodeDecodeError as e:
     raise DataError(f"text file '{path}' is not UTF-8 (byte {e.start + bom}); remove it, or "
-                    f"convert it "
-                    f"{paths.utf8_conversion(path)}") from None
+                    f"convert it {paths.utf8_conversion(path)}") from None
 
 
 def _is_text_file(name: str) -> bool:
@@ -353,12 +352,12 @@ def check_unknown_share(sequences, special: dict[str, int], where: str, vocab: s
   import numpy as np  # pylint: disable=g-import-not-at-top
   tokens = np.isin(sequences, [special[t] for t in ("[PAD]", "[CLS]", "[SEP]")], invert=True)
   count = int(tokens.sum())
-  share = float((sequences == special["[UNK]"]).sum()) / count if count else 0.0
-  learn = (f"learn a vocabulary for this text (`{VOCAB_COMMAND}`) and set task.text.vocab_path, "
-           f"or check task.text.lowercase ({lowercase}) against how '{vocab}' was learned")
   if not count:  # zero-width spaces alone pass the blank-text check and tokenize to nothing
     raise DataError(f"the text of {where} gives no tokens, only [CLS] [SEP] rows; check its "
                     "files.")
+  share = float((sequences == special["[UNK]"]).sum()) / count
+  learn = (f"learn a vocabulary for this text (`{VOCAB_COMMAND}`) and set task.text.vocab_path, "
+           f"or check task.text.lowercase ({lowercase}) against how '{vocab}' was learned")
   if share == 1.0:
     raise DataError(f"every token of {where} is [UNK] under the vocabulary '{vocab}': nothing "
                     f"would be learned; {learn}.")
