@@ -114,8 +114,11 @@ def test_launch_notebook_blames_the_worker_that_failed_not_the_one_that_lost_it(
     import os, time  # pylint: disable=g-import-not-at-top,multiple-imports
     from tfdp.errors import GroupMustRestart  # pylint: disable=g-import-not-at-top
     if os.environ["TFDP_WORKER_INDEX"] == "0":  # first: it stands for the worker that lost a peer
+      while not os.path.exists(marker + ".ready"):  # worker 1 in train_fn: under CI's load it
+        time.sleep(0.01)  # was still starting when worker 0 left, past the launcher's 1 s wait
       open(marker, "w").close()
       raise GroupMustRestart("a peer was lost: the group must restart")
+    open(marker + ".ready", "w").close()
     while not os.path.exists(marker):
       time.sleep(0.01)
     raise ValueError("no such column: 'labels'")
