@@ -32,6 +32,17 @@ def prepare_output_dir(path: str) -> str:
   return path
 
 
+def _remove_empty_folders(path: str, existed: str):
+  """Removes `path` and the folders above it up to `existed` (the nearest that was there
+  before), each only while it is empty."""
+  while path != existed and path.startswith(existed):
+    try:
+      os.rmdir(path)
+    except OSError:
+      return
+    path = os.path.dirname(path)
+
+
 def _stop_on_sigterm():
   """SIGTERM becomes an exception, so the `finally` that kills the running cell still runs."""
   if threading.current_thread() is not threading.main_thread():
@@ -50,12 +61,16 @@ def run_mode(mode: str, opts: BenchOptions):
   """Runs one mode; writes <mode>.csv and <mode>.png (tta: also tta_targets.csv); returns the
   pandas DataFrame of <mode>.csv."""
   check_options(mode, opts)
+  existed = paths.nearest_existing(os.path.abspath(os.path.expanduser(opts.output_dir)))
   output_dir = prepare_output_dir(opts.output_dir)
   import pandas  # pylint: disable=g-import-not-at-top,unused-import  (missing: fail before the runs)
   scratch = tempfile.mkdtemp(prefix="tfdp-bench-")  # model_dirs of the setup steps
   previous = _stop_on_sigterm()
   try:
     rows = modes.RUNNERS[mode](opts, scratch, {**machine_info(), "mode": mode})
+  except BaseException:
+    _remove_empty_folders(output_dir, existed)  # a failed first cell left them behind (a probe)
+    raise
   finally:
     if previous is not None:
       signal.signal(signal.SIGTERM, previous)
