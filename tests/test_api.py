@@ -153,6 +153,10 @@ def test_fit_twice_in_one_process_returns_promptly_both_times(tmp_path):
   assert exited - report["done_at"] < 90  # may wait for a stalled destructor (up to ~60 s)
 
 
+# Its users on one xdist worker, or each worker runs the session (test_xdist_groups).
+ONE_SESSION = pytest.mark.xdist_group("test_api_notebook_session")
+
+
 @pytest.fixture(scope="module")
 def notebook_session(tmp_path_factory):
   """tests/scripts/notebook_session.py run once: (what it printed as JSON, its stderr). Its
@@ -164,6 +168,7 @@ def notebook_session(tmp_path_factory):
   return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+@ONE_SESSION
 def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_line(
     notebook_session):
   """tests/scripts/notebook_session.py, one process: `make_strategy()` again returns the
@@ -194,6 +199,7 @@ def test_a_notebook_session_keeps_its_strategy_and_says_what_is_wrong_in_one_lin
   assert out["moved_aside"] == 1
 
 
+@ONE_SESSION
 def test_library_runs_say_their_fixes_in_their_own_arguments(notebook_session):
   """tfdp.train and tfdp.fit name their own arguments (model_dir, start_over=True, params) in
   the library's one-line errors and warnings, not tfdp-train's flags. Seen failing on the old
@@ -218,6 +224,7 @@ def test_library_runs_say_their_fixes_in_their_own_arguments(notebook_session):
   assert "--start_over" not in stderr and "--model_dir" not in stderr, stderr[-3000:]
 
 
+@ONE_SESSION
 def test_the_users_dtype_policy_and_random_streams_are_theirs_after_train_and_fit(
     notebook_session):
   """Seen failing: after a tfdp.train in mixed_bfloat16 the global policy stayed
@@ -231,6 +238,7 @@ def test_the_users_dtype_policy_and_random_streams_are_theirs_after_train_and_fi
     assert after == expected  # numpy, Python, keras.random, tf.random, an initializer
 
 
+@ONE_SESSION
 def test_a_notebooks_runs_leave_no_traced_training_loop_behind(notebook_session):
   """tf.custom_gradient (ReplicaContext.all_reduce) registered each traced loop's gradient in
   TF's global registry for good, with the loop's graph (tensorflow/tensorflow#97697): ~10 MB
@@ -240,6 +248,7 @@ def test_a_notebooks_runs_leave_no_traced_training_loop_behind(notebook_session)
   assert out["train_loops_alive"] == 0
 
 
+@ONE_SESSION
 def test_train_takes_a_list_of_overrides(notebook_session):
   """Seen failing: params=["trainer.seed=7", ...] was dumped as a YAML list ("unknown config
   key '- trainer'")."""
@@ -249,6 +258,7 @@ def test_train_takes_a_list_of_overrides(notebook_session):
   assert wrong.startswith("tfdp.train: params holds 7 (type int)"), wrong
 
 
+@ONE_SESSION
 def test_evaluate_and_predict_take_keras_arguments_and_return_what_keras_returns(
     notebook_session):
   """return_dict=False returns model.evaluate's value (the loss alone, or the list in
@@ -269,6 +279,7 @@ def test_evaluate_and_predict_take_keras_arguments_and_return_what_keras_returns
   assert callbacks.startswith("tfdp.predict: callbacks are not called"), callbacks
 
 
+@ONE_SESSION
 def test_steps_takes_a_datasets_first_batches_as_keras_does(notebook_session):
   """A dataset that repeats for ever: 'x repeats for ever; pass steps', and then 'steps is not
   taken' (tfdp.evaluate even said steps_per_epoch, an argument it has not; a probe)."""
@@ -281,6 +292,7 @@ def test_steps_takes_a_datasets_first_batches_as_keras_does(notebook_session):
       steps["no_steps"])
 
 
+@ONE_SESSION
 def test_a_model_built_outside_the_scope_is_predicted_and_evaluated_on_a_copy(notebook_session):
   """An uncompiled model predicts (Keras's predict needs no compile) and evaluating it says
   'not compiled'; the log line names the caller and trains nothing. Seen failing: RuntimeError
@@ -297,6 +309,7 @@ def test_a_model_built_outside_the_scope_is_predicted_and_evaluated_on_a_copy(no
   assert "training a clone" not in stderr, stderr[-3000:]
 
 
+@ONE_SESSION
 def test_ctrl_c_in_fit_says_where_to_resume_and_a_finished_run_reports_ints(notebook_session):
   """Ctrl-C in a fit without model_dir: Preempted names the run's folder as model_dir=...,
   which resumes it (the epochs after the stopped one); the finished run returned at once

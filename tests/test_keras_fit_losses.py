@@ -9,6 +9,8 @@ import pytest
 
 import helpers
 
+pytestmark = pytest.mark.xdist_group("test_keras_fit_losses")  # its cases once (test_xdist_groups)
+
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):

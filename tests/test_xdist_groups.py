@@ -1,5 +1,6 @@
 """The README's test command runs `-n 2 --dist loadgroup`: every test of one xdist_group on one
 worker (tests/xdist_groups.py; pytest 9.2 had silently broken it, pytest-dev/pytest-xdist#1386)."""
+import ast
 import subprocess
 import sys
 
@@ -34,3 +35,36 @@ def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path):
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   workers = [path.read_text() for path in ran.glob("ran-*")]
   assert len(workers) == 6 and len(set(workers)) == 1, workers
+
+
+def _is_module_fixture(decorator) -> bool:
+  return (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.fixture"
+          and any(k.arg == "scope" and ast.unparse(k.value) == "'module'"
+                  for k in decorator.keywords))
+
+
+def _grouped(decorators, marks: set) -> bool:
+  return any("xdist_group" in ast.unparse(d) or ast.unparse(d) in marks for d in decorators)
+
+
+def test_module_fixtures_that_start_processes_are_built_once():
+  """`--dist loadgroup` spreads a module's ungrouped tests over both workers, and each worker
+  builds the module fixtures its tests use: test_keras_fit_losses' one process of cases (46 s
+  on the AVX2-only CPU) ran on both (stop 52's CI: its setup charged to the third case). A
+  module fixture that starts a process needs its users in one xdist_group (a `pytestmark` or
+  each user's mark). Seen failing before the marks on test_keras_fit_losses and test_api's
+  notebook_session."""
+  loose = []
+  for path in sorted(helpers.REPO.glob("tests/test_*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    marks = {ast.unparse(node.targets[0]) for node in tree.body  # a group's mark by a name
+             if isinstance(node, ast.Assign) and "xdist_group" in ast.unparse(node.value)}
+    if "pytestmark" in marks:
+      continue
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    starting = {f.name for f in functions
+                if any(_is_module_fixture(d) for d in f.decorator_list)
+                and any(call in ast.unparse(f) for call in ("subprocess.", "helpers.run_"))}
+    loose += [f"{path.name}::{f.name} ({name})" for f in functions for name in starting
+              if name in {a.arg for a in f.args.args} and not _grouped(f.decorator_list, marks)]
+  assert not loose, loose
