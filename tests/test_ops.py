@@ -433,7 +433,9 @@ def test_a_non_chief_worker_keeps_at_most_one_checkpoint_in_its_temp_dir(tmp_pat
   assert re.search(r"\[w1\].*worker 1 of 2", out), out[-3000:]
   # Each copy lives only until its save returns, so a poll may see none (on the Zen 5 it saw
   # none once); the folder they are written in stays from the first save to the exit.
-  assert saved_there and most <= 1, (saved_there, most)
+  # (stop 52's CI on the AVX2-only CPU saw not even the folder once, in a 58 s run that passed
+  # otherwise; not reproduced in 4 runs, 3 of them at once: the launcher's log says what ran)
+  assert saved_there and most <= 1, (saved_there, most, out[-3000:])
   assert not list(tmp.glob("tfdp-worker*")) and not list(tmp.glob(".making-*"))
 
 
