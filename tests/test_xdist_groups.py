@@ -47,13 +47,34 @@ def _grouped(decorators, marks: set) -> bool:
   return any("xdist_group" in ast.unparse(d) or ast.unparse(d) in marks for d in decorators)
 
 
+def _calls(function) -> set:
+  return {ast.unparse(node.func) for node in ast.walk(function) if isinstance(node, ast.Call)}
+
+
+def _starters(functions, known: set, prefix: str = "") -> set:
+  """The names (with `prefix`) of `functions` that start a process: they call subprocess or a
+  name in `known`, or, through each other, one that does."""
+  found = set(known)
+  while True:
+    more = {prefix + f.name for f in functions if prefix + f.name not in found and any(
+        call.startswith("subprocess.") or call in found for call in _calls(f))}
+    if not more:
+      return found
+    found |= more
+
+
 def test_module_fixtures_that_start_processes_are_built_once():
   """`--dist loadgroup` spreads a module's ungrouped tests over both workers, and each worker
   builds the module fixtures its tests use: test_keras_fit_losses' one process of cases (46 s
   on the AVX2-only CPU) ran on both (stop 52's CI: its setup charged to the third case). A
-  module fixture that starts a process needs its users in one xdist_group (a `pytestmark` or
-  each user's mark). Seen failing before the marks on test_keras_fit_losses and test_api's
-  notebook_session."""
+  module fixture that starts a process (itself, through the module's functions or through
+  helpers.py's) needs its users in one xdist_group (a `pytestmark` or each user's mark). Seen
+  failing before the marks on test_keras_fit_losses and test_api's notebook_session, and with
+  test_keras_fit's `pytestmark` removed (its fixtures start theirs through run_case)."""
+  helper_tree = ast.parse((helpers.REPO / "tests" / "helpers.py").read_text(encoding="utf-8"))
+  from_helpers = _starters([n for n in helper_tree.body if isinstance(n, ast.FunctionDef)],
+                           set(), prefix="helpers.")
+  assert {"helpers.run_train", "helpers.run_probe"} <= from_helpers, from_helpers  # it can see
   loose = []
   for path in sorted(helpers.REPO.glob("tests/test_*.py")):
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -62,9 +83,9 @@ def test_module_fixtures_that_start_processes_are_built_once():
     if "pytestmark" in marks:
       continue
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
-    starting = {f.name for f in functions
-                if any(_is_module_fixture(d) for d in f.decorator_list)
-                and any(call in ast.unparse(f) for call in ("subprocess.", "helpers.run_"))}
+    starts = _starters(functions, from_helpers)
+    starting = {f.name for f in functions if f.name in starts
+                and any(_is_module_fixture(d) for d in f.decorator_list)}
     loose += [f"{path.name}::{f.name} ({name})" for f in functions for name in starting
               if name in {a.arg for a in f.args.args} and not _grouped(f.decorator_list, marks)]
   assert not loose, loose

@@ -194,6 +194,7 @@ def write(mode: str, rows: list[dict], output_dir: str, targets: list[float]):
   import pandas as pd  # pylint: disable=g-import-not-at-top
   view = VIEWS[mode]
   frame = pd.DataFrame(rows)
+  os.makedirs(output_dir, exist_ok=True)  # another run that failed may have removed it empty
   frame.to_csv(os.path.join(output_dir, f"{mode}.csv"), index=False)
   plot(mode, frame, os.path.join(output_dir, f"{mode}.png"), targets)
   # A column no row has (the Keras baseline's, under --nobaseline) is left out of the print.

@@ -61,9 +61,9 @@ def run_mode(mode: str, opts: BenchOptions):
   """Runs one mode; writes <mode>.csv and <mode>.png (tta: also tta_targets.csv); returns the
   pandas DataFrame of <mode>.csv."""
   check_options(mode, opts)
+  import pandas  # pylint: disable=g-import-not-at-top,unused-import  (missing: fail before the runs)
   existed = paths.nearest_existing(os.path.abspath(os.path.expanduser(opts.output_dir)))
   output_dir = prepare_output_dir(opts.output_dir)
-  import pandas  # pylint: disable=g-import-not-at-top,unused-import  (missing: fail before the runs)
   scratch = tempfile.mkdtemp(prefix="tfdp-bench-")  # model_dirs of the setup steps
   previous = _stop_on_sigterm()
   try:
