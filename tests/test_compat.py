@@ -6,7 +6,7 @@ import textwrap
 
 import helpers
 
-BN_SCRIPT = textwrap.dedent("""
+BN_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, sys
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -30,7 +30,7 @@ BN_SCRIPT = textwrap.dedent("""
     mean = model.layers[0].moving_mean
     copies = [v.numpy().tolist() for v in mean.value.values]
     print(json.dumps(copies))
-""")
+"""))
 
 
 def moving_mean_copies(mode):
@@ -50,7 +50,7 @@ def test_batchnorm_moving_statistics_agree_across_replicas():
   assert abs(fixed[0][0] - 0.05) < 1e-6
 
 
-HEARTBEAT_SCRIPT = textwrap.dedent("""
+HEARTBEAT_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import sys
     import tensorflow as tf
     from tfdp import config
@@ -64,7 +64,7 @@ HEARTBEAT_SCRIPT = textwrap.dedent("""
       strategy = tf.distribute.MultiWorkerMirroredStrategy()
     total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
     print("heartbeat_ms", compat.coordination_heartbeat_timeout_ms(), "sum", float(total))
-""")
+"""))
 
 
 def test_coordination_heartbeat_timeout_is_ours():
@@ -79,7 +79,7 @@ def test_coordination_heartbeat_timeout_is_ours():
     assert len(lines) == 2 and all(l.endswith(expected) for l in lines), lines
 
 
-ALL_REDUCE_SCRIPT = textwrap.dedent("""
+ALL_REDUCE_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, sys
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -102,7 +102,7 @@ ALL_REDUCE_SCRIPT = textwrap.dedent("""
       strategy.run(replica_step)
     step()
     print(json.dumps([c.numpy().tolist() for c in w.value.values]))
-""")
+"""))
 
 
 def test_optimizer_all_reduce_is_skipped_after_tfdp_reduced():
@@ -117,7 +117,7 @@ def test_optimizer_all_reduce_is_skipped_after_tfdp_reduced():
   assert weights("fixed") == [[-2.0, -2.0]] * 2  # the sum of the two replicas' gradients, once
 
 
-EMA_SCRIPT = textwrap.dedent("""
+EMA_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json
     import numpy as np
     import tensorflow as tf
@@ -143,7 +143,7 @@ EMA_SCRIPT = textwrap.dedent("""
     average = compat.weight_averages(optimizer)[0]
     copies = [float(np.asarray(c)[0, 0]) for c in average.value.values]
     print(json.dumps({"weights": seen, "average_copies": copies}))
-""")
+"""))
 
 
 def test_the_optimizer_weight_average_is_read_and_kept_on_every_replica():
@@ -162,7 +162,7 @@ def test_the_optimizer_weight_average_is_read_and_kept_on_every_replica():
   assert result["average_copies"] == [expected, expected]
 
 
-COMPILED_SCRIPT = textwrap.dedent("""
+COMPILED_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json
     import numpy as np, tensorflow as tf, keras
     from tfdp.distributed import compat
@@ -191,7 +191,7 @@ COMPILED_SCRIPT = textwrap.dedent("""
         "empty": [compat.compiled_loss_and_metrics(model)[1] is None
                   for kw in ({"metrics": []}, {"weighted_metrics": {"b": []}}, {"metrics": ["mae"]})
                   if model.compile("sgd", "mse", **kw) is None]}))
-""")
+"""))
 
 
 def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
@@ -210,7 +210,7 @@ def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
   assert found["empty"] == [True, True, False]  # compile(metrics=[]) has none to build
 
 
-MASK_SCRIPT = textwrap.dedent("""
+MASK_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json
     import keras, numpy as np, tensorflow as tf
     from tfdp.distributed import compat
@@ -229,7 +229,7 @@ MASK_SCRIPT = textwrap.dedent("""
     print(json.dumps({"eager": np.asarray(eager).tolist(), "traced": np.asarray(traced).tolist(),
                       "plain": plain is None, "cast_dtype": cast.dtype.name,
                       "cast_mask": np.asarray(compat.keras_mask(cast)).tolist()}))
-""")
+"""))
 
 
 def test_the_keras_mask_of_an_output_is_read_eagerly_and_traced():
@@ -249,14 +249,14 @@ def test_the_keras_mask_of_an_output_is_read_eagerly_and_traced():
 
 # TensorFlow's default: oneDNN on only where the CPU has one of these (TF 2.9 release notes).
 TF_ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
-ONEDNN_SCRIPT = textwrap.dedent("""
+ONEDNN_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, os, sys
     if sys.argv[1] == "fixed":
       import tfdp
     import tensorflow as tf
     from tensorflow.python.util import _pywrap_util_port
     print(json.dumps([os.environ.get("TF_ENABLE_ONEDNN_OPTS"), _pywrap_util_port.IsMklEnabled()]))
-""")
+"""))
 
 
 def onednn_in_a_new_process(mode, **extra_env):
@@ -295,8 +295,8 @@ def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
             "tfdp.make_strategy(cpu_replicas=1); print(compat.onednn_enabled())")
   environ = helpers.env()
   environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
-  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        env=environ, timeout=120)
+  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(script)],
+                        capture_output=True, text=True, env=environ, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   enabled = proc.stdout.strip().splitlines()[-1] == "True"
   warned = [l for l in proc.stderr.splitlines() if "oneDNN kernels are off" in l]
@@ -304,7 +304,7 @@ def test_onednn_off_after_an_early_tensorflow_import_is_said_in_one_line():
   assert len(warned) == (0 if enabled or "avx2" not in cpus.cpu_flags(environ={}) else 1), proc.stderr[-2000:]
 
 
-LEAVE_SCRIPT = """
+LEAVE_SCRIPT = helpers.leaving_at_once("""
 import json, sys, time
 import tfdp
 import tensorflow as tf
@@ -319,7 +319,7 @@ arrived = time.time()
 cluster_lib.leave_together(cluster)
 print(json.dumps({"rank": cluster.rank, "kind": plan.kind, "sum": float(total),
                   "arrived": arrived, "left": time.time()}))
-"""
+""")
 
 
 def test_a_worker_that_is_done_waits_for_its_peers_before_it_leaves():
@@ -414,7 +414,7 @@ def test_worker_0_returns_from_an_exchange_only_once_each_peer_has_its_answer(mo
                      else [("set", f"{topic}/heard/1")]), service.calls
 
 
-PYPLOT_SCRIPT = textwrap.dedent("""
+PYPLOT_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, sys
     if sys.argv[1] == "fixed":
       from tfdp import logs
@@ -431,7 +431,7 @@ PYPLOT_SCRIPT = textwrap.dedent("""
     print(json.dumps([loaded_with_tensorflow, plot_image_gallery.plt is plt is pyplot,
                       type(figure).__name__, plt.get_fignums(), get_ipython() is None,
                       file_editor.ipython is sys.modules["IPython"]]))
-""")
+"""))
 
 
 def test_pyplot_and_ipython_are_loaded_on_first_use_not_with_tensorflow():
@@ -447,7 +447,7 @@ def test_pyplot_and_ipython_are_loaded_on_first_use_not_with_tensorflow():
   assert run("fixed") == [[False, False], True, "Figure", [1], True, True]
 
 
-SEED_SCRIPT = textwrap.dedent("""
+SEED_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, random
     import keras
     import tensorflow as tf
@@ -465,7 +465,7 @@ SEED_SCRIPT = textwrap.dedent("""
     compat.restore_seed_state(state)
     print(json.dumps({"seeds": [state[0], state[2]], "first": first, "moved": moved,
                       "again": draws()}))
-""")
+"""))
 
 
 def test_the_global_seeds_a_run_sets_are_read_and_given_back():
@@ -481,7 +481,7 @@ def test_the_global_seeds_a_run_sets_are_read_and_given_back():
   assert found["again"] == found["first"]  # the fix: they go on as the user's seed set them
 
 
-CUSTOM_GRADIENT_SCRIPT = textwrap.dedent("""
+CUSTOM_GRADIENT_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import gc, json, sys
     import tensorflow as tf
     from tfdp.distributed import compat
@@ -502,7 +502,7 @@ CUSTOM_GRADIENT_SCRIPT = textwrap.dedent("""
       gc.collect()
       alive.append(sum(type(o).__name__ == "FuncGraph" for o in gc.get_objects()))
     print(json.dumps({"grad": grad, "alive": alive}))
-""")
+"""))
 
 
 def test_a_traced_custom_gradient_does_not_keep_its_graph():
@@ -559,7 +559,7 @@ def test_a_warm_start_from_a_run_without_the_part_is_said_to_be_another_tasks(tm
   warm_start.restore_into(same, into, "this model's encoder", under=("model", "backbone"))
 
 
-CARRY_SCRIPT = textwrap.dedent("""
+CARRY_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json
     import keras
     from tfdp.distributed import compat
@@ -579,7 +579,7 @@ CARRY_SCRIPT = textwrap.dedent("""
     found["excluded"] = [adamw_copy._use_weight_decay(v) for v in clone.weights]
     found["users"] = [adamw._use_weight_decay(v) for v in model.weights]
     print(json.dumps(found))
-""")
+"""))
 
 
 def test_settings_a_config_drops_are_carried_into_the_rebuilt_metric_and_optimizer():
@@ -596,7 +596,7 @@ def test_settings_a_config_drops_are_carried_into_the_rebuilt_metric_and_optimiz
   assert found["excluded"] == found["users"] == [False, False]  # the kernel by id, bias by name
 
 
-REPLICA_STREAMS_SCRIPT = textwrap.dedent("""
+REPLICA_STREAMS_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
     import json, sys
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -617,7 +617,7 @@ REPLICA_STREAMS_SCRIPT = textwrap.dedent("""
     outside = drop(tf.ones((4, 64)), training=True).numpy()  # no replica: as Keras draws
     print(json.dumps({"same": bool((first == second).all()), "next_step_differs": bool(
         (again != first).any()), "kept": float(first.mean()), "outside_kept": float(outside.mean())}))
-""")
+"""))
 
 
 def test_each_replica_draws_its_own_dropout_mask():
@@ -661,7 +661,7 @@ def test_seed_0_shuffles_every_epoch_under_tensorflows_global_seed():
       from tensorflow.python.eager import context
       print(context.global_seed())
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(code)],
+                        capture_output=True, text=True, env=helpers.env(), timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.splitlines() == ["upstream fails", "5"], proc.stdout

@@ -2,12 +2,12 @@
 strategy's scope (fitted twice, or unbuilt), class_weight, use_ema, the optimizer settings
 tf.distribute cannot run, run_eagerly, a pure dtype policy, and History as Keras's.
 
-The cases run in tests/scripts/keras_fit_setup_cases.py, two processes of several cases each,
-on 2 CPU replicas against single-device model.fit; these tests judge what they report."""
+The cases run in tests/scripts/keras_fit_setup_cases.py (and keras_fit_setup_more.py), two
+processes of several cases each, on 2 CPU replicas against single-device model.fit; these
+tests judge what they report."""
 import json
 import math
 import subprocess
-import textwrap
 import sys
 
 import pytest
@@ -52,24 +52,6 @@ def assert_one_line(line: str, *words: str) -> None:
   assert line.startswith("tfdp.fit: ") and "\n" not in line, line
   for word in words:
     assert word in line, (word, line)
-
-
-# The start of the scripts below that compare against model.fit: 2 CPU replicas, 40 rows.
-TWO_REPLICAS = """
-import json, numpy as np, tfdp
-tfdp.make_strategy(cpu_replicas=2)
-import keras, tensorflow as tf
-x = np.random.RandomState(1).randn(40, 3).astype("float32")
-y = x.sum(1, keepdims=True)
-"""
-
-
-def run_script(code: str, cwd=None) -> subprocess.CompletedProcess:
-  """`code` (dedented) in a fresh Python process, which must exit 0."""
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                        text=True, env=helpers.env(), timeout=300, cwd=cwd)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return proc
 
 
 @pytest.mark.parametrize("case", ["missing_class", "soft_labels"])
@@ -331,30 +313,15 @@ def test_numpy_integers_one_callback_and_batch_size_beside_a_batched_dataset_as_
   assert "batch_size=64 is not used: x is a dataset batched by 16" in weights_result["stderr"]
 
 
-def test_a_peer_missing_from_the_copy_into_the_scope_is_named_as_such():
+def test_a_peer_missing_from_the_copy_into_the_scope_is_named_as_such(model_result):
   """A probe: worker 0 alone called tfdp.fit on a model built outside the scope; after 4.5
   minutes the copy's collective failed (UnavailableError) and it was told Keras cannot clone
   the model and to build it under the scope. It is the peer: a GroupMustRestart naming it. The
   collective's failure is stood in for here. Seen failing: the ConfigError's clone line."""
-  code = textwrap.dedent("""
-      import numpy as np, tfdp
-      tfdp.make_strategy(cpu_replicas=2)
-      import keras, tensorflow as tf
-      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-      model.compile("sgd", "mse")
-      def unavailable(*args, **kwargs):
-        raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer gone")
-      keras.models.clone_model = unavailable
-      try:
-        tfdp.fit(model, np.zeros((8, 4)), np.zeros((8, 2)), verbose=0, model_dir="run")
-      except tfdp.TfdpError as error:
-        print(type(error).__name__, error)
-      """)
-  proc = run_script(code)
-  assert proc.stdout.strip() == (
+  assert model_result["more"]["peer_missing"] == (
       "GroupMustRestart tfdp.fit: a peer worker did not join the copy of the model into the "
       "strategy's scope (UnavailableError): every worker must make the same calls (tfdp.fit, "
-      "tfdp.evaluate, tfdp.predict) in the same order; see the peer's error line."), proc.stdout
+      "tfdp.evaluate, tfdp.predict) in the same order; see the peer's error line.")
 
 
 def test_a_copy_that_differs_is_said_whatever_braces_the_caller_holds():
@@ -370,121 +337,50 @@ def test_a_copy_that_differs_is_said_whatever_braces_the_caller_holds():
     copies.check_clone_computes_alike(mine, copy, np.ones((2, 3), np.float32), "tfdp.fit {x}")
 
 
-def test_dropout_trains_alike_whether_the_model_was_built_in_the_scope_or_outside(tmp_path):
+def test_dropout_trains_alike_whether_the_model_was_built_in_the_scope_or_outside(model_result):
   """A probe: with one seed, a Dropout model built outside the scope trained other weights than
   the same model built inside it (0.23 apart here): the copy made in the scope drew new seed
   states, which get_weights leaves out. They are copied in, and back after training. Seen
   failing on the old fit.py (stash)."""
-  code = textwrap.dedent("""
-      import json, numpy as np, tfdp
-      strategy = tfdp.make_strategy(cpu_replicas=2)
-      import keras
-      def build():
-        keras.utils.set_random_seed(3)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dropout(0.5), keras.layers.Dense(1)])
-        model.compile(keras.optimizers.SGD(0.1), "mse")
-        return model
-      rng = np.random.default_rng(0)
-      x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
-      with strategy.scope():
-        inside = build()
-      outside = build()
-      for name, model in (("in", inside), ("out", outside)):
-        tfdp.fit(model, x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, model_dir=name,
-                 strategy=strategy)
-      seeds = lambda m: [np.asarray(v.value).tolist() for v in m.variables
-                         if v.name == "seed_generator_state"]
-      print(json.dumps({"apart": max(float(np.abs(a - b).max()) for a, b in
-                                     zip(inside.get_weights(), outside.get_weights())),
-                        "seeds": [seeds(inside), seeds(outside)]}))
-      """)
-  proc = run_script(code, tmp_path)
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = model_result["more"]["dropout"]
   assert result["apart"] < 1e-6, result
   inside, outside = result["seeds"]
   assert inside and inside == outside, result  # the user's model goes on from training's
 
 
-def test_labels_in_a_one_element_list_train_a_model_of_one_output_as_model_fit(tmp_path):
+def test_labels_in_a_one_element_list_train_a_model_of_one_output_as_model_fit(model_result):
   """A probe: Model(i, [Dense(1)(i)]) compiled with ["mse"] and given y=[y] (or (x, (y,))
   elements) trains in model.fit; tfdp refused it: 'y does not fit the loss ... Expected an
   instance of tuple'. Seen failing on the old task.py (stash)."""
-  code = TWO_REPLICAS + textwrap.dedent("""
-      def build():
-        keras.utils.set_random_seed(0)
-        inputs = keras.Input((3,))
-        model = keras.Model(inputs, [keras.layers.Dense(1)(inputs)])
-        model.compile("sgd", ["mse"])
-        return model
-      keras_loss = build().fit(x, [y], batch_size=8, shuffle=False, verbose=0).history["loss"]
-      arrays = tfdp.fit(build(), x, [y], batch_size=8, shuffle=False, verbose=0, model_dir="a")
-      dataset = tfdp.fit(build(), tf.data.Dataset.from_tensor_slices((x, (y,))).batch(8),
-                         verbose=0, model_dir="b")
-      print(json.dumps([keras_loss, arrays.history["loss"], dataset.history["loss"],
-                        build().evaluate(x, [y], verbose=0), tfdp.evaluate(build(), x, [y])]))
-      """)
-  proc = run_script(code, tmp_path)
-  keras_loss, arrays, dataset, keras_eval, ours = json.loads(proc.stdout.strip().splitlines()[-1])
+  keras_loss, arrays, dataset, keras_eval, ours = model_result["more"]["one_element_list"]
   assert arrays == pytest.approx(keras_loss, rel=1e-5) and dataset == pytest.approx(keras_loss,
                                                                                     rel=1e-5)
   assert ours["loss"] == pytest.approx(keras_eval, rel=1e-5)
 
 
 def test_a_dataset_batched_before_its_repeat_validates_exactly_and_warns_where_it_differs(
-    tmp_path):
+    model_result):
   """A probe: batches of 8, 8, 7 repeated, with validation_steps=3, were validated as 24
   examples (the first one twice: val_loss 1.686 against model.fit's 1.748); a training stream
   or a finite dataset with a short batch mid-way was cut into other steps without a word.
   Validation now takes the examples of its first validation_steps batches; the rest is said.
   Seen failing on the old inputs.py (stash): 24 examples."""
-  code = TWO_REPLICAS + textwrap.dedent("""
-      def build():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        return model
-      val = tf.data.Dataset.from_tensor_slices((x[:23], y[:23])).batch(8).repeat()
-      keras_run = build().fit(x, y, batch_size=8, shuffle=False, validation_data=val,
-                              validation_steps=3, verbose=0)
-      ours = tfdp.fit(build(), x, y, batch_size=8, shuffle=False, validation_data=val,
-                      validation_steps=3, verbose=0, model_dir="val")
-      stream = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-      tfdp.fit(build(), stream.repeat(), epochs=2, steps_per_epoch=3, verbose=0, model_dir="s")
-      tfdp.fit(build(), stream.repeat(2), verbose=0, model_dir="f")
-      print(json.dumps([keras_run.history["val_loss"], ours.history["val_loss"],
-                        ours.final["eval_examples"]]))
-      """)
-  proc = run_script(code, tmp_path)
-  keras_val, ours_val, examples = json.loads(proc.stdout.strip().splitlines()[-1])
+  keras_val, ours_val, examples = model_result["more"]["batched_before_repeat"]
   assert examples == 23 and ours_val == pytest.approx(keras_val, rel=1e-5)
+  stderr = model_result["stderr"]
   assert ("x's batches are uneven within the stream (a batch of 8 among the first 3): tfdp "
           "batches its examples by 16, so an epoch takes 48 examples where model.fit's takes 40"
-          in proc.stderr), proc.stderr[-3000:]
+          in stderr), stderr[-3000:]
   assert ("x's batches are uneven within the data (a batch of 8 before its last): tfdp batches "
-          "its examples by 16, 5 steps where model.fit takes 6" in proc.stderr), proc.stderr[-3000:]
+          "its examples by 16, 5 steps where model.fit takes 6" in stderr), stderr[-3000:]
 
 
-def test_a_generator_as_validation_data_and_shuffle_batch_are_said_as_such(tmp_path):
+def test_a_generator_as_validation_data_and_shuffle_batch_are_said_as_such(model_result):
   """A probe: a generator as validation_data was told 'validation_data is a generator; pass
   (x_val, y_val) ...', without the from_generator wrap that x's line gives; shuffle='batch'
   (Keras's HDF5 chunks) shuffled every example without a word. Seen failing on the old
   inputs.py and fit.py (stash)."""
-  code = textwrap.dedent("""
-      import numpy as np, tfdp
-      tfdp.make_strategy(cpu_replicas=2)
-      import keras
-      x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
-      model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-      model.compile("sgd", "mse")
-      try:
-        tfdp.fit(model, x, y, validation_data=((x, y) for _ in range(2)), verbose=0,
-                 model_dir="g")
-      except tfdp.TfdpError as error:
-        print(error)
-      tfdp.fit(model, x, y, shuffle="batch", verbose=0, model_dir="b")
-      """)
-  proc = run_script(code, tmp_path)
-  assert "validation_data is a generator" in proc.stdout and "from_generator" in proc.stdout, \
-      proc.stdout
-  assert "shuffle='batch' shuffles every example here" in proc.stderr, proc.stderr[-3000:]
+  line = model_result["more"]["generator_validation"]
+  assert "validation_data is a generator" in line and "from_generator" in line, line
+  assert "shuffle='batch' shuffles every example here" in model_result["stderr"], \
+      model_result["stderr"][-3000:]

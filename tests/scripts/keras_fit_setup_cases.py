@@ -461,6 +461,8 @@ def model_case() -> dict:
   import yaml  # pylint: disable=g-import-not-at-top
   with open("runs/bfloat16/config.yaml") as f:
     out["policy_recorded"] = yaml.safe_load(f)["runtime"]["mixed_precision"]
+  import keras_fit_setup_more  # pylint: disable=g-import-not-at-top
+  out["more"] = keras_fit_setup_more.cases(strategy)
   return out
 
 
