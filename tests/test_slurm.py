@@ -80,6 +80,24 @@ def cancel(job_id: str) -> None:
   subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
 
 
+def submit_and_wait(args: list[str], timeout: float, env=None) -> str:
+  """sbatch ARGS, polled every 0.5 s until the job has left the queue (sbatch --wait polls ever
+  more slowly: it answered up to 30 s late here); then `scontrol show job`, which holds its
+  ExitCode. The job is cancelled whatever happens."""
+  submitted = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True,
+                             timeout=60, env=env or slurm_env(), cwd=str(helpers.REPO))
+  assert submitted.returncode == 0, submitted.stderr
+  job_id = submitted.stdout.strip().split(";")[0]
+  started = time.monotonic()
+  try:
+    while squeue_state(job_id):
+      assert time.monotonic() - started < timeout, "the job did not end"
+      time.sleep(0.5)
+  finally:
+    cancel(job_id)
+  return job_info(job_id)
+
+
 def test_the_shipped_template_starts_one_task_on_a_whole_node(tmp_path):
   """On a whole node (--exclusive) with --cpus-per-task half its CPUs and no --ntasks, Slurm sets
   SLURM_TASKS_PER_NODE to 2 (CPUs over --cpus-per-task), and the template started 2 workers
@@ -89,13 +107,11 @@ def test_the_shipped_template_starts_one_task_on_a_whole_node(tmp_path):
                             timeout=20).stdout.split()[0].rstrip("+"))
   assert cpus >= 2, cpus  # else a whole node holds one task of any size: no test
   out = tmp_path / "job.out"
-  proc = subprocess.run(
-      ["sbatch", "--wait", "--nodes=1", "--exclusive", f"--cpus-per-task={cpus // 2}",
-       f"--output={out}",
-       "configs/cluster/slurm_cifar10_quick.sbatch", "--print_config"],
-      capture_output=True, text=True, timeout=300, env=slurm_env(), cwd=str(helpers.REPO))
+  info = submit_and_wait(["--nodes=1", "--exclusive", f"--cpus-per-task={cpus // 2}",
+                          f"--output={out}", "configs/cluster/slurm_cifar10_quick.sbatch",
+                          "--print_config"], timeout=300)
   log = out.read_text() if out.exists() else ""
-  assert proc.returncode == 0, proc.stderr + log[-3000:]
+  assert "ExitCode=0:0" in info, info + log[-3000:]
   assert log.count("global_batch_size:") == 1, log[-3000:]
 
 
@@ -104,14 +120,12 @@ def test_the_shipped_sbatch_template_runs_to_the_end_on_one_node(tmp_path):
   """configs/cluster/slurm_cifar10_quick.sbatch as shipped, its node count overridden to the
   one node here and a runlocal job layered on: 2 workers from SLURM_* variables."""
   out = tmp_path / "job.out"
-  proc = subprocess.run(
-      ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
-       f"--output={out}", "configs/cluster/slurm_cifar10_quick.sbatch",
-       "--config_file=configs/runlocal.yaml", f"--model_dir={tmp_path / 'run'}",
-       "--params_override=trainer.export_model=false"],
-      capture_output=True, text=True, timeout=600, env=slurm_env(), cwd=str(helpers.REPO))
+  info = submit_and_wait(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                          f"--output={out}", "configs/cluster/slurm_cifar10_quick.sbatch",
+                          "--config_file=configs/runlocal.yaml", f"--model_dir={tmp_path / 'run'}",
+                          "--params_override=trainer.export_model=false"], timeout=600)
   log = out.read_text() if out.exists() else ""
-  assert proc.returncode == 0, proc.stderr + log[-3000:]
+  assert "ExitCode=0:0" in info, info + log[-3000:]
   assert "worker 0 of 2 (slurm)" in log and "worker 1 of 2 (slurm)" in log, log[-3000:]
   assert "tfdp-train: done" in log
   assert len(pd.read_csv(tmp_path / "run" / "metrics.csv")) == 1
@@ -159,24 +173,14 @@ def test_the_shipped_template_ends_at_once_with_a_tasks_permanent_failure(tmp_pa
   out = tmp_path / "job.out"
   started = time.monotonic()
   with holder:
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--output={out}", str(script), f"--model_dir={tmp_path / 'run'}",
+    info = submit_and_wait(
+        [f"--output={out}", str(script), f"--model_dir={tmp_path / 'run'}",
          f"--params_override={SYNTHETIC},task.train_data.num_examples=64,"
          "trainer.global_batch_size=16,trainer.epochs=1,trainer.export_model=false,"
          "runtime.startup_timeout_seconds=60"],
-        capture_output=True, text=True, timeout=60,
-        env={**slurm_env(), slurm.PORT_BASE_VAR: str(base)}, cwd=str(helpers.REPO))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
-    try:  # polled: sbatch --wait polls ever more slowly (it answered 30 s late here)
-      while squeue_state(job_id):
-        assert time.monotonic() - started < 300, "the job did not end"
-        time.sleep(0.5)
-    finally:
-      cancel(job_id)
+        timeout=300, env={**slurm_env(), slurm.PORT_BASE_VAR: str(base)})
   seconds = time.monotonic() - started
   log = out.read_text() if out.exists() else ""
-  info = job_info(job_id)
   assert "ExitCode=2:0" in info, info + log[-3000:]
   assert seconds < 45, (seconds, log[-3000:])  # not the 60 s start-up timeout
   assert re.search(rf"^tfdp-train: error: worker 1 cannot listen on \S+:{base + 1} ", log, re.M), log
