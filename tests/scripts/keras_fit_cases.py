@@ -344,8 +344,9 @@ def parity_case():
   reference = compiled(in_scope=False)
   keras_history = reference.fit(x, y, callbacks=callbacks(), **arguments)
   out["keras"] = {"history": keras_history.history, "weights": reference.get_weights()}
+  fitted = {}
   for name, in_scope in (("in_scope", True), ("cloned", False)):
-    model = compiled(in_scope)
+    model = fitted[name] = compiled(in_scope)
     history = tfdp.fit(model, x, y, callbacks=callbacks(), model_dir=f"runs/parity_{name}",
                        **arguments)
     out[name] = {"history": history.history, "weights": model.get_weights(),
@@ -353,14 +354,12 @@ def parity_case():
   # The same model_dir again goes on from the weights EarlyStopping restored, as model.fit
   # goes on from the model: the finished run (3 epochs) returns them, a 4th epoch trains on.
   again = {}
-  for name in ("in_scope", "cloned"):
-    model = compiled(name == "in_scope")
-    tfdp.fit(model, x, y, callbacks=callbacks(), model_dir=f"runs/again_{name}", **arguments)
+  for name, model in fitted.items():
     handed_back = model.get_weights()
     arguments_again = {**arguments, "epochs": 3}
-    tfdp.fit(model, x, y, model_dir=f"runs/again_{name}", **arguments_again)
+    tfdp.fit(model, x, y, model_dir=f"runs/parity_{name}", **arguments_again)
     finished = max(float(np.abs(a - b).max()) for a, b in zip(handed_back, model.get_weights()))
-    history = tfdp.fit(model, x, y, model_dir=f"runs/again_{name}", **arguments)  # epochs=4
+    history = tfdp.fit(model, x, y, model_dir=f"runs/parity_{name}", **arguments)  # epochs=4
     again[name] = {"finished": finished, "loss": history.history["loss"],
                    "weights": model.get_weights()}
   # Without callbacks that change it, the model is not saved again at the run's end.
@@ -372,10 +371,8 @@ def parity_case():
   finally:
     trainer_lib.Trainer.save = save
   again["saves_without_change"] = saves
-  keras_again = reference_after_stop = compiled(in_scope=False)
-  reference_after_stop.fit(x, y, callbacks=callbacks(), **arguments)
-  keras_history = keras_again.fit(x, y, **{**arguments, "epochs": 1})
-  again["keras"] = {"loss": keras_history.history["loss"], "weights": keras_again.get_weights()}
+  keras_history = reference.fit(x, y, **{**arguments, "epochs": 1})  # on from its fit above
+  again["keras"] = {"loss": keras_history.history["loss"], "weights": reference.get_weights()}
   out["again"] = again
   # A layer frozen in on_train_begin stays frozen, as in model.fit; a History among the
   # callbacks is the one fit returns.
