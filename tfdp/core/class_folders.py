@@ -62,8 +62,7 @@ def list_class_folders(root: str, kind: str, extensions: tuple[str, ...], exampl
   named before training starts. What is not read is said in one warning (SkippedFiles)."""
   classes = class_names(root)
   if not classes:
-    raise DataError(f"{kind} folder '{root}' has no class subfolders; lay it out as "
-                    f"root/<class>/{example}.")
+    raise DataError(_no_class_subfolders(root, kind, example))
   paths, labels = [], []
   skipped = SkippedFiles(root, kind, extensions)
   for label, name in enumerate(classes):
@@ -87,16 +86,39 @@ def list_class_folders(root: str, kind: str, extensions: tuple[str, ...], exampl
   return paths, labels, classes
 
 
+def check_has_classes(root: str, kind: str, example: str) -> None:
+  """Before TensorFlow starts (a source's check): a folder without class subfolders is refused
+  in a second, from one listing (list_class_folders reads the files once TensorFlow runs)."""
+  if not class_names(root):
+    raise DataError(_no_class_subfolders(root, kind, example))
+
+
+def check_not_one_class(root: str, key: str) -> None:
+  """check_classes_to_learn before TensorFlow starts: a classifier's training folder of one class
+  folder (Task.check_source of a task that learns labels from the folders)."""
+  classes = class_names(root) if os.path.isdir(root) else []
+  if len(classes) == 1:
+    raise DataError(_one_class(key, classes[0]))
+
+
+def _no_class_subfolders(root: str, kind: str, example: str) -> str:
+  return f"{kind} folder '{root}' has no class subfolders; lay it out as root/<class>/{example}."
+
+
 def check_classes_to_learn(source, key: str = "task.train_data") -> None:
   """One class: its logits are one number, softmax makes it 1, so the loss is 0 and accuracy
   100% from the first step while nothing is learned; refused before anything is written."""
   names = source.info.get("class_names") or []
   if source.num_classes != 1 and len(names) != 1:  # one folder under num_classes=10: one class
     return
-  held = f" (its only class folder is '{names[0]}')" if len(names) == 1 and names[0] else ""
-  raise DataError(f"{key} has one class{held}: a classifier of one class learns nothing (loss 0, "
-                  "accuracy 100% from the first step); give it two or more classes (one "
-                  "subfolder per class).")
+  raise DataError(_one_class(key, names[0] if len(names) == 1 else ""))
+
+
+def _one_class(key: str, folder: str) -> str:
+  held = f" (its only class folder is '{folder}')" if folder else ""
+  return (f"{key} has one class{held}: a classifier of one class learns nothing (loss 0, "
+          "accuracy 100% from the first step); give it two or more classes (one subfolder per "
+          "class).")
 
 
 def saved_classes(source) -> dict:

@@ -216,9 +216,11 @@ class _BertTask(tasks.Task):
 
   @classmethod
   def check_source(cls, data: DataConfig, key: str) -> None:
-    if data.source == "text_folder" and not os.path.isdir(data.path):
-      raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
-                      "point it at root/<label>/*.txt.")
+    if data.source == "text_folder":
+      if not os.path.isdir(data.path):
+        raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
+                        "point it at root/<label>/*.txt.")
+      class_folders.check_has_classes(data.path, "text", "*.txt")
     if data.source == "text_files" and not glob.glob(data.path, recursive=True):
       raise DataError(f"{key}.path '{data.path}' matches no text files"
                       f"{paths.looked_in(data.path)}; fix the glob.")
@@ -354,6 +356,12 @@ class TextClassificationTask(_BertTask):
                           "text_folder, a folder of root/<class>/*.txt|*.md (text_files gives "
                           "every text one label: accuracy 1.0, meaning nothing).")
     class_folders.check_eval_classes(config.train_data, config.eval_data, "text_folder", "texts")
+
+  @classmethod
+  def check_source(cls, data, key):
+    super().check_source(data, key)
+    if key == "task.train_data":
+      class_folders.check_not_one_class(data.path, key)
 
   @classmethod
   def check_saved_artifacts(cls, config, folder, context):

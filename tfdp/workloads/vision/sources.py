@@ -43,6 +43,7 @@ def check_source(data: DataConfig, key: str) -> None:
     if not os.path.isdir(data.path):
       raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
                       "point it at root/<class>/*.jpg.")
+    class_folders.check_has_classes(data.path, "image", "*.jpg")
   elif data.source == "tfrecord":
     if not sorted(glob.glob(data.path)):
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
