@@ -1,5 +1,6 @@
 """The BERT workloads end to end: masked-LM equivalence across topologies (ring all-reduce over
 real worker processes, logical replicas, gradient accumulation), warm start, bad input."""
+import shutil
 import subprocess
 import sys
 
@@ -151,13 +152,26 @@ def test_bad_text_input_is_one_line(tmp_path, small_corpus, case):
   assert "Traceback" not in proc.stderr
 
 
-def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_corpus):
-  small = mlm_overrides(small_corpus, ",trainer.max_steps=1")
-  first = helpers.run_train(f"--model_dir={tmp_path / 'small'}", "--mode=train",
-                            f"--params_override={small}")
+def two_layers(corpus) -> str:
+  return mlm_overrides(corpus, ",trainer.max_steps=1").replace("num_layers: 1", "num_layers: 2")
+
+
+@pytest.fixture(scope="module")
+def two_layer_run(tmp_path_factory, small_corpus):
+  """One step of a 2-layer encoder whose weights are averaged (trainer.ema_decay): the init run
+  of the warm-start tests below."""
+  run = tmp_path_factory.mktemp("two_layer") / "run"
+  first = helpers.run_train(f"--model_dir={run}", "--mode=train",
+                            f"--params_override={two_layers(small_corpus)},trainer.ema_decay=0.5")
   assert first.returncode == 0, first.stderr[-2000:]
-  wider = small.replace("hidden_dim: 32", "hidden_dim: 48") + \
-      f",task.init_checkpoint={tmp_path / 'small'}"
+  return run
+
+
+@pytest.mark.xdist_group("test_text_tasks_two_layer_run")
+def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_corpus,
+                                                                two_layer_run):
+  wider = two_layers(small_corpus).replace("hidden_dim: 32", "hidden_dim: 48") + \
+      f",task.init_checkpoint={two_layer_run}"
   proc = helpers.run_train(f"--model_dir={tmp_path / 'wide'}", "--mode=train",
                            f"--params_override={wider}")
   assert proc.returncode != 0
@@ -166,17 +180,16 @@ def test_an_init_checkpoint_of_another_shape_names_the_variable(tmp_path, small_
   assert "embeddings" in errors[0] and "Traceback" not in proc.stderr
 
 
-def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_corpus):
+@pytest.mark.xdist_group("test_text_tasks_two_layer_run")
+def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_corpus,
+                                                              two_layer_run):
   """A 2-layer encoder warm-started into a 1-layer one restored the first layer and ignored the
   second without a word; a checkpoint whose data file is gone was a traceback; and a finished
   warm-started run could not be evaluated once its init run was moved away (a helper's probe).
   A warm start from a run with trainer.ema_decay took its raw weights silently (a probe; seen
   failing on the old experiment.py: no warning)."""
-  two = mlm_overrides(small_corpus, ",trainer.max_steps=1").replace("num_layers: 1",
-                                                                      "num_layers: 2")
-  first = helpers.run_train(f"--model_dir={tmp_path / 'two'}", "--mode=train",
-                            f"--params_override={two},trainer.ema_decay=0.5")
-  assert first.returncode == 0, first.stderr[-2000:]
+  two = two_layers(small_corpus)
+  shutil.copytree(two_layer_run, tmp_path / "two")  # this test moves it and breaks its files
   one = mlm_overrides(small_corpus, ",trainer.max_steps=1")
   proc = helpers.run_train(f"--model_dir={tmp_path / 'one'}", "--mode=train",
                            f"--params_override={one},task.init_checkpoint={tmp_path / 'two'}")
