@@ -93,12 +93,16 @@ def check_has_classes(root: str, kind: str, example: str) -> None:
     raise DataError(_no_class_subfolders(root, kind, example))
 
 
-def check_not_one_class(root: str, key: str) -> None:
-  """check_classes_to_learn before TensorFlow starts: a classifier's training folder of one class
-  folder (Task.check_source of a task that learns labels from the folders)."""
-  classes = class_names(root) if os.path.isdir(root) else []
-  if len(classes) == 1:
-    raise DataError(_one_class(key, classes[0]))
+def check_not_one_class(data: DataConfig, key: str) -> None:
+  """check_classes_to_learn before TensorFlow starts (Task.check_source of a classifier): a
+  training folder of one class folder, or synthetic data of one class (another source's
+  num_classes is checked against its labels once it is read)."""
+  if data.source.endswith("_folder") and os.path.isdir(data.path):
+    classes = class_names(data.path)
+    if len(classes) == 1:
+      raise DataError(_one_class(key, classes[0]))
+  elif data.source == "synthetic" and data.num_classes == 1:
+    raise DataError(_one_class(key, ""))
 
 
 def _no_class_subfolders(root: str, kind: str, example: str) -> str:

@@ -361,7 +361,7 @@ class TextClassificationTask(_BertTask):
   def check_source(cls, data, key):
     super().check_source(data, key)
     if key == "task.train_data":
-      class_folders.check_not_one_class(data.path, key)
+      class_folders.check_not_one_class(data, key)
 
   @classmethod
   def check_saved_artifacts(cls, config, folder, context):

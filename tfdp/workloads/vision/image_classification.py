@@ -63,8 +63,8 @@ class ImageClassificationTask(tasks.Task):
   @classmethod
   def check_source(cls, data, key):
     sources.check_source(data, key)
-    if data.source == "image_folder" and key == "task.train_data":
-      class_folders.check_not_one_class(data.path, key)
+    if key == "task.train_data":
+      class_folders.check_not_one_class(data, key)
 
   @classmethod
   def validate(cls, config):
