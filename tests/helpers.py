@@ -40,14 +40,11 @@ def env(**extra) -> dict:
   return e
 
 
-# Appended to a test's `python -c` script: once it has run to its end, it leaves without
-# Python's teardown, as tfdp's apps do (cli.exit_now). Tearing TensorFlow down cost a small
-# tfdp.fit script 1.2-1.6 CPU s and 2.6-2.9 s of wall on the AVX2-only CPU (BENCHMARKS.md).
-LEAVE_AT_ONCE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
-
-
 def leaving_at_once(script: str) -> str:
-  return script + LEAVE_AT_ONCE
+  """A test's `python -c` script that, once run to its end, leaves without Python's teardown, as
+  tfdp's apps do (cli.exit_now): tearing TensorFlow down cost a small tfdp.fit script 1.2-1.6 CPU
+  s and 2.6-2.9 s of wall on the AVX2-only CPU (BENCHMARKS.md)."""
+  return script + "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
 
 
 def run_train(*args: str, timeout: float = 600, **extra_env) -> subprocess.CompletedProcess:

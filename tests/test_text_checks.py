@@ -180,23 +180,18 @@ def test_a_run_tokenized_with_other_casing_is_refused_on_resume_and_warm_start(t
                                                          "class folder is 'plays')"),
     ("masked_lm", "text_folder", (), "text folder '{root}' has no class subfolders"),
     ("masked_lm", "text_folder", ("plays",), None),  # one genre: masked-LM learns no labels
-    ("image_classification", "synthetic", 1, "task.train_data has one class: a classifier"),
 ])
 def test_a_folder_without_classes_or_a_classifiers_of_one_is_refused_before_tensorflow(
     tmp_path, task_name, source, classes, said):
   """Task.check_source is what preflight runs before TensorFlow starts. These were found once the
   files were read, after TensorFlow had started: ~4 CPU s a mistake (the suite's profile, the
-  AVX2-only EPYC). Seen failing on the old sources.py and text tasks.py (the synthetic case: on
-  the old class_folders.py): nothing raised."""
+  AVX2-only EPYC). Seen failing on the old sources.py and text tasks.py: nothing raised."""
   root = tmp_path / "data"
-  root.mkdir()
+  for name in classes:
+    (root / name).mkdir(parents=True)
+  root.mkdir(exist_ok=True)
   (root / "README").write_text("beside the class folders")
-  if source == "synthetic":  # `classes`: its num_classes
-    data, classes = DataConfig(source=source, num_classes=classes), ()
-  else:
-    for name in classes:
-      (root / name).mkdir()
-    data = DataConfig(source=source, path=str(root))
+  data = DataConfig(source=source, path=str(root))
   task_class = tasks.task_class(task_name)
   if said is None:
     task_class.check_source(data, "task.train_data")
@@ -206,3 +201,13 @@ def test_a_folder_without_classes_or_a_classifiers_of_one_is_refused_before_tens
   assert one_line(excinfo).startswith(said.format(root=root)), one_line(excinfo)
   if classes:  # evaluated, one class is scored (against training's classes)
     task_class.check_source(data, "task.eval_data")
+
+
+def test_synthetic_data_of_one_class_is_refused_before_tensorflow():
+  """As a folder of one class, above (the hardening case synthetic_one_class started TensorFlow
+  first). Seen failing on 2003b58's class_folders.py: nothing raised."""
+  data, task_class = DataConfig(source="synthetic", num_classes=1), tasks.task_class(
+      "image_classification")
+  with pytest.raises(DataError) as excinfo:
+    task_class.check_source(data, "task.train_data")
+  assert one_line(excinfo).startswith("task.train_data has one class: a classifier")

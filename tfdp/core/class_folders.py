@@ -97,7 +97,7 @@ def check_not_one_class(data: DataConfig, key: str) -> None:
   """check_classes_to_learn before TensorFlow starts (Task.check_source of a classifier): a
   training folder of one class folder, or synthetic data of one class (another source's
   num_classes is checked against its labels once it is read)."""
-  if data.source.endswith("_folder") and os.path.isdir(data.path):
+  if data.source in ("image_folder", "text_folder") and os.path.isdir(data.path):
     classes = class_names(data.path)
     if len(classes) == 1:
       raise DataError(_one_class(key, classes[0]))
