@@ -1,5 +1,6 @@
 """Input pipelines: fixed-size padded batches, exact counts, and what each worker's shard holds."""
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -263,6 +264,24 @@ def test_missing_tfds_dataset_fails_fast_naming_where_it_looked(tmp_path):
   with pytest.raises(DataError) as info:
     data_lib.check_source(data, "task.train_data")
   assert str(tmp_path / "cifar100") in str(info.value) and "TFDS_DATA_DIR" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar10:3.0.2", "cifar10:3.*.*", "cifar10:4.*.*"])
+def test_a_tfds_version_is_looked_for_as_tfds_reads_it(tmp_path, name):
+  """Found before TensorFlow starts: a version not prepared (TFDS's "3.*.*" form too), and a
+  dataset_info.json that is not JSON where only one version could be read."""
+  for version, info in (("3.0.2", "{}"), ("2.0.0", "{ not json")):
+    (tmp_path / "cifar10" / version).mkdir(parents=True)
+    (tmp_path / "cifar10" / version / "dataset_info.json").write_text(info)
+  data = config_lib.DataConfig(source="tfds", name=name, data_dir=str(tmp_path))
+  if name == "cifar10:4.*.*":
+    with pytest.raises(DataError, match=r"no version 4\.\*\.\* prepared .* \(prepared: 2\.0\.0, 3\.0\.2\)"):
+      data_lib.check_source(data, "task.train_data")
+    return
+  data_lib.check_source(data, "task.train_data")  # two versions and no name: TFDS picks
+  (tmp_path / "cifar10" / "3.0.2" / "dataset_info.json").write_text("[")
+  with pytest.raises(DataError, match="3.0.2/dataset_info.json: JSONDecodeError.*tfds build"):
+    data_lib.check_source(dataclasses.replace(data, name=f"{name.split(':')[0]}:3.0.2"), "task.train_data")
 
 
 def test_a_relative_tfds_data_dir_means_one_folder_for_every_process(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ the core input plan shards, batches and pads them. Registered with `core.data` b
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
+import json
 import os
 
 from tfdp import paths
@@ -39,6 +41,7 @@ def check_source(data: DataConfig, key: str) -> None:
           f"{key}: TFDS dataset '{data.name}' is not prepared in {folder}; set {key}.data_dir or "
           f"TFDS_DATA_DIR to a folder holding {name}/<version>/ (tfdp never downloads), or build it "
           f"where there is network with `tfds build {name} --data_dir {root}`.")
+    _check_tfds_version(data, key, root, folder, infos)
   elif data.source == "image_folder":
     if not os.path.isdir(data.path):
       raise DataError(f"{key}.path '{data.path}' is not a folder{paths.looked_in(data.path)}; "
@@ -47,6 +50,28 @@ def check_source(data: DataConfig, key: str) -> None:
   elif data.source == "tfrecord":
     if not sorted(glob.glob(data.path)):
       raise DataError(f"{key}.path '{data.path}' matches no TFRecord files; fix the glob.")
+
+
+def _check_tfds_version(data: DataConfig, key: str, root: str, folder: str,
+                        infos: list[str]) -> None:
+  """The prepared version TFDS will read: named and present, and its dataset_info.json JSON.
+  Found here, before TensorFlow starts, not by TFDS's builder after it."""
+  versions = {os.path.basename(os.path.dirname(info)): info for info in infos}
+  version = data.name.split(":", 1)[1] if ":" in data.name else "*"  # "3.*.*" is TFDS's too
+  matching = [v for v in versions if fnmatch.fnmatchcase(v, version)]
+  if not matching:
+    raise DataError(f"{key}: TFDS dataset '{data.name}' has no version {version} prepared in "
+                    f"{folder} (prepared: {', '.join(sorted(versions))}); name one of those, or "
+                    f"build it with `tfds build {data.name} --data_dir {root}`.")
+  if len(matching) > 1:
+    return  # TFDS picks among them; leave the reading to it
+  try:
+    with open(versions[matching[0]], encoding="utf-8") as f:
+      json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f"{key}: TFDS dataset '{data.name}' in {root} cannot be read "
+                    f"({versions[matching[0]]}: {type(e).__name__}: {str(e)[:200]}); prepare the "
+                    f"dataset again with `tfds build {data.name.split(':')[0]} --data_dir {root}`.") from None
 
 
 def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
