@@ -486,7 +486,8 @@ BEFORE_TENSORFLOW = ("tf_config_ps", "slurm_backwards_range", "slurm_batch_scrip
                      "eval_without_checkpoint", "checkpoint_state_garbage", "run_record_garbage",
                      "resume_with_another_seed", "resume_with_another_batch_and_length",
                      "init_checkpoint_image_task", "tfds_version_not_prepared",
-                     "tfds_broken_dataset_info")
+                     "tfds_broken_dataset_info", "resume_with_another_optimizer",
+                     "resume_with_lookahead", "resume_with_a_weight_average")
 
 
 @pytest.mark.parametrize("case_id", BEFORE_TENSORFLOW)

@@ -258,3 +258,39 @@ def test_a_longer_resume_under_lookahead_is_refused_as_under_a_decaying_schedule
     resume.check_resume(was, {**was, "total_steps": 16}, "/tmp/run")
   resume.check_resume({**was, "lookahead_every_steps": 0},  # constant, no lookahead: longer ok
                       {**was, "lookahead_every_steps": 0, "total_steps": 16}, "/tmp/run")
+
+
+def test_a_changed_optimizer_is_refused_before_tensorflow_only_where_the_config_makes_it(tmp_path):
+  """preflight compares the optimizer a config makes with the run record's (test_hardening runs
+  it without TensorFlow); a compiled model's own optimizer (tfdp.fit) is left to the trainer,
+  which sees it. Seen failing: with the compiled task not left out, its fit refused; with
+  config_state_fields naming adamw 'adam', the matching resume was refused."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from tfdp.core import experiment, resume  # pylint: disable=g-import-not-at-top
+  from tfdp.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from tfdp.distributed.cluster import Cluster  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import OutputError  # pylint: disable=g-import-not-at-top
+  config = config_lib.ExperimentConfig()
+  config.trainer.ema_decay, config.trainer.lookahead_every_steps = 0.9, 5
+  checkpoints = tmp_path / "run" / "checkpoints"
+  checkpoints.mkdir(parents=True)
+  (checkpoints / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+  (checkpoints / "ckpt-8.index").write_bytes(b"")
+  (checkpoints / "ckpt-8.data-00000-of-00001").write_bytes(b"")
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.core import optim  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  for name in config_lib.schema.OPTIMIZERS:  # the record of a run the trainer made (state_fields)
+    config.trainer.optimizer.name = name
+    made = optim.make_optimizer(config.trainer.optimizer, 0.1, model, ema_decay=0.9)
+    fields = resume.config_state_fields(config.trainer)
+    (checkpoints / "run.json").write_text(json.dumps(
+        {**fields, "optimizer": type(made).__name__.lower(), "weight_average": made.use_ema}))
+    experiment.preflight(config, str(tmp_path / "run"), "train", Cluster(), check_data=False)
+  (checkpoints / "run.json").write_text(json.dumps({**fields, "weight_average": False}))
+  with pytest.raises(OutputError, match=r"weight_average was False, now True \(trainer.ema_decay\)"):
+    experiment.preflight(config, str(tmp_path / "run"), "train", Cluster(), check_data=False)
+  compiled = tasks.task_class("keras_model")
+  assert compiled.make_optimizer is not tasks.Task.make_optimizer  # its model's own optimizer
+  config.task.name = "keras_model"
+  experiment.preflight(config, str(tmp_path / "run"), "train", Cluster(), check_data=False)

@@ -26,9 +26,11 @@ from tfdp.errors import ClusterError, ConfigError, DataError, OutputError
 
 def preflight(config: ExperimentConfig, model_dir: str, mode: str,
               cluster: cluster_lib.Cluster, check_data: bool = True,
-              start_over: bool = False) -> tuple[str, resume.Prior, str | None]:
+              start_over: bool = False,
+              task=None) -> tuple[str, resume.Prior, str | None]:
   """Every check that needs no TensorFlow: a bad input fails here, in a second, touching nothing.
-  Returns the resolved model_dir, the earlier run in it (read once) and a fresh run's warm start."""
+  Returns the resolved model_dir, the earlier run in it (read once) and a fresh run's warm start.
+  `task`: the task build was given, if any (its optimizer may be its own)."""
   config_lib.validate(config)
   if mode not in config_lib.MODES:
     raise ConfigError(f"{errors.terms().mode} '{mode}' is unknown; use one of "
@@ -57,6 +59,10 @@ def preflight(config: ExperimentConfig, model_dir: str, mode: str,
   resume.check_config_decided(prior, resume.config_decided_fields(  # the rest once data is planned
       config.trainer.global_batch_size, config.trainer.seed, config.task.train_data.shard_policy),
       model_dir, evaluating=mode == "eval")
+  classes = [task_class] + ([type(task)] if task is not None else [])
+  if all(c.make_optimizer is tasks.Task.make_optimizer for c in classes):
+    # The config's optimizer (not a compiled model's): Trainer checks the same once it is built.
+    resume.check_state_kept(prior.record, resume.config_state_fields(config.trainer), model_dir)
   replicas = strategy_lib.expected_replicas(config.runtime, cluster.num_workers)
   if replicas:  # a resume splits the batch as its run record says (_batch_split)
     policy = config.task.train_data.shard_policy  # auto is resolved once the data is planned
@@ -173,7 +179,8 @@ def build(config: ExperimentConfig, model_dir: str, mode: str = "train_and_eval"
   model_dir changes until every check has passed."""
   cluster = cluster or cluster_lib.resolve_cluster()
   model_dir, prior, init = preflight(config, model_dir, mode, cluster,
-                                     check_data=train_source is None, start_over=start_over)
+                                     check_data=train_source is None, start_over=start_over,
+                                     task=task)
   if verbose:  # only now: a start refused above makes no folder
     logging.info("outputs: %s (%s)", model_dir, "eval.json" if mode == "eval" else
                  "metrics.csv, metrics.png, checkpoints/, TensorBoard: tensorboard --logdir "

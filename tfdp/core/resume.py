@@ -215,6 +215,13 @@ def check_state_kept(record: dict | None, current: dict, model_dir: str) -> None
         f"use a new {errors.terms().model_dir}.")
 
 
+def config_state_fields(trainer) -> dict:
+  """Trainer.state_fields of the optimizer a config makes (optim.make_optimizer and the
+  trainer's Lookahead), known before TensorFlow starts."""
+  return {"optimizer": trainer.optimizer.name, "weight_average": bool(trainer.ema_decay),
+          "lookahead": bool(trainer.lookahead_every_steps)}
+
+
 def config_decided_fields(global_batch_size: int, seed: int, shard_policy: str) -> dict:
   """The run record's fields the config alone decides, so that a resume changing one is refused
   before TensorFlow starts (the data's sizes, and so the steps, come with the data plan). The
