@@ -240,12 +240,17 @@ def test_steps_per_epoch_goes_on_through_the_data_as_model_fit_does(parity_resul
 
 def test_more_bad_input_is_one_line_naming_the_fix(parity_result):
   """Each was a bare traceback, or trained silently (no labels: on zeros), or named the wrong
-  cause (a label outside the classes: "could not be decoded")."""
+  cause (a label outside the classes: "could not be decoded"). Seen failing on the code before:
+  a string x (its characters taken for rows: "different lengths (5 and 96)"; with as many
+  labels as characters, tf.data's bare ValueError), and epochs=0 with x and y of different lengths
+  (returned an empty History, where model.fit's data adapter refuses them)."""
   errors = parity_result["errors"]
   expected = {"no_y": "pass y", "dataset_without_y": "(x, y)",
               "generator": "tf.data.Dataset.from_generator", "py_dataset": "PyDataset",
               "per_output_weights": "one weight per example", "input_width": "expected axis -1",
               "string_labels": "numeric labels", "empty": "x is empty",
+              "string_x": "x holds a value without rows (a scalar, a string",
+              "no_epochs_lengths": "x and y have different lengths (96 and 50)",
               "label_out_of_range": "which is outside the valid range of [0, 3)"}
   assert_one_lines(errors, expected)
   assert "decoded" not in errors["label_out_of_range"]

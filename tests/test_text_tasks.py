@@ -187,16 +187,17 @@ def test_a_warm_start_uses_all_of_the_encoder_or_says_why_not(tmp_path, small_co
   second without a word; a checkpoint whose data file is gone was a traceback; and a finished
   warm-started run could not be evaluated once its init run was moved away (a helper's probe).
   A warm start from a run with trainer.ema_decay took its raw weights silently (a probe; seen
-  failing on the old experiment.py: no warning)."""
+  failing on the old experiment.py: no warning). The failed start left the empty folder made
+  above its model_dir (seen failing on the old outputs.py cleanup)."""
   two = two_layers(small_corpus)
   shutil.copytree(two_layer_run, tmp_path / "two")  # this test moves it and breaks its files
   one = mlm_overrides(small_corpus, ",trainer.max_steps=1")
-  proc = helpers.run_train(f"--model_dir={tmp_path / 'one'}", "--mode=train",
+  proc = helpers.run_train(f"--model_dir={tmp_path / 'new' / 'one'}", "--mode=train",
                            f"--params_override={one},task.init_checkpoint={tmp_path / 'two'}")
   errors = helpers.error_lines(proc)
   assert len(errors) == 1 and "that this model has no place for" in errors[0], proc.stderr[-3000:]
   assert "variable(s) of this model's encoder" in errors[0], errors[0]  # the second layer's
-  assert not (tmp_path / "one").exists()
+  assert not (tmp_path / "new").exists()  # nor the folder made above it (once left behind)
   # the same depth warm-starts; then its init run goes, and the run is still evaluated
   same = f"{two},task.init_checkpoint={tmp_path / 'two'}"
   warm = helpers.run_train(f"--model_dir={tmp_path / 'warm'}", f"--params_override={same}")

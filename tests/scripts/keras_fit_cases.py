@@ -439,6 +439,9 @@ def parity_case():
       "input_width": one_line(lambda: tfdp.fit(plain, x[:, :5], y, model_dir="runs/bad")),
       "string_labels": one_line(lambda: tfdp.fit(plain, x, y.astype(str), model_dir="runs/bad")),
       "empty": one_line(lambda: tfdp.fit(plain, x[:0], y[:0], model_dir="runs/bad")),
+      "string_x": one_line(lambda: tfdp.fit(plain, "x.npy", y, model_dir="runs/bad")),
+      "no_epochs_lengths": one_line(lambda: tfdp.fit(plain, x, y[:50], epochs=0,
+                                                     model_dir="runs/bad")),
       "label_out_of_range": one_line(lambda: tfdp.fit(plain, x, y + 5, model_dir="runs/range",
                                                       verbose=0)),
   }

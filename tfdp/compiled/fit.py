@@ -363,6 +363,11 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
   optim.check_compiled_optimizer(getattr(trained, "optimizer", None))
   callbacks = callbacks_lib.check_callbacks(callbacks)
   if epochs == 0:  # refused before (a review): model.fit trains nothing and returns its History
+    if not hasattr(x, "cardinality"):  # arrays checked as model.fit's data adapter checks them
+      inputs_lib.make_inputs(x, y, batch_size=batch_size, sample_weight=sample_weight,
+                             class_weight=class_weight, steps_per_epoch=steps_per_epoch,
+                             model_input_ranks=inputs_lib.input_ranks(trained),
+                             labels=task_lib.needs_labels(trained))
     return _no_epochs(users_model or trained, callbacks, x, batch_size, steps_per_epoch, verbose,
                       validation_freq)
   inputs = inputs_lib.make_inputs(

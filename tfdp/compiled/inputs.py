@@ -79,8 +79,8 @@ def _length(value, argument: str) -> int:
   if any(isinstance(leaf, _tf().SparseTensor) for leaf in leaves):
     raise fail(argument, "holds a tf.SparseTensor, which tfdp cannot split into rows",
                "pass tf.sparse.to_dense(...) of it, or a tf.data.Dataset that makes dense rows")
-  if not all(hasattr(leaf, "__len__") for leaf in leaves):
-    raise fail(argument, "holds a value without rows (a scalar or an object)",
+  if not all(hasattr(leaf, "__len__") and not isinstance(leaf, (str, bytes)) for leaf in leaves):
+    raise fail(argument, "holds a value without rows (a scalar, a string or an object)",
                "pass arrays, a dict or list of arrays, a DataFrame or a tf.data.Dataset")
   lengths = {len(leaf) for leaf in leaves}
   if len(lengths) != 1:

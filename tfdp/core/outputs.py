@@ -79,16 +79,19 @@ def check_model_dir_owner(model_dir: str) -> None:
                       "folder of your own.")
 
 
-_MADE_DIRS: set[str] = set()  # model_dirs this process created: a start that fails removes them
+# model_dir → the topmost folder this process created for it: a start that fails removes them
+_MADE_DIRS: dict[str, str] = {}
 
 
 def create_model_dir(model_dir: str) -> None:
   """Makes model_dir (every input is checked) and locks it for this run's life."""
   try:
     if not os.path.isdir(model_dir):
+      existing = paths.nearest_existing(model_dir)
       with contextlib.suppress(FileExistsError):  # another start made it meanwhile: its own
         os.makedirs(model_dir)
-        _MADE_DIRS.add(model_dir)
+        _MADE_DIRS[model_dir] = os.path.join(
+            existing, os.path.relpath(model_dir, existing).split(os.sep)[0])
   except OSError as e:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created ({e.strerror}); "
                       "choose a folder you can write to.") from None
@@ -245,10 +248,16 @@ class WritePlan:
       locks.release_worker_dir(self.write_dir)
     else:
       locks.release_model_dir(self.model_dir)
-      if self.model_dir in _MADE_DIRS:  # a start that failed leaves no empty folder behind
-        _MADE_DIRS.discard(self.model_dir)
-        with contextlib.suppress(OSError):
-          os.rmdir(self.model_dir)  # only if empty: a run that wrote anything keeps it
+      top = _MADE_DIRS.pop(self.model_dir, None)
+      folder = self.model_dir
+      while top is not None:  # a start that failed leaves none of the empty folders it made
+        try:
+          os.rmdir(folder)  # only if empty: a run that wrote anything keeps it
+        except OSError:
+          break
+        if folder == top:
+          break
+        folder = os.path.dirname(folder)
 
 
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
