@@ -161,3 +161,26 @@ class KerasCallbacks:
       self.epoch_end(error.epoch, row)
     self.train_end(row)
     return row
+
+
+def no_epochs(model, callbacks, x, batch_size, steps_per_epoch, verbose, validation_freq):
+  """model.fit(epochs=0): its callbacks' train begin and end, and an empty History with Keras's
+  params (steps: ceil(examples / batch), or a dataset's known cardinality). No run is made."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.compiled import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
+  steps = steps_per_epoch
+  if steps is None and hasattr(x, "cardinality"):  # a tf.data.Dataset
+    steps = int(x.cardinality()) if int(x.cardinality()) >= 0 else None
+  elif steps is None and x is not None:
+    first = keras.tree.flatten(x)[0]
+    steps = (-(-len(first) // (batch_size or inputs_lib.DEFAULT_BATCH_SIZE))
+             if hasattr(first, "__len__") else None)
+  hooks = KerasCallbacks(callbacks, model, 0, steps, verbose, None, validation_freq)
+  hooks.train_begin()
+  hooks.train_end({})
+  history = hooks.history
+  history.set_model(model)
+  model.history = history
+  history.params = {"verbose": verbose, "epochs": 0, "steps": steps}
+  history.final, history.model_dir = {}, None
+  return history

@@ -368,8 +368,8 @@ def _fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, 
                              class_weight=class_weight, steps_per_epoch=steps_per_epoch,
                              model_input_ranks=inputs_lib.input_ranks(trained),
                              labels=task_lib.needs_labels(trained))
-    return _no_epochs(users_model or trained, callbacks, x, batch_size, steps_per_epoch, verbose,
-                      validation_freq)
+    return callbacks_lib.no_epochs(users_model or trained, callbacks, x, batch_size,
+                                   steps_per_epoch, verbose, validation_freq)
   inputs = inputs_lib.make_inputs(
       x, y, batch_size=batch_size, sample_weight=sample_weight, class_weight=class_weight,
       validation_data=validation_data, validation_split=validation_split,
@@ -524,28 +524,6 @@ def _history(hooks, result: dict, model_dir: str, model, epochs: int, inputs, ve
                     "batch_size": inputs.global_batch}
   history.final = {k: v for k, v in result.items() if k != "trainer"}
   history.model_dir = model_dir
-  return history
-
-
-def _no_epochs(model, callbacks, x, batch_size, steps_per_epoch, verbose, validation_freq):
-  """model.fit(epochs=0): its callbacks' train begin and end, and an empty History with Keras's
-  params (steps: ceil(examples / batch), or a dataset's known cardinality). No run is made."""
-  import keras  # pylint: disable=g-import-not-at-top
-  steps = steps_per_epoch
-  if steps is None and hasattr(x, "cardinality"):  # a tf.data.Dataset
-    steps = int(x.cardinality()) if int(x.cardinality()) >= 0 else None
-  elif steps is None and x is not None:
-    first = keras.tree.flatten(x)[0]
-    steps = (-(-len(first) // (batch_size or inputs_lib.DEFAULT_BATCH_SIZE))
-             if hasattr(first, "__len__") else None)
-  hooks = callbacks_lib.KerasCallbacks(callbacks, model, 0, steps, verbose, None, validation_freq)
-  hooks.train_begin()
-  hooks.train_end({})
-  history = hooks.history
-  history.set_model(model)
-  model.history = history
-  history.params = {"verbose": verbose, "epochs": 0, "steps": steps}
-  history.final, history.model_dir = {}, None
   return history
 
 

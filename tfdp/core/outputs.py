@@ -57,8 +57,7 @@ def prepare_model_dir(model_dir: str) -> str:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created: '{existing}' "
                       "is a file; choose a folder path.")
   try:
-    with tempfile.NamedTemporaryFile(dir=existing, prefix=".tfdp-write-test-"):
-      pass
+    tempfile.NamedTemporaryFile(dir=existing, prefix=".tfdp-write-test-").close()  # made, gone
   except OSError as e:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' is not writable ({e.strerror} in "
                       f"'{existing}'); choose a folder you can write to.") from None
@@ -79,8 +78,7 @@ def check_model_dir_owner(model_dir: str) -> None:
                       "folder of your own.")
 
 
-# model_dir → the topmost folder this process created for it: a start that fails removes them
-_MADE_DIRS: dict[str, str] = {}
+_MADE_DIRS: dict[str, str] = {}  # model_dir → the folder above it that was there before
 
 
 def create_model_dir(model_dir: str) -> None:
@@ -90,8 +88,7 @@ def create_model_dir(model_dir: str) -> None:
       existing = paths.nearest_existing(model_dir)
       with contextlib.suppress(FileExistsError):  # another start made it meanwhile: its own
         os.makedirs(model_dir)
-        _MADE_DIRS[model_dir] = os.path.join(
-            existing, os.path.relpath(model_dir, existing).split(os.sep)[0])
+        _MADE_DIRS[model_dir] = existing
   except OSError as e:
     raise OutputError(f"{errors.terms().model_dir} '{model_dir}' cannot be created ({e.strerror}); "
                       "choose a folder you can write to.") from None
@@ -248,16 +245,11 @@ class WritePlan:
       locks.release_worker_dir(self.write_dir)
     else:
       locks.release_model_dir(self.model_dir)
-      top = _MADE_DIRS.pop(self.model_dir, None)
-      folder = self.model_dir
-      while top is not None:  # a start that failed leaves none of the empty folders it made
-        try:
+      kept, folder = _MADE_DIRS.pop(self.model_dir, None), self.model_dir
+      with contextlib.suppress(OSError):  # a failed start leaves none of the empty folders it made
+        while kept and folder != kept:
           os.rmdir(folder)  # only if empty: a run that wrote anything keeps it
-        except OSError:
-          break
-        if folder == top:
-          break
-        folder = os.path.dirname(folder)
+          folder = os.path.dirname(folder)
 
 
 def write_plan(model_dir: str, is_chief: bool, rank: int) -> WritePlan:
