@@ -47,9 +47,19 @@ def leaving_at_once(script: str) -> str:
   return script + "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
 
 
+def run_python(argv: list, *, env: dict | None, cwd, timeout: float) -> subprocess.CompletedProcess:
+  """subprocess.run(argv, capture_output=True, text=True, ...) of `python script.py ...` or
+  `python -c ...`; the process is forked from one that has imported TensorFlow where that is the
+  same as a fresh interpreter (tests/preloaded.py says when). Not for a test of what a process
+  does before or while TensorFlow loads."""
+  import preloaded  # pylint: disable=g-import-not-at-top
+  return preloaded.run(argv, env=dict(os.environ) if env is None else env,
+                       cwd=str(cwd or os.getcwd()), timeout=timeout)
+
+
 def run_train(*args: str, timeout: float = 600, **extra_env) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, TRAIN_APP, *args], capture_output=True, text=True,
-                        timeout=timeout, env=env(**extra_env), cwd=str(REPO))
+  return run_python([sys.executable, TRAIN_APP, *args], timeout=timeout, env=env(**extra_env),
+                    cwd=REPO)
 
 
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -129,9 +139,8 @@ def run_probe(tmp_path: Path, name: str, overrides: str, mode: str = "train",
   TensorFlow starts) and returns what tests/scripts/probe.py dumped."""
   out_dir = tmp_path / f"{name}-out"
   out_dir.mkdir(parents=True)
-  proc = subprocess.run([sys.executable, PROBE, str(tmp_path / name), overrides, str(out_dir), mode],
-                        capture_output=True, text=True, timeout=600, env=env(**extra_env),
-                        cwd=str(REPO))
+  proc = run_python([sys.executable, PROBE, str(tmp_path / name), overrides, str(out_dir), mode],
+                    timeout=600, env=env(**extra_env), cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return load_probe(out_dir)
 

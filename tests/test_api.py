@@ -23,8 +23,8 @@ def readme_example() -> str:
 
 
 def run_script(code: str, cwd) -> float:
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(code)], cwd=cwd,
-                        env=helpers.env(), capture_output=True, text=True, timeout=600)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(code)],
+                            env=helpers.env(), cwd=cwd, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return float(proc.stdout.strip().splitlines()[-1])
 
@@ -139,8 +139,8 @@ def test_fit_twice_in_one_process_returns_promptly_both_times(tmp_path):
   stall at all."""
   import json  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  proc = subprocess.run([sys.executable, "-c", FIT_TWICE], cwd=tmp_path, env=helpers.env(),
-                        capture_output=True, text=True, timeout=600)
+  proc = helpers.run_python([sys.executable, "-c", FIT_TWICE],
+                            env=helpers.env(), cwd=tmp_path, timeout=600)
   exited = time.time()
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -161,9 +161,9 @@ ONE_SESSION = pytest.mark.xdist_group("test_api_notebook_session")
 def notebook_session(tmp_path_factory):
   """tests/scripts/notebook_session.py run once: (what it printed as JSON, its stderr). Its
   tfdp.train runs in mixed_bfloat16 (uncapped: see helpers.UNCAPPED)."""
-  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
-                        cwd=tmp_path_factory.mktemp("session"), env=helpers.env(**helpers.UNCAPPED),
-                        capture_output=True, text=True, timeout=600)
+  proc = helpers.run_python([sys.executable, str(helpers.SCRIPTS / "notebook_session.py")],
+                            env=helpers.env(**helpers.UNCAPPED),
+                            cwd=tmp_path_factory.mktemp("session"), timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -364,8 +364,8 @@ def test_fit_with_no_epochs_returns_what_model_fit_returns(tmp_path):
       said["no run"] = not os.path.exists("run")
       print(json.dumps(said))
       """)
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(code)], cwd=tmp_path,
-                        env=helpers.env(), capture_output=True, text=True, timeout=300)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(code)],
+                            env=helpers.env(), cwd=tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   said = json.loads(proc.stdout.strip().splitlines()[-1])
   for name, steps in (("arrays", 7), ("dataset", 10)):
@@ -384,15 +384,15 @@ def test_fit_without_a_strategy_says_it_trains_on_one_device(tmp_path):
       model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
       tfdp.fit(model, x, (x[:, 0] > 0).astype("int32"), epochs=1, verbose=0, model_dir="run")
       """)
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(code)], cwd=tmp_path,
-                        env=helpers.env(), capture_output=True, text=True, timeout=300)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(code)],
+                            env=helpers.env(), cwd=tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "tfdp.fit: no strategy was made, so this trains on one device" in proc.stderr
   # Made, on one device it is TensorFlow's default strategy too: nothing to say (a review).
   made = code.replace("import numpy as np, keras, tfdp",
                       "import numpy as np, tfdp\ntfdp.make_strategy(cpu_replicas=1)\nimport keras")
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(made)], cwd=tmp_path,
-                        env=helpers.env(), capture_output=True, text=True, timeout=300)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(made)],
+                            env=helpers.env(), cwd=tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "no strategy was made" not in proc.stderr
 
@@ -429,9 +429,8 @@ FAILED_TRAIN = textwrap.dedent("""
 def test_a_run_failing_while_its_loop_is_traced_gives_the_users_signal_handlers_back(tmp_path):
   """A probe's task whose loss failed the trace left tfdp's SIGINT handler installed: the
   user's next Ctrl-C was swallowed. Seen failing on the old controller (handler_kept false)."""
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(FAILED_TRAIN)],
-                        cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
-                        timeout=300)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(FAILED_TRAIN)],
+                            env=helpers.env(), cwd=tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert "per_example_loss" in out["said"], out  # the task's one-line error

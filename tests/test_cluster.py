@@ -339,10 +339,9 @@ def test_a_group_may_resize_only_under_min_workers_below_num_workers():
 def test_a_blank_tf_config_is_a_single_process_for_tensorflow_too():
   """TensorFlow's own cluster resolvers (MirroredStrategy's too) json-parse TF_CONFIG when it is
   set, blank or not: a blank one crashed tfdp.make_strategy with a JSONDecodeError traceback."""
-  proc = subprocess.run(
-      [sys.executable, "-c",
-       "import tfdp; print('replicas', tfdp.make_strategy(cpu_replicas=2).num_replicas_in_sync)"],
-      capture_output=True, text=True, timeout=300, env=helpers.env(TF_CONFIG=" "))
+  code = "import tfdp; print('replicas', tfdp.make_strategy(cpu_replicas=2).num_replicas_in_sync)"
+  proc = helpers.run_python([sys.executable, "-c", code], env=helpers.env(TF_CONFIG=" "), cwd=None,
+                            timeout=300)
   assert proc.returncode == 0 and "replicas 2" in proc.stdout, proc.stderr[-3000:]
 
 

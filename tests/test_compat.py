@@ -34,8 +34,8 @@ BN_SCRIPT = helpers.leaving_at_once(textwrap.dedent("""
 
 
 def moving_mean_copies(mode):
-  proc = subprocess.run([sys.executable, "-c", BN_SCRIPT, mode], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", BN_SCRIPT, mode],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -109,8 +109,8 @@ def test_optimizer_all_reduce_is_skipped_after_tfdp_reduced():
   """keras-team/keras#19308: Keras 3's optimizer all-reduces inside apply_gradients, so
   gradients tfdp already reduced are summed a second time unless its all-reduce is skipped."""
   def weights(mode):
-    proc = subprocess.run([sys.executable, "-c", ALL_REDUCE_SCRIPT, mode], capture_output=True,
-                          text=True, env=helpers.env(), timeout=120)
+    proc = helpers.run_python([sys.executable, "-c", ALL_REDUCE_SCRIPT, mode],
+                              env=helpers.env(), cwd=None, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
   assert weights("upstream") == [[-4.0, -4.0]] * 2  # reduced twice: 2 replicas x 2
@@ -150,8 +150,8 @@ def test_the_optimizer_weight_average_is_read_and_kept_on_every_replica():
   """keras-team/keras#18949: Keras 3 keeps the EMA of the weights inside the optimizer with no
   public accessor; compat.weight_averages reads it, and under MirroredStrategy (updated in
   replica context) every replica's copy follows avg = 0.5 avg + 0.5 w, from avg = w after step 1."""
-  proc = subprocess.run([sys.executable, "-c", EMA_SCRIPT], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", EMA_SCRIPT],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   weights = result["weights"]
@@ -200,8 +200,8 @@ def test_compiled_losses_and_metrics_are_read_from_keras_private_objects():
   accessor, see keras-team/keras#19308 for the optimizer side of the same loop): tfdp.fit reads
   their per-output losses and weights, and which outputs have plain and weighted metrics; and the
   optimizer's own all-reduce, skipped while tfdp trains, is given back afterwards."""
-  proc = subprocess.run([sys.executable, "-c", COMPILED_SCRIPT], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", COMPILED_SCRIPT],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   found = json.loads(proc.stdout.strip().splitlines()[-1])
   assert [(path, weight) for path, _, weight in found["losses"]] == [(["a"], 1.0), (["b"], 0.5)]
@@ -237,8 +237,8 @@ def test_the_keras_mask_of_an_output_is_read_eagerly_and_traced():
   private attribute read by keras.src.backend.get_keras_mask (no public accessor; Keras's own
   losses divide by the unmasked steps, keras/src/losses/loss.py apply_mask): tfdp.fit reads it to
   divide a masked loss as Keras does, eagerly and inside its traced step."""
-  proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", MASK_SCRIPT],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   found = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["eager"] == [[True, True, False], [True, False, False]]
@@ -471,8 +471,8 @@ def test_the_global_seeds_a_run_sets_are_read_and_given_back():
   """compat.seed_state: keras.utils.set_random_seed sets Keras's global seed and SeedGenerator
   and TensorFlow's global seed, none of which has a public getter (no upstream issue found);
   tfdp.train and tfdp.fit give a notebook's streams back after their run (in_process)."""
-  proc = subprocess.run([sys.executable, "-c", SEED_SCRIPT], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", SEED_SCRIPT],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   found = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["seeds"] == [3, 3]
@@ -511,8 +511,8 @@ def test_a_traced_custom_gradient_does_not_keep_its_graph():
   one more graph stays alive per trace; with the fix none, and the gradient is still right."""
   found = {}
   for mode in ("upstream", "fixed"):
-    proc = subprocess.run([sys.executable, "-c", CUSTOM_GRADIENT_SCRIPT, mode],
-                          capture_output=True, text=True, env=helpers.env(), timeout=120)
+    proc = helpers.run_python([sys.executable, "-c", CUSTOM_GRADIENT_SCRIPT, mode],
+                              env=helpers.env(), cwd=None, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["upstream"]["alive"] == [1, 2, 3]
@@ -586,8 +586,8 @@ def test_settings_a_config_drops_are_carried_into_the_rebuilt_metric_and_optimiz
   arguments from get_config (CosineSimilarity(axis=0) comes back with axis -1; the metrics' twin
   of the losses' keras-team/keras#23286), and no optimizer config holds exclude_from_weight_decay.
   tfdp.fit rebuilds both in the strategy's scope for a model built outside it."""
-  proc = subprocess.run([sys.executable, "-c", CARRY_SCRIPT], capture_output=True, text=True,
-                        env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", CARRY_SCRIPT],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   found = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["upstream_axis"] == -1 and found["upstream_excluded"] == [True, True]  # upstream
@@ -625,8 +625,8 @@ def test_each_replica_draws_its_own_dropout_mask():
   batch dropped alike; no upstream issue found). The trainer traces each replica's step in it."""
   found = {}
   for mode in ("upstream", "fixed"):
-    proc = subprocess.run([sys.executable, "-c", REPLICA_STREAMS_SCRIPT, mode], capture_output=True,
-                          text=True, env=helpers.env(), timeout=120)
+    proc = helpers.run_python([sys.executable, "-c", REPLICA_STREAMS_SCRIPT, mode],
+                              env=helpers.env(), cwd=None, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
   assert found["upstream"]["same"]  # upstream: one mask on every replica
@@ -660,7 +660,7 @@ def test_seed_0_shuffles_every_epoch_under_tensorflows_global_seed():
       from tensorflow.python.eager import context
       print(context.global_seed())
       """)
-  proc = subprocess.run([sys.executable, "-c", helpers.leaving_at_once(code)],
-                        capture_output=True, text=True, env=helpers.env(), timeout=120)
+  proc = helpers.run_python([sys.executable, "-c", helpers.leaving_at_once(code)],
+                            env=helpers.env(), cwd=None, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.splitlines() == ["upstream fails", "5"], proc.stdout

@@ -3,7 +3,6 @@ BENCHMARKS.md counts, and the tfdp text classifier (TextVectorization in its tf.
 functional model built outside the scope) trains end to end on 2 replicas."""
 import difflib
 import re
-import subprocess
 import sys
 
 import pytest
@@ -29,9 +28,8 @@ def test_tfdp_version_differs_by_the_counted_lines(name):
 
 @pytest.mark.skipif(not PLAYS.is_dir(), reason=f"Shakespeare plays not found in {PLAYS}")
 def test_text_example_trains_on_two_replicas(tmp_path):
-  proc = subprocess.run([sys.executable, str(EXAMPLES / "text_tfdp.py")], cwd=tmp_path,
-                        env=helpers.env(SHAKESPEARE_DIR=PLAYS), capture_output=True, text=True,
-                        timeout=300)
+  proc = helpers.run_python([sys.executable, str(EXAMPLES / "text_tfdp.py")],
+                            env=helpers.env(SHAKESPEARE_DIR=PLAYS), cwd=tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = re.search(r"RESULT text test_accuracy=([\d.]+)", proc.stdout)
   assert result, proc.stdout[-2000:]

@@ -5,7 +5,6 @@ The cases run in tests/scripts/keras_fit_cases.py, one process each (the multi-w
 tfdp-launch); these tests judge what they report."""
 import json
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -27,8 +26,7 @@ def run_case(tmp_path, case: str, replicas: int = 0, workers: int = 0) -> list[d
   command = [sys.executable, CASES, case, str(out), str(replicas)]
   if workers:
     command = [sys.executable, LAUNCH_APP, "--num_workers", str(workers), "--", *command]
-  proc = subprocess.run(command, cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
-                        timeout=600)
+  proc = helpers.run_python(command, env=helpers.env(), cwd=tmp_path, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   results = [json.loads((tmp_path / f"{case}.json.{rank}").read_text())
              for rank in range(max(workers, 1))]

@@ -2,7 +2,6 @@
 against single-device model.fit, or refuses in one line what its own loop cannot honour (cases in
 tests/scripts/keras_fit_loss_cases.py, one process)."""
 import json
-import subprocess
 import sys
 
 import pytest
@@ -15,10 +14,9 @@ pytestmark = pytest.mark.xdist_group("test_keras_fit_losses")  # its cases once 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
   # uncapped: its mixed_bfloat16 case would abort in oneDNN under the AVX2 imitation's cap
-  proc = subprocess.run([sys.executable, str(helpers.SCRIPTS / "keras_fit_loss_cases.py")],
-                        cwd=tmp_path_factory.mktemp("loss_cases"),
-                        env=helpers.env(**helpers.UNCAPPED), capture_output=True, text=True,
-                        timeout=600)
+  proc = helpers.run_python([sys.executable, str(helpers.SCRIPTS / "keras_fit_loss_cases.py")],
+                            env=helpers.env(**helpers.UNCAPPED),
+                            cwd=tmp_path_factory.mktemp("loss_cases"), timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -7,7 +7,6 @@ processes of several cases each, on 2 CPU replicas against single-device model.f
 tests judge what they report."""
 import json
 import math
-import subprocess
 import sys
 
 import pytest
@@ -21,8 +20,8 @@ CASES = str(helpers.SCRIPTS / "keras_fit_setup_cases.py")
 
 def run_group(tmp_path, group: str, **extra_env) -> dict:
   out = tmp_path / f"{group}.json"
-  proc = subprocess.run([sys.executable, CASES, group, str(out)], cwd=tmp_path,
-                        env=helpers.env(**extra_env), capture_output=True, text=True, timeout=600)
+  proc = helpers.run_python([sys.executable, CASES, group, str(out)],
+                            env=helpers.env(**extra_env), cwd=tmp_path, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(out.read_text())
   result["stderr"] = proc.stderr

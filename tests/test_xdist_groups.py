@@ -52,12 +52,13 @@ def _calls(function) -> set:
 
 
 def _starters(functions, known: set, prefix: str = "") -> set:
-  """The names (with `prefix`) of `functions` that start a process: they call subprocess or a
-  name in `known`, or, through each other, one that does."""
+  """The names (with `prefix`) of `functions` that start a process: they call subprocess,
+  tests/preloaded.py's run or a name in `known`, or, through each other, one that does."""
   found = set(known)
   while True:
     more = {prefix + f.name for f in functions if prefix + f.name not in found and any(
-        call.startswith("subprocess.") or call in found for call in _calls(f))}
+        call.startswith("subprocess.") or call == "preloaded.run" or call in found
+        or prefix + call in found for call in _calls(f))}
     if not more:
       return found
     found |= more
@@ -74,7 +75,8 @@ def test_module_fixtures_that_start_processes_are_built_once():
   helper_tree = ast.parse((helpers.REPO / "tests" / "helpers.py").read_text(encoding="utf-8"))
   from_helpers = _starters([n for n in helper_tree.body if isinstance(n, ast.FunctionDef)],
                            set(), prefix="helpers.")
-  assert {"helpers.run_train", "helpers.run_probe"} <= from_helpers, from_helpers  # it can see
+  assert {"helpers.run_train", "helpers.run_probe", "helpers.run_python"} <= from_helpers, \
+      from_helpers  # it can see
   loose = []
   for path in sorted(helpers.REPO.glob("tests/test_*.py")):
     tree = ast.parse(path.read_text(encoding="utf-8"))
