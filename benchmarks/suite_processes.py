@@ -31,6 +31,9 @@ def summary(lines: list[dict]) -> str:
   total = sum(line["cpu"] for line in lines)
   out.append(f"{len(lines)} Python processes, {total:.0f} CPU s; {len(tf)} imported TensorFlow, "
              f"{sum(tf):.0f} CPU s")
+  forked = [line for line in lines if line.get("forked")]
+  out.append(f"{len(forked)} of them forked from a preloaded server (tests/preloaded.py), "
+             f"{sum(line['cpu'] for line in forked):.0f} CPU s, each without its import")
   if tf:
     quantiles = ", ".join(f"{q:.0%} {tf[int(q * (len(tf) - 1))]:.1f}"
                           for q in (0.1, 0.25, 0.5, 0.75, 0.9))

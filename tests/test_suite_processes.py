@@ -22,11 +22,13 @@ def test_the_hook_logs_a_process_that_leaves_with_os_exit_and_one_that_returns(t
   script = load_script()
   log = tmp_path / "log.jsonl"
   env = helpers.env(TFDP_PROCLOG=str(log), PYTHONPATH=str(script.HOOK))
-  for code in ("import os; os._exit(3)", "x = sum(range(10))"):
+  for code in ("import os; os._exit(3)", "x = sum(range(10))",
+               "import os\nif os.fork() == 0: os._exit(0)\nos.wait()"):  # as tests/preloaded.py
     subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=60)
   lines = [json.loads(text) for text in log.read_text().splitlines()]
-  assert len(lines) == 2 and all(line["argv"] == ["-c"] for line in lines), lines
+  assert len(lines) == 4 and all(line["argv"] == ["-c"] for line in lines), lines
   assert not any(line["tensorflow"] for line in lines) and all(line["cpu"] >= 0 for line in lines)
+  assert [line["forked"] for line in lines] == [False, False, True, False], lines
 
 
 def test_the_summary_names_a_fixture_built_on_two_workers():
@@ -37,6 +39,7 @@ def test_the_summary_names_a_fixture_built_on_two_workers():
   text = script.summary([line("gw0", "common0", "test_a"), line("gw1", "common0", "test_b"),
                          line("gw0", "once0", "test_a"), line("gw1", "test_c0", "test_c", False)])
   assert "4 Python processes, 20 CPU s; 3 imported TensorFlow, 15 CPU s" in text, text
+  assert "0 of them forked from a preloaded server" in text, text
   assert "{'common0': ['popen-gw0', 'popen-gw1']}" in text, text  # not once0, not a test's own tmp_path
 
 
