@@ -27,6 +27,12 @@ REPORT = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(autouse=True)
+def preloading_on(monkeypatch):
+  """These tests are of the server: on even where the suite runs with it off."""
+  monkeypatch.delenv(preloaded.FRESH_VARIABLE, raising=False)
+
+
 def run_both(argv, env, cwd):
   fresh = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
   forked = helpers.run_python(argv, env=env, cwd=cwd, timeout=120)
