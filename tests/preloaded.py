@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import locale
 import os
 import signal
 import socket
@@ -121,8 +122,7 @@ def _kill_group(pid: int) -> None:
 def _text(file) -> str:
   """As subprocess's text mode reads a pipe: the locale's encoding, universal newlines."""
   file.seek(0)
-  data = file.read().decode(sys.getdefaultencoding() if sys.flags.utf8_mode else
-                            __import__("locale").getpreferredencoding(False), "replace")
+  data = file.read().decode(locale.getpreferredencoding(False), "replace")
   return data.replace("\r\n", "\n").replace("\r", "\n")
 
 
