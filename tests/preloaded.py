@@ -37,7 +37,8 @@ IMPORT_TIME_VARIABLES = (
     "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS", "KERAS_BACKEND",
     "KERAS_HOME", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "TFDP_PROCLOG", "MPLBACKEND", "MPLCONFIGDIR",
+    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "TFDP_PROCLOG", "MPLBACKEND",
+    "MPLCONFIGDIR",
     "LD_PRELOAD", "LD_LIBRARY_PATH", "HOME")
 FRESH_VARIABLE = "TFDP_TESTS_FRESH_PROCESSES"
 _server = {}  # this process's server: "key", "process", "socket"
@@ -130,7 +131,7 @@ def _text(file) -> str:
 
 def _serve(path: str) -> None:
   before = dict(os.environ)
-  import tfdp  # pylint: disable=g-import-not-at-top,unused-import  (turns oneDNN on where tfdp does)
+  import tfdp  # pylint: disable=g-import-not-at-top,unused-import  (oneDNN on, as tfdp does)
   from tfdp import logs  # pylint: disable=g-import-not-at-top
   logs.import_tensorflow()
   import keras, pandas  # pylint: disable=g-import-not-at-top,unused-import,multiple-statements
@@ -171,7 +172,7 @@ def _serve(path: str) -> None:
       child = os.fork()
       if child == 0:
         conn.close()
-        _become(request, fds, set_by_imports)  # runs the request's script; returns only to leave as Python does
+        _become(request, fds, set_by_imports)  # raises SystemExit: leaves as Python does
         return
       for fd in fds:
         os.close(fd)
