@@ -20,12 +20,12 @@ import atexit
 import json
 import locale
 import os
+import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import select
-import shutil
 import tempfile
 import threading
 
@@ -56,7 +56,7 @@ def _eligible(argv: list[str], env: dict) -> bool:
           and (argv[1] == "-c" and len(argv) >= 3 or argv[1].endswith(".py")))
 
 
-def _start_server(env: dict) -> bool:
+def _start_server(env: dict) -> None:
   folder = tempfile.mkdtemp(prefix="tfdp-preloaded-")
   path = os.path.join(folder, "socket")
   process = subprocess.Popen([sys.executable, __file__, path], env=env, stdin=subprocess.DEVNULL,
@@ -67,7 +67,6 @@ def _start_server(env: dict) -> bool:
   atexit.register(_stop_server)
   if not ready:
     _stop_server()
-  return bool(ready)
 
 
 def _stop_server() -> None:
