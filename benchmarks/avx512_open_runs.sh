@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 22's runs on an AVX512-BF16 CPU (BENCHMARKS.md: "The AVX512-BF16 CPU, Zen 5"), one after
-# another on a quiet machine; run on Zen 5 (family 26) on 2026-12-04 and, its commands one by one,
-# on an Intel Xeon with AMX on 2026-12-05 ("A third CPU"), not yet on Zen 4 (family 25):
+# another on a quiet machine; run on Zen 5 (family 26) on 2026-12-04, its commands one by one on
+# an Intel Xeon with AMX on 2026-12-05 ("A third CPU"), and on Zen 4 (family 25 model 17) on
+# 2026-12-07 but for its last run ("The AVX512-BF16 CPU, Zen 4"):
 #   bash benchmarks/avx512_open_runs.sh [OUT_DIR]      (~40 minutes on Zen 5; its commands' runs
-#   added up to ~50 on the Xeon)
+#   added up to ~50 on the Xeon; 25 on Zen 4 without the last, which would take 34-43 more)
 # Needs the venv active and TFDS_DATA_DIR holding cifar10/3.0.2. Refuses on another CPU: on the
 # AVX2-only one these numbers exist already.
 set -euo pipefail
