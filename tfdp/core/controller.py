@@ -28,8 +28,8 @@ def memory_mb() -> dict:
   import resource  # pylint: disable=g-import-not-at-top
   import psutil  # pylint: disable=g-import-not-at-top
   rss = psutil.Process().memory_info().rss / 2**20
-  # At a new high, ru_maxrss read 0.08 MB under the rss read just before it (a clean-clone test
-  # run): the kernel keeps the two by different counters. A peak is never below now.
+  # At a new high, ru_maxrss once read 0.08 MB under the rss read just before it (a clean-clone
+  # test run); a peak is never below now.
   return {"rss_mb": rss,
           "peak_rss_mb": max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
