@@ -9,9 +9,10 @@ import pytest
 import helpers
 
 
-def _watch(tmp_path, said: bytes = b"", seconds: float = 0.2) -> bytes:
+def _watch(tmp_path, said: bytes = b"", seconds: float = 0.2, first: str = "") -> bytes:
   """Runs a watcher over a sleeping 'worker' that writes `said` to it (StartupDeadline.say);
-  returns what the watcher had written to stderr when it killed the worker."""
+  returns what the watcher had written to stderr when it killed the worker. `first`: Python run
+  in the watcher's process before it watches."""
   worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   try:
     spec = json.dumps({"pid": worker.pid, "seconds": seconds, "prog": "tfdp-train", "tf_config": {
@@ -21,7 +22,7 @@ def _watch(tmp_path, said: bytes = b"", seconds: float = 0.2) -> bytes:
     with open(stderr, "wb") as out:
       watcher = subprocess.Popen(
           [sys.executable, "-c", "import sys; from tfdp.distributed import startup; "
-           "startup.watch_startup(sys.argv[1])", spec],
+           + (f"{first}; " if first else "") + "startup.watch_startup(sys.argv[1])", spec],
           stdin=subprocess.PIPE, stderr=out, env=helpers.env(), cwd=str(helpers.REPO))
       watcher.stdin.write(said)
       watcher.stdin.flush()
@@ -39,6 +40,20 @@ def test_the_watchers_line_ends_with_a_newline_before_the_worker_is_killed(tmp_p
   text = _watch(tmp_path)
   assert text.endswith(b"so that the group restarts\n"), text
   assert text.count(b"tfdp-train: error: worker 0: the cluster did not assemble in 0s") == 1, text
+
+
+def test_the_watcher_says_it_still_waits_but_not_just_before_its_error(tmp_path):
+  """A "has waited" line every NOTE_EVERY_SECONDS (here 1 s, the first after 1 s), except one due
+  within a quarter of that before the deadline (3.15 s), where the error's line follows at
+  once. Seen failing with that rule removed: a third line at 3.0 s."""
+  text = _watch(tmp_path, seconds=3.15,
+                first="startup.FIRST_NOTE_SECONDS = startup.NOTE_EVERY_SECONDS = 1.0").decode()
+  notes = [l for l in text.splitlines() if "has waited" in l]
+  assert len(notes) == 2 and all(l.startswith("tfdp-train: worker 0 has waited ") for l in notes), text
+  assert all("(runtime.startup_timeout_seconds: 3.15): no answer from worker 1 at 127.0.0.1:2"
+             in l for l in notes), text
+  assert text.splitlines()[-1].startswith("tfdp-train: error: worker 0: the cluster did not "
+                                          "assemble in 3s"), text
 
 
 @pytest.mark.parametrize("said, named", [
