@@ -49,7 +49,8 @@ def test_the_watcher_says_it_still_waits_but_not_just_before_its_error(tmp_path)
   text = _watch(tmp_path, seconds=3.15,
                 first="startup.FIRST_NOTE_SECONDS = startup.NOTE_EVERY_SECONDS = 1.0").decode()
   notes = [l for l in text.splitlines() if "has waited" in l]
-  assert len(notes) == 2 and all(l.startswith("tfdp-train: worker 0 has waited ") for l in notes), text
+  assert len(notes) == 2, text
+  assert all(l.startswith("tfdp-train: worker 0 has waited ") for l in notes), text
   assert all("(runtime.startup_timeout_seconds: 3.15): no answer from worker 1 at 127.0.0.1:2"
              in l for l in notes), text
   assert text.splitlines()[-1].startswith("tfdp-train: error: worker 0: the cluster did not "
