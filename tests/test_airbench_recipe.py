@@ -245,3 +245,15 @@ def test_torch_default_init_draws_each_kernel_within_one_over_root_fan_in():
     assert abs(np.var(values) - bound ** 2 / 3) < 0.2 * bound ** 2 / 3
   same_shape = [np.asarray(k) for k in kernels if tuple(k.shape) == (3, 3, 16, 16)]
   assert len(same_shape) == 3 and not np.allclose(same_shape[0], same_shape[1])  # not one draw
+
+
+def test_head_init_std_starts_the_head_uniform_at_that_spread():
+  """airbench94_muon's head: PyTorch's init rescaled to std 1 (with logit_scale 1/256)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(7)
+  model = models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 64),
+                             torch_default_init=True, head_init_std=1.0)
+  head = np.asarray([l for l in model.layers if isinstance(l, keras.layers.Dense)][0].kernel)
+  assert head.shape == (64, 10)
+  assert abs(head.std() - 1.0) < 0.1 and np.abs(head).max() <= 3 ** 0.5

@@ -130,3 +130,19 @@ def test_bfloat16_all_reduce_stays_close_to_float32_and_really_casts(tmp_path, t
   assert helpers.max_relative_difference(halved["initial"], exact["initial"]) == 0.0
   difference = helpers.max_relative_difference(halved["final"], exact["final"])
   assert 1e-6 < difference < 0.05, difference  # the cast happened; training was not derailed
+
+
+MUON = ",".join([COMMON, "trainer.optimizer.name=muon", "trainer.optimizer.head_lr=0.01",
+                 "trainer.optimizer.bias_lr=0.01", "trainer.learning_rate.base_lr=1",
+                 "trainer.learning_rate.schedule=linear", "trainer.learning_rate.warmup_epochs=0"])
+
+
+def test_muon_on_two_replicas_matches_one_and_learns(tmp_path):
+  """trainer.optimizer.name=muon (airbench94_muon's): its SGD part steps on the loss summed over
+  the global batch, so replicas that passed their own batch would part from one replica."""
+  one = helpers.run_probe(tmp_path, "r1", f"{MUON},runtime.cpu_replicas=1", "train_and_eval")
+  before, after = one["info"]["eval_before"], one["info"]["eval_after"]
+  assert after["loss"] < 0.5 * before["loss"] and after["accuracy"] >= 0.7, (before, after)
+  two = helpers.run_probe(tmp_path, "r2", f"{MUON},runtime.cpu_replicas=2")
+  assert two["info"]["step"] == one["info"]["step"] == 21
+  assert helpers.max_relative_difference(two["final"], one["final"]) <= 1e-5

@@ -279,10 +279,10 @@ def test_a_changed_optimizer_is_refused_before_tensorflow_only_where_the_config_
   (checkpoints / "ckpt-8.data-00000-of-00001").write_bytes(b"")
   import keras  # pylint: disable=g-import-not-at-top
   from tfdp.core import optim  # pylint: disable=g-import-not-at-top
-  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  model = keras.Sequential([keras.Input((3, 3, 1)), keras.layers.Conv2D(1, 2)])  # muon: a filter
   for name in config_lib.schema.OPTIMIZERS:  # the record of a run the trainer made (state_fields)
     config.trainer.optimizer.name = name
-    made = optim.make_optimizer(config.trainer.optimizer, 0.1, model, ema_decay=0.9)
+    made = optim.make_optimizer(config.trainer.optimizer, 0.1, model, ema_decay=0.9, global_batch=8)
     fields = resume.config_state_fields(config.trainer)
     (checkpoints / "run.json").write_text(json.dumps(
         {**fields, "optimizer": type(made).__name__.lower(), "weight_average": made.use_ema}))

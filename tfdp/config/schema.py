@@ -12,7 +12,7 @@ SHARD_POLICIES = ("auto", "file", "data", "off", "tfds_split", "local")
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 ALL_REDUCE = ("auto", "ring", "nccl")
-OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lamb")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lamb", "muon")
 LR_SCHEDULES = ("constant", "cosine", "step", "linear", "polynomial")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 MODES = ("train", "eval", "train_and_eval")
@@ -121,6 +121,14 @@ class OptimizerConfig:
   norm_bias_lr_multiplier: float = 1.0  # sgd: BatchNormalization's beta learns at this multiple
   # of the learning rate (airbench: 64); its gradient is scaled before the update, exact for
   # SGD's momentum and Nesterov; the decoupled weight decay (which skips biases) is unchanged
+  # muon (airbench94_muon's, tfdp/core/muon.py): conv kernels take Muon's orthogonalized step at
+  # filter_lr with filter_momentum; the rest SGD at head_lr (matrices) or bias_lr (vectors) with
+  # `momentum` (Nesterov always), in airbench's units (a loss summed over the global batch;
+  # weight_decay is the coupled decay per step); the schedule gives the fraction of each lr
+  filter_lr: float = 0.24
+  filter_momentum: float = 0.6
+  head_lr: float = 0.67
+  bias_lr: float = 0.053
 
 
 @dataclasses.dataclass

@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.config.schema import LearningRateConfig, OptimizerConfig
+from tfdp.core import muon
 from tfdp.distributed import compat
 from tfdp.errors import ConfigError
 
@@ -69,16 +70,28 @@ def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: in
 
 
 def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False,
-                   ema_decay: float = 0.0):
+                   ema_decay: float = 0.0, global_batch: int = 0):
   """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
   ema_decay > 0 keeps Keras's moving average of the weights in the optimizer, so checkpoints
   carry it. (Its `ema_overwrite_frequency`, a lookahead, fails under MirroredStrategy: a
-  merge_call inside a cond; tfdp's own is `Lookahead` below.)"""
+  merge_call inside a cond; tfdp's own is `Lookahead` below.) `global_batch`: muon's SGD part
+  steps on the loss summed over it, as airbench's."""
   wd = opt.weight_decay or None
   ema = {"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}
   if opt.name == "sgd":
     optimizer = keras.optimizers.SGD(learning_rate, momentum=opt.momentum, nesterov=opt.nesterov,
                                      weight_decay=wd, **ema)
+  elif opt.name == "muon":
+    if not any(len(v.shape) >= 3 for v in model.trainable_variables):
+      raise ConfigError(
+          f"trainer.optimizer.name=muon is airbench94_muon's, Muon on conv filters, and model "
+          f"'{model.name}' has no trainable kernel of rank 3 or more; use sgd or adamw (or "
+          "tfdp.fit with keras.optimizers.Muon, which takes dense matrices).")
+    optimizer = muon.Muon(learning_rate, global_batch, filter_lr=opt.filter_lr,
+                                head_lr=opt.head_lr, bias_lr=opt.bias_lr, momentum=opt.momentum,
+                                filter_momentum=opt.filter_momentum,
+                                weight_decay=opt.weight_decay, **ema)
+    wd = None  # its own decay, coupled, on every variable but the filters
   elif opt.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
                                        beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon,

@@ -181,8 +181,8 @@ class Trainer:
         self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
                                             steps_per_epoch, self.total_steps)
         self.optimizer = optim.make_optimizer(trainer.optimizer, self.schedule, self.model,
-                                              mixed_float16=precision == "mixed_float16",
-                                              ema_decay=trainer.ema_decay)
+                                              precision == "mixed_float16", trainer.ema_decay,
+                                              global_batch=self.global_batch)
       else:
         self.optimizer = optim.adopt_optimizer(own_optimizer, self.model)
         self.schedule = self._own_learning_rate

@@ -210,7 +210,7 @@ def dirac_kernel(kernel):
 @register_model("airbench")
 def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum=0.4,
              logit_scale=1 / 9, whiten=True, dirac_init=False, batchnorm_scale=True,
-             torch_default_init=False, sample_images=None):
+             torch_default_init=False, head_init_std=0.0, sample_images=None):
   """The fast CIFAR-10 net of airbench (Keller Jordan 2024): a 2x2 stem, three groups of
   conv-pool-BN-GELU-conv-BN-GELU, max-pool, a linear head scaled by 1/9. The stem is fixed to
   whiten 2x2 patches of `sample_images` (patch_whitening_kernel; its bias still learns) when
@@ -219,15 +219,18 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
   a scale (False: fixed at 1, as airbench's). `torch_default_init`: the convs and the head start
   as PyTorch's default, uniform within +-1/sqrt(fan_in), as airbench's do (else Keras's
   Glorot-uniform, up to 1.7x wider here: under BatchNorm a larger weight learns more slowly
-  until weight decay shrinks it). Lookahead and the BatchNorm-bias learning-rate
-  multiplier are the trainer's (trainer.lookahead_every_steps,
+  until weight decay shrinks it). `head_init_std` > 0: the head starts uniform at that standard
+  deviation (airbench94_muon: 1, with logit_scale 1/256). `batchnorm_momentum`: Keras's, the
+  share of the old moving statistics kept; airbench keeps 0.6 (PyTorch's momentum=0.4), tfdp's
+  default 0.4 (no gain from 0.6 on the default job, BENCHMARKS.md). Lookahead and the
+  BatchNorm-bias learning-rate multiplier are the trainer's (trainer.lookahead_every_steps,
   trainer.optimizer.norm_bias_lr_multiplier)."""
   import keras  # pylint: disable=g-import-not-at-top
   from keras import layers  # pylint: disable=g-import-not-at-top
   if len(widths) != 3:
     raise TypeError(f"widths must be 3 numbers (one per group), got {widths}")
 
-  def bn(x):  # Keras momentum keeps that much of the old value (PyTorch's 0.6 is Keras's 0.4)
+  def bn(x):
     return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12,
                                      scale=batchnorm_scale)(x)
 
@@ -255,7 +258,10 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
     x = layers.Activation("gelu")(bn(layers.MaxPooling2D()(conv(x, width))))
     x = layers.Activation("gelu")(bn(conv(x, width)))
   x = layers.Flatten()(layers.GlobalMaxPooling2D(keepdims=True)(x))
-  logits = layers.Dense(num_classes, use_bias=False, kernel_initializer=init())(x)
+  half_width = 3 ** 0.5 * head_init_std  # a uniform's std is half its width over sqrt(3)
+  head_init = (keras.initializers.RandomUniform(-half_width, half_width)
+               if head_init_std > 0 else init())
+  logits = layers.Dense(num_classes, use_bias=False, kernel_initializer=head_init)(x)
   return keras.Model(inputs, layers.Rescaling(logit_scale)(logits), name="airbench")
 
 
