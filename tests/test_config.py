@@ -166,6 +166,8 @@ def test_dump_round_trips():
     ("runtime.cross_device_ops=mpi", ["runtime.cross_device_ops", "nccl"]),
     ("trainer.learning_rate.schedule=step", ["decay_epochs"]),
     ("trainer.optimizer=sgd", ["trainer.optimizer", "mapping"]),
+    ("trainer.optimizer.filter_lr=-0.2", ["trainer.optimizer.filter_lr", "> 0"]),
+    ("trainer.optimizer.filter_momentum=1.5", ["trainer.optimizer.filter_momentum", "[0, 1)"]),
     ("trainer.export_model=maybe", ["trainer.export_model", "true or false"]),
     ("runtime.strategy=one_device,runtime.cpu_replicas=2", ["mirrored"]),
     ("trainer", ["="]),

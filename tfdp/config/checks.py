@@ -147,7 +147,9 @@ def validate(config: ExperimentConfig) -> None:
                       f"but {trainer.optimizer.name} adapts its step to the gradient's scale; "
                       "use trainer.optimizer.name=sgd or set it to 1.")
   check_positive("trainer.optimizer.weight_decay", trainer.optimizer.weight_decay, allow_zero=True)
-  for key in ("momentum", "beta_1", "beta_2"):
+  for key in ("filter_lr", "head_lr", "bias_lr"):
+    check_positive(f"trainer.optimizer.{key}", getattr(trainer.optimizer, key))
+  for key in ("momentum", "beta_1", "beta_2", "filter_momentum"):
     if not 0.0 <= getattr(trainer.optimizer, key) < 1.0:
       raise ConfigError(f"config key 'trainer.optimizer.{key}' is "
                         f"{getattr(trainer.optimizer, key)}; it must be in [0, 1), e.g. 0.9.")

@@ -88,9 +88,9 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
           f"'{model.name}' has no trainable kernel of rank 3 or more; use sgd or adamw (or "
           "tfdp.fit with keras.optimizers.Muon, which takes dense matrices).")
     optimizer = muon.Muon(learning_rate, global_batch, filter_lr=opt.filter_lr,
-                                head_lr=opt.head_lr, bias_lr=opt.bias_lr, momentum=opt.momentum,
-                                filter_momentum=opt.filter_momentum,
-                                weight_decay=opt.weight_decay, **ema)
+                          head_lr=opt.head_lr, bias_lr=opt.bias_lr, momentum=opt.momentum,
+                          filter_momentum=opt.filter_momentum, weight_decay=opt.weight_decay,
+                          **ema)
     wd = None  # its own decay, coupled, on every variable but the filters
   elif opt.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=opt.weight_decay,
