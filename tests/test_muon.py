@@ -88,3 +88,17 @@ def test_muon_on_a_model_without_conv_filters_is_a_one_line_error():
   conv = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3)])
   assert isinstance(optim.make_optimizer(OptimizerConfig(name="muon"), 1.0, conv, global_batch=8),
                     muon.Muon)
+
+
+def test_muons_schedule_is_each_rates_fraction_whatever_the_batch():
+  """Its rates are per batch already (a summed loss; a scale-free filter step): a batch override
+  (runlocal.yaml's 128) must not scale them again, as the linear rule does for sgd."""
+  from tfdp.config import schema  # pylint: disable=g-import-not-at-top
+  from tfdp.core import optim  # pylint: disable=g-import-not-at-top
+  LearningRateConfig, OptimizerConfig = schema.LearningRateConfig, schema.OptimizerConfig
+  lr = LearningRateConfig(base_lr=1.0, base_batch_size=2000, schedule="linear")
+  for batch in (128, 2000, 4000):
+    schedule = optim.make_schedule(lr, batch, 10, 100, OptimizerConfig(name="muon"))
+    assert float(schedule(0)) == 1.0 and float(schedule(50)) == pytest.approx(0.5)
+  sgd = optim.make_schedule(lr, 128, 10, 100, OptimizerConfig(name="sgd"))
+  assert float(sgd(0)) == pytest.approx(128 / 2000)

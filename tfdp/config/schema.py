@@ -125,6 +125,7 @@ class OptimizerConfig:
   # filter_lr with filter_momentum; the rest SGD at head_lr (matrices) or bias_lr (vectors) with
   # `momentum` (Nesterov always), in airbench's units (a loss summed over the global batch;
   # weight_decay is the coupled decay per step); the schedule gives the fraction of each lr
+  # (learning_rate.base_lr, not scaled with the batch under muon)
   filter_lr: float = 0.24
   filter_momentum: float = 0.6
   head_lr: float = 0.67

@@ -30,8 +30,9 @@ def orthogonalized(update, steps: int = 3):
 
 
 class Muon(keras.optimizers.Optimizer):
-  """Muon on every kernel of rank >= 3 (the conv filters): momentum m = mu m + g, Nesterov
-  g + mu m, the kernel rescaled to Frobenius norm sqrt(out channels) (a scale BatchNorm ignores),
+  """Muon on every kernel of rank >= 3 (the conv filters, out channels last as Conv1D/2D/3D
+  keep them): momentum m = mu m + g, Nesterov g + mu m, the kernel rescaled to Frobenius norm
+  sqrt(out channels) (a scale BatchNorm ignores),
   then a step of `filter_lr` along the orthogonalized direction. Everything else (the head's
   kernel, biases, normalization) is PyTorch's SGD on the loss summed over the global batch
   (tfdp's mean gradient times `global_batch`), coupled decay `weight_decay` / lr per step, as
@@ -59,7 +60,7 @@ class Muon(keras.optimizers.Optimizer):
 
   def update_step(self, gradient, variable, learning_rate):
     fraction = tf.cast(learning_rate, variable.dtype)
-    gradient = tf.cast(gradient, variable.dtype)
+    gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # IndexedSlices too
     buffer = self.momentums[self._get_variable_index(variable)]
     if len(variable.shape) >= 3:
       mu = self.filter_momentum

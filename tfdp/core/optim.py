@@ -61,9 +61,14 @@ def scaled_learning_rate(base_lr: float, global_batch_size: int, base_batch_size
 
 
 def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: int,
-                  total_steps: int) -> WarmupDecaySchedule:
+                  total_steps: int, optimizer: OptimizerConfig | None = None
+                  ) -> WarmupDecaySchedule:
+  """muon's schedule is a fraction of its rates, which are per batch already (its SGD part sums
+  the loss, its filter step is scale-free): base_lr is not scaled with the batch there."""
+  fraction = optimizer is not None and optimizer.name == "muon"
   return WarmupDecaySchedule(
-      scaled_learning_rate(lr.base_lr, global_batch, lr.base_batch_size),
+      lr.base_lr if fraction else scaled_learning_rate(lr.base_lr, global_batch,
+                                                       lr.base_batch_size),
       warmup_steps=round(lr.warmup_epochs * steps_per_epoch), total_steps=total_steps,
       schedule=lr.schedule, boundaries=[round(e * steps_per_epoch) for e in lr.decay_epochs],
       decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction, power=lr.power)

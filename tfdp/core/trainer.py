@@ -179,7 +179,7 @@ class Trainer:
       own_optimizer = task.make_optimizer(self.model)  # a compiled model's (tfdp.fit)
       if own_optimizer is None:
         self.schedule = optim.make_schedule(trainer.learning_rate, self.global_batch,
-                                            steps_per_epoch, self.total_steps)
+                                            steps_per_epoch, self.total_steps, trainer.optimizer)
         self.optimizer = optim.make_optimizer(trainer.optimizer, self.schedule, self.model,
                                               precision == "mixed_float16", trainer.ema_decay,
                                               global_batch=self.global_batch)
