@@ -37,7 +37,7 @@ def make(var_shapes, global_batch=4, **kwargs):
   variables = [tf.Variable(np.random.default_rng(i).normal(size=s).astype(np.float32))
                for i, s in enumerate(var_shapes)]
   optimizer = muon.Muon(0.5, global_batch, filter_lr=0.24, head_lr=0.67, bias_lr=0.053,
-                              momentum=0.85, filter_momentum=0.6, weight_decay=0.004, **kwargs)
+                        momentum=0.85, filter_momentum=0.6, weight_decay=0.004, **kwargs)
   optimizer.build(variables)
   return optimizer, variables
 

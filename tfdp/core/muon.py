@@ -12,6 +12,11 @@ import tensorflow as tf
 NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
 
 
+def is_filter(variable) -> bool:
+  """A kernel of rank >= 3, a convolution's: the variables that take Muon's step."""
+  return len(variable.shape) >= 3
+
+
 def orthogonalized(update, steps: int = 3):
   """A matrix's nearest semi-orthogonal one, roughly (U S' V^T for U S V^T, S' ~ 0.5-1.5), by
   `steps` quintic Newton-Schulz iterations on its [out, fan_in] form (a kernel [..., out] is
@@ -30,14 +35,14 @@ def orthogonalized(update, steps: int = 3):
 
 
 class Muon(keras.optimizers.Optimizer):
-  """Muon on every kernel of rank >= 3 (the conv filters, out channels last as Conv1D/2D/3D
-  keep them): momentum m = mu m + g, Nesterov g + mu m, the kernel rescaled to Frobenius norm
-  sqrt(out channels) (a scale BatchNorm ignores),
-  then a step of `filter_lr` along the orthogonalized direction. Everything else (the head's
-  kernel, biases, normalization) is PyTorch's SGD on the loss summed over the global batch
-  (tfdp's mean gradient times `global_batch`), coupled decay `weight_decay` / lr per step, as
-  airbench94_muon.py's two groups: `head_lr` for matrices, `bias_lr` for vectors. The schedule
-  (`learning_rate`) is the fraction of each group's rate, 1 falling to 0 there."""
+  """Muon on every filter (is_filter; out channels last, as Conv1D/2D/3D keep them): momentum
+  m = mu m + g, Nesterov g + mu m, the kernel rescaled to Frobenius norm sqrt(out channels) (a
+  scale BatchNorm ignores), then a step of `filter_lr` along the orthogonalized direction.
+  Everything else (the head's kernel, biases, normalization) is PyTorch's SGD on the loss summed
+  over the global batch (tfdp's mean gradient times `global_batch`), coupled decay
+  `weight_decay` / lr per step, as airbench94_muon.py's two groups: `head_lr` for matrices,
+  `bias_lr` for vectors. The schedule (`learning_rate`) is the fraction of each group's rate, 1
+  falling to 0 there."""
 
   def __init__(self, learning_rate, global_batch: int, filter_lr: float = 0.24,
                head_lr: float = 0.67, bias_lr: float = 0.053, momentum: float = 0.85,
@@ -62,7 +67,7 @@ class Muon(keras.optimizers.Optimizer):
     fraction = tf.cast(learning_rate, variable.dtype)
     gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # IndexedSlices too
     buffer = self.momentums[self._get_variable_index(variable)]
-    if len(variable.shape) >= 3:
+    if is_filter(variable):
       mu = self.filter_momentum
       self.assign(buffer, mu * buffer + gradient)
       direction = orthogonalized(gradient + mu * buffer, self.newton_schulz_steps)

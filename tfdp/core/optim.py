@@ -87,7 +87,7 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
     optimizer = keras.optimizers.SGD(learning_rate, momentum=opt.momentum, nesterov=opt.nesterov,
                                      weight_decay=wd, **ema)
   elif opt.name == "muon":
-    if not any(len(v.shape) >= 3 for v in model.trainable_variables):
+    if not any(muon.is_filter(v) for v in model.trainable_variables):
       raise ConfigError(
           f"trainer.optimizer.name=muon is airbench94_muon's, Muon on conv filters, and model "
           f"'{model.name}' has no trainable kernel of rank 3 or more; use sgd or adamw (or "
