@@ -257,3 +257,12 @@ def test_head_init_std_starts_the_head_uniform_at_that_spread():
   head = np.asarray([l for l in model.layers if isinstance(l, keras.layers.Dense)][0].kernel)
   assert head.shape == (64, 10)
   assert abs(head.std() - 1.0) < 0.1 and np.abs(head).max() <= 3 ** 0.5
+
+
+def test_a_negative_head_init_std_is_refused_in_one_line():
+  """It was ignored: the head started as the convs do, as if 0 had been given."""
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from tfdp.workloads.vision import models  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match="head_init_std must be >= 0") as raised:
+    models.build_model("airbench", (16, 16, 3), 10, widths=(8, 16, 64), head_init_std=-1.0)
+  assert "\n" not in str(raised.value)

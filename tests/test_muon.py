@@ -90,6 +90,23 @@ def test_muon_on_a_model_without_conv_filters_is_a_one_line_error():
                     muon.Muon)
 
 
+@pytest.mark.parametrize("depthwise", ["DepthwiseConv2D", "SeparableConv2D"])
+def test_muon_on_a_depthwise_kernel_is_a_one_line_error(depthwise):
+  """A depthwise kernel [k, k, in, 1] flattened to [k*k*in, 1] took Muon's step as one unit
+  vector, silently. Seen failing (no error) before make_optimizer looked for them."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfdp.config.schema import OptimizerConfig  # pylint: disable=g-import-not-at-top
+  from tfdp.core import optim  # pylint: disable=g-import-not-at-top
+  from tfdp.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  layer = getattr(keras.layers, depthwise)
+  args = (3,) if depthwise == "DepthwiseConv2D" else (4, 3)
+  model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3),
+                            layer(*args, name="dw")])
+  with pytest.raises(ConfigError, match="depthwise kernel of layer 'dw'") as error:
+    optim.make_optimizer(OptimizerConfig(name="muon"), 1.0, model, global_batch=8)
+  assert "\n" not in str(error.value) and "use sgd or adamw" in str(error.value)
+
+
 def test_muons_schedule_is_each_rates_fraction_whatever_the_batch():
   """Its rates are per batch already (a summed loss; a scale-free filter step): a batch override
   (runlocal.yaml's 128) must not scale them again, as the linear rule does for sgd."""

@@ -35,7 +35,8 @@ def orthogonalized(update, steps: int = 3):
 
 
 class Muon(keras.optimizers.Optimizer):
-  """Muon on every filter (is_filter; out channels last, as Conv1D/2D/3D keep them): momentum
+  """Muon on every filter (is_filter; out channels last, as Conv1D/2D/3D keep them; a
+  depthwise kernel is refused by optim.make_optimizer): momentum
   m = mu m + g, Nesterov g + mu m, the kernel rescaled to Frobenius norm sqrt(out channels) (a
   scale BatchNorm ignores), then a step of `filter_lr` along the orthogonalized direction.
   Everything else (the head's kernel, biases, normalization) is PyTorch's SGD on the loss summed

@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.config.schema import LearningRateConfig, OptimizerConfig
+from tfdp.core import model_walk
 from tfdp.core import muon
 from tfdp.distributed import compat
 from tfdp.errors import ConfigError
@@ -74,6 +75,10 @@ def make_schedule(lr: LearningRateConfig, global_batch: int, steps_per_epoch: in
       decay_rate=lr.decay_rate, final_lr_fraction=lr.final_lr_fraction, power=lr.power)
 
 
+DEPTHWISE_LAYERS = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+                    keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+
+
 def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bool = False,
                    ema_decay: float = 0.0, global_batch: int = 0):
   """Call inside strategy.scope(). Weight decay skips biases and normalization parameters.
@@ -92,6 +97,13 @@ def make_optimizer(opt: OptimizerConfig, learning_rate, model, mixed_float16: bo
           f"trainer.optimizer.name=muon is airbench94_muon's, Muon on conv filters, and model "
           f"'{model.name}' has no trainable kernel of rank 3 or more; use sgd or adamw (or "
           "tfdp.fit with keras.optimizers.Muon, which takes dense matrices).")
+    depthwise = [layer.name for layer in model_walk.every_layer(model)
+                 if isinstance(layer, DEPTHWISE_LAYERS) and layer.trainable]
+    if depthwise:  # a [k, k, in, 1] kernel as a [k*k*in, 1] matrix: its step a unit vector
+      raise ConfigError(
+          f"trainer.optimizer.name=muon steps each conv kernel as a [fan_in, out channels] "
+          f"matrix, which the depthwise kernel of layer '{depthwise[0]}' is not; use sgd or "
+          "adamw for this model.")
     optimizer = muon.Muon(learning_rate, global_batch, filter_lr=opt.filter_lr,
                           head_lr=opt.head_lr, bias_lr=opt.bias_lr, momentum=opt.momentum,
                           filter_momentum=opt.filter_momentum, weight_decay=opt.weight_decay,

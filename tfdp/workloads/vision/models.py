@@ -229,6 +229,9 @@ def airbench(input_shape, num_classes, widths=(64, 256, 256), batchnorm_momentum
   from keras import layers  # pylint: disable=g-import-not-at-top
   if len(widths) != 3:
     raise TypeError(f"widths must be 3 numbers (one per group), got {widths}")
+  if head_init_std < 0:
+    raise ValueError(f"head_init_std must be >= 0 (0: the head starts as the convs do), got "
+                     f"{head_init_std}")
 
   def bn(x):
     return layers.BatchNormalization(momentum=batchnorm_momentum, epsilon=1e-12,
