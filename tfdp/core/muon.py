@@ -35,15 +35,14 @@ def orthogonalized(update, steps: int = 3):
 
 
 class Muon(keras.optimizers.Optimizer):
-  """Muon on every filter (is_filter; out channels last, as Conv1D/2D/3D keep them; a
-  depthwise kernel is refused by optim.make_optimizer): momentum
-  m = mu m + g, Nesterov g + mu m, the kernel rescaled to Frobenius norm sqrt(out channels) (a
-  scale BatchNorm ignores), then a step of `filter_lr` along the orthogonalized direction.
-  Everything else (the head's kernel, biases, normalization) is PyTorch's SGD on the loss summed
-  over the global batch (tfdp's mean gradient times `global_batch`), coupled decay
-  `weight_decay` / lr per step, as airbench94_muon.py's two groups: `head_lr` for matrices,
-  `bias_lr` for vectors. The schedule (`learning_rate`) is the fraction of each group's rate, 1
-  falling to 0 there."""
+  """Muon on every filter (is_filter; out channels last, as Conv1D/2D/3D keep them; make_optimizer
+  refuses a depthwise kernel): momentum m = mu m + g, Nesterov g + mu m, the kernel rescaled to
+  Frobenius norm sqrt(out channels) (a scale BatchNorm ignores), then a step of `filter_lr` along
+  the orthogonalized direction. Everything else (the head's kernel, biases, normalization) is
+  PyTorch's SGD on the loss summed over the global batch (tfdp's mean gradient times
+  `global_batch`), coupled decay `weight_decay` / lr per step, as airbench94_muon.py's two groups:
+  `head_lr` for matrices, `bias_lr` for vectors. The schedule (`learning_rate`) is the fraction of
+  each group's rate, 1 falling to 0 there."""
 
   def __init__(self, learning_rate, global_batch: int, filter_lr: float = 0.24,
                head_lr: float = 0.67, bias_lr: float = 0.053, momentum: float = 0.85,
